@@ -1,0 +1,83 @@
+"""The contract between the supervisor and a worker process; stdlib only.
+
+The supervisor starts the training command with the environment variables below. A worker that
+uses the ``worker`` library (or any script) may speak back by appending JSON records, one per
+line, to the file named by ``OOMGUARD_EVENTS``. Every record has ``type`` and ``t`` (Unix time);
+the other fields per type are listed in ``RECORD_FIELDS``. The supervisor asks for a checkpoint by
+creating the file named by ``OOMGUARD_CHECKPOINT_REQUEST`` and sending the signal named by
+``OOMGUARD_CHECKPOINT_SIGNAL``; the worker deletes the file once the checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+# Batch arithmetic and resume point, set for every attempt.
+ENV_MICRO_BATCH = "OOMGUARD_MICRO_BATCH"
+ENV_GRAD_ACCUM = "OOMGUARD_GRAD_ACCUM"
+ENV_GLOBAL_BATCH = "OOMGUARD_GLOBAL_BATCH"
+ENV_WORLD_SIZE = "OOMGUARD_WORLD_SIZE"
+ENV_CHECKPOINT = "OOMGUARD_CHECKPOINT"  # empty when there is none
+ENV_CHECKPOINT_STEP = "OOMGUARD_CHECKPOINT_STEP"  # empty when unknown
+ENV_ATTEMPT = "OOMGUARD_ATTEMPT"
+ENV_RUN_DIR = "OOMGUARD_RUN_DIR"
+# The channel back to the supervisor.
+ENV_EVENTS = "OOMGUARD_EVENTS"
+ENV_CHECKPOINT_REQUEST = "OOMGUARD_CHECKPOINT_REQUEST"
+ENV_CHECKPOINT_SIGNAL = "OOMGUARD_CHECKPOINT_SIGNAL"
+
+# Record types a worker may write, and the fields each carries (besides type and t).
+PROGRESS = "progress"  # step, samples, loss, micro_batch, grad_accum, samples_per_s, peak_gpu_bytes,
+#                        rss_bytes, total_steps (all optional but step)
+HEARTBEAT = "heartbeat"  # step
+CHECKPOINT = "checkpoint"  # path, step
+FAILURE = "failure"  # kind (cuda_oom | host_oom | cuda_fatal | crash), message, micro_batch
+BATCH = "batch"  # micro_batch, grad_accum, reason (oom | grow | grow_failed | resume)
+
+RECORD_FIELDS: dict[str, tuple[str, ...]] = {
+    PROGRESS: ("step",),
+    HEARTBEAT: ("step",),
+    CHECKPOINT: ("path", "step"),
+    FAILURE: ("kind", "message"),
+    BATCH: ("micro_batch", "grad_accum", "reason"),
+}
+
+
+def encode(record_type: str, **fields: Any) -> str:
+    """One channel line (with its newline) for a record; raises ValueError on missing fields."""
+    missing = [f for f in RECORD_FIELDS.get(record_type, ()) if f not in fields]
+    if record_type not in RECORD_FIELDS or missing:
+        raise ValueError(f"bad {record_type!r} record: missing {missing}")
+    return json.dumps({"type": record_type, "t": time.time(), **fields}, separators=(",", ":")) + "\n"
+
+
+def decode(line: str) -> dict[str, Any] | None:
+    """The record in one channel line, or None for a torn or foreign line (never raises)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("type") not in RECORD_FIELDS:
+        return None
+    return record
+
+
+def emit(record_type: str, **fields: Any) -> bool:
+    """Append a record to this process's channel; False when not run under the supervisor.
+
+    One ``os.write`` of a line under PIPE_BUF on an O_APPEND file is atomic, so concurrent
+    writers (dataloader workers, ranks) never interleave within a line.
+    """
+    path = os.environ.get(ENV_EVENTS)
+    if not path:
+        return False
+    data = encode(record_type, **fields).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return True
