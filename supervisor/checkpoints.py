@@ -1,0 +1,167 @@
+"""Finding the newest valid checkpoint among the files or directories the worker writes.
+
+The newest is the one with the highest step number in its name (``checkpoint-2000``,
+``model_000250.pt``), else the newest modification time. A checkpoint still being written is never
+chosen: temp names are skipped, and while the worker runs a candidate must keep the same size and
+mtime for ``settle`` seconds. The ``watchdog`` package tells us when something changed, so the
+directory is rescanned only then (with a polling observer where inotify is unavailable).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+# Names that writers use while a checkpoint is incomplete (torch.save to a temp, HF/our own temp dirs).
+_TEMP = re.compile(r"(^\.|\.tmp|tmp[-_.]|[-_.]tmp|\.partial$|\.part$|\.incomplete$|~$|\.lock$)", re.I)
+_STEP = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: str
+    step: int | None
+    mtime: float
+    size: int
+
+    @property
+    def signature(self) -> tuple[float, int]:
+        return (self.mtime, self.size)
+
+
+def step_of(path: str) -> int | None:
+    """The step number in a checkpoint's name: the last number in its base name."""
+    numbers = _STEP.findall(Path(path).name)
+    return int(numbers[-1]) if numbers else None
+
+
+def _stat(path: str) -> tuple[float, int] | None:
+    """(newest mtime, total size) of a file or of everything in a directory; None if it vanished."""
+    try:
+        if not os.path.isdir(path):
+            st = os.stat(path)
+            return st.st_mtime, st.st_size
+        mtime, size = os.stat(path).st_mtime, 0
+        for root, _dirs, files in os.walk(path):
+            for name in files:
+                st = os.stat(os.path.join(root, name))
+                mtime, size = max(mtime, st.st_mtime), size + st.st_size
+        return mtime, size
+    except OSError:
+        return None
+
+
+def scan(patterns: Iterable[str], cwd: Path) -> list[Checkpoint]:
+    """Every checkpoint the globs match now, temp names excluded, newest first."""
+    found: dict[str, Checkpoint] = {}
+    for pattern in patterns:
+        full = pattern if os.path.isabs(pattern) else str(cwd / pattern)
+        for path in glob.glob(full, recursive=True):
+            if _TEMP.search(Path(path).name) or (stat := _stat(path)) is None:
+                continue
+            found[os.path.abspath(path)] = Checkpoint(os.path.abspath(path), step_of(path), *stat)
+    return sorted(found.values(), key=_newness, reverse=True)
+
+
+def _newness(c: Checkpoint) -> tuple[int, float]:
+    return (c.step if c.step is not None else -1, c.mtime)
+
+
+class _Dirty(FileSystemEventHandler):
+    def __init__(self, flag: threading.Event) -> None:
+        self.flag = flag
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.flag.set()
+
+
+def _watch_roots(patterns: Iterable[str], cwd: Path) -> set[str]:
+    """The deepest existing directory above each glob's first wildcard."""
+    roots = set()
+    for pattern in patterns:
+        full = Path(pattern if os.path.isabs(pattern) else cwd / pattern)
+        parts = []
+        for part in full.parts:
+            if glob.has_magic(part):
+                break
+            parts.append(part)
+        root = Path(*parts) if parts else Path("/")
+        while not root.is_dir() and root != root.parent:
+            root = root.parent
+        roots.add(str(root))
+    return roots
+
+
+class CheckpointIndex:
+    """The checkpoints of a run, kept current while the worker runs."""
+
+    def __init__(self, patterns: Iterable[str], cwd: Path, settle: float = 1.0) -> None:
+        self.patterns = tuple(patterns)
+        self.cwd = cwd
+        self.settle = settle
+        self._dirty = threading.Event()
+        self._dirty.set()
+        self._observer: BaseObserver | None = None
+        self._seen: dict[str, tuple[tuple[float, int], float]] = {}  # path -> (signature, since)
+        self._current: list[Checkpoint] = []
+
+    def start(self) -> str:
+        """Start watching; returns which observer is in use."""
+        if not self.patterns:
+            return "none"
+        for observer_type in (Observer, PollingObserver):
+            observer = observer_type()
+            try:
+                for root in _watch_roots(self.patterns, self.cwd):
+                    observer.schedule(_Dirty(self._dirty), root, recursive=True)
+                observer.start()
+            except OSError:
+                continue  # e.g. inotify watches exhausted, or a filesystem without inotify
+            self._observer = observer
+            return type(observer).__name__
+        return "rescan"
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2)
+            self._observer = None
+
+    def refresh(self, force: bool = False) -> list[Checkpoint]:
+        """Rescan if something changed (or while candidates are still settling)."""
+        settling = any(since > time.monotonic() - self.settle for _, since in self._seen.values())
+        if force or self._dirty.is_set() or settling or self._observer is None:
+            self._dirty.clear()
+            self._current = scan(self.patterns, self.cwd)
+            now = time.monotonic()
+            seen = {}
+            for c in self._current:
+                old = self._seen.get(c.path)
+                seen[c.path] = old if old and old[0] == c.signature else (c.signature, now)
+            self._seen = seen
+        return self._current
+
+    def settled(self, exclude: set[str] = frozenset()) -> list[Checkpoint]:  # type: ignore[assignment]
+        """Checkpoints whose size and mtime have not changed for ``settle`` seconds, newest first."""
+        cutoff = time.monotonic() - self.settle
+        return [c for c in self.refresh() if c.path not in exclude and self._seen[c.path][1] <= cutoff]
+
+    def newest(self, exclude: set[str], worker_alive: bool) -> Checkpoint | None:
+        """The checkpoint to resume from. With the worker dead nothing is still being written, so
+        every candidate counts (a truncated one is caught when the worker fails to load it)."""
+        if worker_alive:
+            candidates = self.settled(exclude)
+        else:
+            candidates = [c for c in self.refresh(force=True) if c.path not in exclude]
+        return candidates[0] if candidates else None

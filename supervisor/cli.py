@@ -1,0 +1,84 @@
+"""``oomguard``: the command line. Options of ``run`` are generated from ``RunConfig``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from supervisor.config import add_arguments, build_config
+from supervisor.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the problem and where to look, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"oomguard: error: {message}; see '{self.prog} --help'\n")
+
+
+def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
+    from supervisor.loop import Supervisor
+
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
+    config = build_config(options, command)
+    supervisor = Supervisor(config)
+    supervisor.open()
+    supervisor.install_signal_handlers()
+    try:
+        return supervisor.run()
+    finally:
+        supervisor.close()
+
+
+def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
+    from supervisor.status import format_status, read_status
+
+    doc = read_status(Path(args.run_dir))
+    if doc is None:
+        raise UsageError("--run-dir", f"no oomguard run in {args.run_dir}",
+                         "pass the --run-dir given to oomguard run")
+    print(json.dumps(doc, indent=2) if args.json else format_status(doc))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="oomguard", description="Keep PyTorch training alive through OOMs.")
+    sub = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
+    add_arguments(run)
+    run.set_defaults(func=_cmd_run)
+    status = sub.add_parser("status", help="show a run's state, batch and failures")
+    status.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
+    status.add_argument("--json", action="store_true", help="print the status document as JSON")
+    status.set_defaults(func=_cmd_status)
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Other modules' subcommands: each takes the subparsers object and sets ``func`` on its parser.
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, command = argv[:at], argv[at + 1:]
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args, command))
+    except UsageError as exc:
+        print(f"oomguard: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""``oomguard doctor``: checks the machine before a long run, one line per check with the fix.
+
+Each check is a small function of a ``DoctorContext`` returning a ``Check``; nothing here changes
+the machine except a probe cgroup that is removed at once. The exit code is 1 when a check failed
+(the run would not work as intended), else 0; warnings name what oomguard will do without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+OK = "ok"
+WARN = "warn"
+FAIL = "fail"
+INFO = "info"
+
+GIB = 1024**3
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+_ALLOC_CONF_KEYS = frozenset(
+    {
+        "backend",
+        "max_split_size_mb",
+        "roundup_power2_divisions",
+        "max_non_split_rounding_mb",
+        "garbage_collection_threshold",
+        "expandable_segments",
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "pinned_num_register_threads",
+        "pinned_use_background_threads",
+    }
+)
+
+
+class DoctorError(ValueError):
+    """Bad input to ``oomguard doctor``; one line naming the option and the fix."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK | WARN | FAIL | INFO
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class DoctorContext:
+    """Where the checks look; the defaults are the real machine."""
+
+    run_dir: Path = field(default_factory=Path.cwd)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    proc_root: Path = Path("/proc")
+    min_free_bytes: int = 10 * GIB
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise DoctorError(f"--port {self.port} is out of range: use 1-65535")
+        if self.min_free_bytes < 0:
+            raise DoctorError("--min-free-gb must be 0 or more")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+def check_nvml(ctx: DoctorContext) -> list[Check]:
+    """NVML reachable and the driver version, then one line per GPU with its free memory."""
+    try:
+        import pynvml
+    except ImportError:
+        return [Check("nvml", FAIL, "the nvidia-ml-py package is missing", "pip install nvidia-ml-py")]
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return [
+            Check(
+                "nvml",
+                WARN,
+                f"NVML not reachable ({error}); GPU memory will not be watched, CUDA OOMs are still caught",
+                "install the NVIDIA driver; in Docker run with --gpus all (or the compose GPU reservation)",
+            )
+        ]
+    try:
+        return _nvml_devices(pynvml)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml_devices(nvml: Any) -> list[Check]:
+    driver = _text(nvml.nvmlSystemGetDriverVersion())
+    count = nvml.nvmlDeviceGetCount()
+    checks = [Check("nvml", OK, f"driver {driver}, {count} GPU(s)")]
+    if count == 0:
+        checks.append(
+            Check("gpus", WARN, "NVML sees no GPU", "check CUDA_VISIBLE_DEVICES and the container's GPUs")
+        )
+    for index in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        free_share = memory.free / memory.total if memory.total else 0.0
+        detail = f"{name}: {memory.free / GIB:.1f} of {memory.total / GIB:.1f} GiB free"
+        if free_share < 0.9:
+            fix = "another process holds GPU memory: see nvidia-smi, stop it or pick another GPU"
+            checks.append(Check(f"gpu{index}", WARN, detail, fix))
+        else:
+            checks.append(Check(f"gpu{index}", OK, detail))
+    return checks
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# ---------------------------------------------------------------------------------------------
+# cgroups, PSI, host memory
+
+
+def cgroup_version(ctx: DoctorContext) -> str | None:
+    """'v2' when the unified hierarchy has the memory controller, 'v1' for a v1 memory mount, else None."""
+    controllers = ctx.cgroup_root / "cgroup.controllers"
+    if controllers.is_file() and "memory" in controllers.read_text().split():
+        return "v2"
+    if (ctx.cgroup_root / "memory" / "memory.limit_in_bytes").exists():
+        return "v1"
+    return None
+
+
+def own_cgroup_dir(ctx: DoctorContext, version: str) -> Path | None:
+    """This process's memory cgroup directory, from ``/proc/self/cgroup``."""
+    try:
+        lines = (ctx.proc_root / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if version == "v2" and controllers == "":
+            return ctx.cgroup_root / path.lstrip("/")
+        if version == "v1" and "memory" in controllers.split(","):
+            return ctx.cgroup_root / "memory" / path.lstrip("/")
+    return None
+
+
+def check_cgroup(ctx: DoctorContext) -> list[Check]:
+    version = cgroup_version(ctx)
+    if version is None:
+        fix = "enable the memory controller (cgroup_enable=memory); else --memory-limit watches RSS"
+        return [Check("cgroup", WARN, "no cgroup memory controller found", fix)]
+    parent = own_cgroup_dir(ctx, version)
+    if parent is None:
+        return [Check("cgroup", WARN, f"cgroup {version}, but this process's memory cgroup is unknown")]
+    error = probe_child_cgroup(parent, version)
+    if error:
+        fix = _cgroup_fix(version)
+        return [
+            Check(
+                "cgroup", WARN, f"cgroup {version} at {parent}; cannot create a limited child: {error}", fix
+            )
+        ]
+    return [Check("cgroup", OK, f"cgroup {version}; a memory limit can be enforced under {parent}")]
+
+
+def probe_child_cgroup(parent: Path, version: str) -> str | None:
+    """Create a child cgroup with a memory limit and remove it; None on success, else the reason."""
+    child = parent / f"oomguard-doctor-{os.getpid()}"
+    limit_file = "memory.max" if version == "v2" else "memory.limit_in_bytes"
+    try:
+        child.mkdir()
+    except OSError as error:
+        return error.strerror or str(error)
+    try:
+        (child / limit_file).write_text(str(64 * GIB))
+    except OSError as error:
+        return f"{limit_file}: {error.strerror or error}"
+    finally:
+        _remove_cgroup(child)
+    return None
+
+
+def _remove_cgroup(child: Path) -> None:
+    try:
+        child.rmdir()  # a cgroup directory is removed with rmdir even though it lists files
+    except OSError as error:
+        print(f"oomguard doctor: could not remove probe cgroup {child}: {error}", file=sys.stderr)
+
+
+def _cgroup_fix(version: str) -> str:
+    if version == "v2":
+        return (
+            "run under a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes oomguard run ...; "
+            "else --memory-limit falls back to watching RSS"
+        )
+    return "run as root or give this user a writable memory cgroup; else --memory-limit watches RSS"
+
+
+def check_psi(ctx: DoctorContext) -> list[Check]:
+    path = ctx.proc_root / "pressure" / "memory"
+    try:
+        first = path.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return [
+            Check(
+                "psi", WARN, "memory pressure (PSI) unavailable", "boot the kernel with psi=1 (Linux 4.20+)"
+            )
+        ]
+    return [Check("psi", OK, f"memory pressure: {first}")]
+
+
+def check_host_memory(ctx: DoctorContext) -> list[Check]:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    detail = f"{memory.available / GIB:.1f} of {memory.total / GIB:.1f} GiB available"
+    if memory.available < 0.1 * memory.total:
+        return [Check("host-memory", WARN, detail, "little host memory is free: stop other jobs first")]
+    return [Check("host-memory", OK, detail)]
+
+
+# ---------------------------------------------------------------------------------------------
+# disk, environment, install, port
+
+
+def check_disk(ctx: DoctorContext) -> list[Check]:
+    where = _existing_parent(ctx.run_dir)
+    usage = shutil.disk_usage(where)
+    detail = f"{usage.free / GIB:.1f} GiB free at {where}"
+    if not os.access(where, os.W_OK):
+        return [Check("disk", FAIL, f"{where} is not writable", "choose a writable --run-dir")]
+    if usage.free < ctx.min_free_bytes:
+        want = ctx.min_free_bytes / GIB
+        fix = f"free space or point --run-dir and checkpoints elsewhere (want {want:.0f} GiB)"
+        return [Check("disk", WARN, detail, fix)]
+    return [Check("disk", OK, detail)]
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_alloc_conf(ctx: DoctorContext) -> list[Check]:
+    value = ctx.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if not value:
+        detail = (
+            "PYTORCH_CUDA_ALLOC_CONF unset; oomguard adds expandable_segments:True if it sees fragmentation"
+        )
+        return [Check("alloc-conf", INFO, detail)]
+    unknown = [item for item in value.split(",") if item.split(":", 1)[0].strip() not in _ALLOC_CONF_KEYS]
+    if unknown or any(":" not in item for item in value.split(",")):
+        fix = "write key:value pairs separated by commas, e.g. expandable_segments:True"
+        return [
+            Check("alloc-conf", WARN, f"PYTORCH_CUDA_ALLOC_CONF={value!r} has unknown parts {unknown}", fix)
+        ]
+    return [Check("alloc-conf", OK, f"PYTORCH_CUDA_ALLOC_CONF={value}")]
+
+
+def check_shadowing(ctx: DoctorContext) -> list[Check]:
+    """supervisord's distribution is also imported as ``supervisor``; both in one env collide."""
+    ours = Path(__file__).resolve().parent
+    checks: list[Check] = []
+    try:
+        dist = importlib.metadata.distribution("supervisor")
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        fix = "install oomguard in its own virtualenv (or pip uninstall supervisor there)"
+        detail = (
+            f"supervisord's distribution 'supervisor' {dist.version} is installed and shares our import name"
+        )
+        checks.append(Check("import-name", FAIL, detail, fix))
+    others = [str(p) for p in _supervisor_packages_on_path() if p != ours]
+    if others:
+        fix = "remove them from PYTHONPATH or use a separate virtualenv"
+        checks.append(Check("import-name", WARN, f"other 'supervisor' packages on sys.path: {others}", fix))
+    return checks or [Check("import-name", OK, f"'supervisor' is oomguard's ({ours})")]
+
+
+def _supervisor_packages_on_path() -> list[Path]:
+    found = []
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "supervisor" / "__init__.py"
+        if candidate.is_file():
+            found.append(candidate.resolve().parent)
+    return list(dict.fromkeys(found))
+
+
+def check_port(ctx: DoctorContext) -> list[Check]:
+    family = socket.AF_INET6 if ":" in ctx.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind((ctx.host, ctx.port))
+    except OSError as error:
+        fix = f"pass --port with a free port, or find the owner: ss -ltnp 'sport = :{ctx.port}'"
+        return [
+            Check("port", FAIL, f"dashboard address {ctx.host}:{ctx.port} unavailable: {error.strerror}", fix)
+        ]
+    return [Check("port", OK, f"dashboard address {ctx.host}:{ctx.port} is free")]
+
+
+CHECKS: tuple[Callable[[DoctorContext], list[Check]], ...] = (
+    check_nvml,
+    check_cgroup,
+    check_psi,
+    check_host_memory,
+    check_disk,
+    check_alloc_conf,
+    check_shadowing,
+    check_port,
+)
+
+
+def run_checks(ctx: DoctorContext) -> list[Check]:
+    results: list[Check] = []
+    for check in CHECKS:
+        try:
+            results.extend(check(ctx))
+        except (OSError, ValueError, RuntimeError) as error:  # one broken probe must not hide the rest
+            results.append(Check(check.__name__.removeprefix("check_"), WARN, f"check failed: {error}"))
+    return results
+
+
+def format_check(check: Check) -> str:
+    line = f"[{check.status:^4}] {check.name:<12} {check.detail}"
+    return f"{line} -- fix: {check.fix}" if check.fix else line
+
+
+def exit_code(results: list[Check]) -> int:
+    return 1 if any(check.status == FAIL for check in results) else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("doctor", help="check this machine before a long run")
+    parser.add_argument("--run-dir", type=Path, default=Path("."), help="where the run and checkpoints go")
+    parser.add_argument("--host", default=DEFAULT_HOST, help="dashboard address to check")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
+    parser.add_argument("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run every check and print one line each; 1 if any failed, 2 on bad input."""
+    stream = out if out is not None else sys.stdout
+    try:
+        ctx = DoctorContext(
+            run_dir=args.run_dir, host=args.host, port=args.port, min_free_bytes=int(args.min_free_gb * GIB)
+        )
+    except DoctorError as error:
+        print(f"oomguard doctor: error: {error}", file=sys.stderr)
+        return 2
+    results = run_checks(ctx)
+    if args.json:
+        print(json.dumps([asdict(check) for check in results], indent=2), file=stream)
+    else:
+        for check in results:
+            print(format_check(check), file=stream)
+    return exit_code(results)

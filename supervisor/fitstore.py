@@ -1,0 +1,182 @@
+"""Remembering what fits across runs, so a new run of the same job starts at a size that worked.
+
+Records are keyed by a fingerprint of (training command, GPU model and memory, world size): the
+things that decide whether a micro-batch fits. The per-process batch is not in the key because
+memory depends on the micro-batch alone; a new run picks the largest divisor of its own
+per-process batch that is at or below the remembered size.
+
+The store is one SQLite database in WAL mode with ``synchronous=FULL`` in a cache directory
+(``OOMGUARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/oomguard``, else ``~/.cache/oomguard``): a crash
+mid-write leaves the previous record, and two supervisors can write at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from supervisor.memmodel import Point, divisors
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fits (
+    fingerprint TEXT PRIMARY KEY,
+    description TEXT NOT NULL,
+    micro_batch INTEGER,
+    failed_micro INTEGER,
+    points TEXT NOT NULL,
+    updated_wall REAL NOT NULL
+)
+"""
+
+
+def default_cache_dir() -> Path:
+    """Where the fit store lives unless the caller says otherwise."""
+    explicit = os.environ.get("OOMGUARD_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "oomguard"
+
+
+@dataclass(frozen=True)
+class JobKey:
+    """What decides whether a micro-batch fits. ``gpus``: (model name, total bytes) per device."""
+
+    command: tuple[str, ...]
+    gpus: tuple[tuple[str, int], ...]
+    world_size: int
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps([list(self.command), [list(g) for g in self.gpus], self.world_size])
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def describe(self) -> str:
+        gpus = ", ".join(f"{name} {total / 1024**3:.0f} GiB" for name, total in self.gpus) or "no GPU"
+        return f"{' '.join(self.command)[:200]} | {gpus} | world {self.world_size}"
+
+
+@dataclass(frozen=True)
+class FitRecord:
+    """What one job has learned: the largest size that worked, the smallest that failed, points.
+
+    ``points`` keeps one point per micro-batch (the worst peak seen), so it stays as short as the
+    list of divisors tried.
+    """
+
+    fingerprint: str
+    description: str
+    micro_batch: int | None
+    failed_micro: int | None
+    points: tuple[Point, ...]
+    updated_wall: float
+
+    def starting_micro(self, per_process_batch: int, requested: int) -> int | None:
+        """The micro-batch a new run should start at, or None to start at ``requested``.
+
+        Never above what the user asked; never at or above a size that failed.
+        """
+        ceiling = requested
+        if self.failed_micro is not None:
+            # Sizes between the largest that worked and the smallest that failed are untested:
+            # start at one that worked (``--grow`` may explore upwards later).
+            ceiling = min(ceiling, self.failed_micro - 1, self.micro_batch or ceiling)
+        fitting = [d for d in divisors(per_process_batch) if d <= ceiling]
+        if not fitting or fitting[-1] == requested:
+            return None
+        return fitting[-1]
+
+
+def merge_point(record: FitRecord, point: Point, now: float) -> FitRecord:
+    """``record`` with one more attempt folded in (pure)."""
+    by_micro = {p.micro_batch: p for p in record.points}
+    old = by_micro.get(point.micro_batch)
+    by_micro[point.micro_batch] = _merge(old, point) if old else point
+    points = tuple(sorted(by_micro.values(), key=lambda p: p.micro_batch))
+    good = [p.micro_batch for p in points if p.succeeded]
+    bad = [p.micro_batch for p in points if not p.succeeded]
+    return replace(
+        record,
+        points=points,
+        micro_batch=max(good) if good else None,
+        failed_micro=min(bad) if bad else None,
+        updated_wall=now,
+    )
+
+
+def _merge(old: Point, new: Point) -> Point:
+    # A size that failed once stays failed; a success keeps the worst peak it ever showed.
+    succeeded = old.succeeded and new.succeeded
+    peaks = [p for p in (old.peak_bytes, new.peak_bytes) if p is not None]
+    return Point(new.micro_batch, max(peaks) if peaks else None, succeeded)
+
+
+class FitStore:
+    """The SQLite-backed store; each call opens and closes its own connection (no held locks)."""
+
+    def __init__(self, directory: Path | str | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.path = self.directory / "fits.sqlite3"
+
+    def load(self, key: JobKey) -> FitRecord | None:
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT fingerprint, description, micro_batch, failed_micro, points, updated_wall"
+                " FROM fits WHERE fingerprint = ?",
+                (key.fingerprint,),
+            ).fetchone()
+        return _decode(row) if row else None
+
+    def record(self, key: JobKey, point: Point) -> FitRecord:
+        """Fold one attempt into the job's record, atomically, and return the new record."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")  # read-modify-write must not race another supervisor
+            row = db.execute(
+                "SELECT fingerprint, description, micro_batch, failed_micro, points, updated_wall"
+                " FROM fits WHERE fingerprint = ?",
+                (key.fingerprint,),
+            ).fetchone()
+            base = _decode(row) if row else FitRecord(key.fingerprint, key.describe(), None, None, (), 0.0)
+            new = merge_point(base, point, time.time())
+            db.execute(
+                "INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)",
+                (new.fingerprint, new.description, new.micro_batch, new.failed_micro,
+                 _encode(new.points), new.updated_wall),
+            )
+            db.execute("COMMIT")
+        return new
+
+    def forget(self, key: JobKey) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM fits WHERE fingerprint = ?", (key.fingerprint,))
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")  # WAL+NORMAL may drop the last commit on power loss
+            db.execute(_SCHEMA)
+            yield db
+        finally:
+            db.close()
+
+
+def _encode(points: Sequence[Point]) -> str:
+    return json.dumps([[p.micro_batch, p.peak_bytes, p.succeeded] for p in points])
+
+
+def _decode(row: tuple[str, str, int | None, int | None, str, float]) -> FitRecord:
+    fp, description, micro, failed, points, updated = row
+    decoded = tuple(
+        Point(int(m), None if peak is None else int(peak), bool(ok)) for m, peak, ok in json.loads(points)
+    )
+    return FitRecord(fp, description, micro, failed, decoded, updated)

@@ -1,0 +1,362 @@
+"""GPU memory through NVML: the one seam between oomguard and ``pynvml`` (nvidia-ml-py).
+
+``Nvml`` is the handful of NVML calls oomguard makes; ``PyNvml`` implements it over the
+``pynvml`` module (tests hand it a fake module with the same function names and the real
+``pynvml`` error classes). ``GpuMonitor`` turns those calls into ``GpuReading`` figures for the
+devices the worker can see (``CUDA_VISIBLE_DEVICES``), with the memory of the worker's own
+processes picked out of ``nvmlDeviceGetComputeRunningProcesses``.
+
+Nothing here raises for a missing GPU: without the library, the driver or per-process figures,
+the monitor says why in one line (``GpuSnapshot.unavailable`` / ``GpuReading.worker_note``) and
+keeps returning what it can. The reason is decided once, so a machine without a GPU costs one
+failed ``nvmlInit`` per supervisor, not one per sample and no log flood.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import psutil
+
+# pynvml maps "value not available" to None; older bindings pass the raw sentinel through.
+_NOT_AVAILABLE = 2**64 - 1
+
+
+class NvmlError(Exception):
+    """An NVML failure, reduced to a short kind and one line for a person.
+
+    ``kind`` is one of: ``library_not_found``, ``driver_not_loaded``, ``not_supported``,
+    ``no_permission``, ``gpu_lost``, ``not_found``, ``other``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class NvmlProcess:
+    """One compute process as NVML reports it; ``used_bytes`` is None when NVML cannot tell."""
+
+    pid: int
+    used_bytes: int | None
+
+
+class Nvml(Protocol):
+    """The NVML calls oomguard uses. Every method raises ``NvmlError`` on failure."""
+
+    def init(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def device_count(self) -> int: ...
+
+    def handle(self, index: int) -> Any: ...
+
+    def name(self, handle: Any) -> str: ...
+
+    def uuid(self, handle: Any) -> str: ...
+
+    def memory(self, handle: Any) -> tuple[int, int, int]:
+        """(total, used, free) in bytes."""
+        ...
+
+    def utilization(self, handle: Any) -> int:
+        """GPU busy percent over the driver's last sample period."""
+        ...
+
+    def mig_enabled(self, handle: Any) -> bool: ...
+
+    def processes(self, handle: Any) -> list[NvmlProcess]: ...
+
+
+_KINDS = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "library_not_found",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "driver_not_loaded",
+    "NVML_ERROR_NOT_SUPPORTED": "not_supported",
+    "NVML_ERROR_NO_PERMISSION": "no_permission",
+    "NVML_ERROR_GPU_IS_LOST": "gpu_lost",
+    "NVML_ERROR_NOT_FOUND": "not_found",
+}
+
+
+class PyNvml:
+    """``Nvml`` over the ``pynvml`` module (or a stand-in with the same names, for tests)."""
+
+    def __init__(self, lib: ModuleType | Any) -> None:
+        self._lib = lib
+        # Error codes differ between NVML versions only by name lookup, so resolve them once.
+        self._kinds = {getattr(lib, const): kind for const, kind in _KINDS.items() if hasattr(lib, const)}
+
+    def _call(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self._lib, fn)(*args)
+        except self._lib.NVMLError as exc:
+            kind = self._kinds.get(getattr(exc, "value", None), "other")
+            raise NvmlError(kind, f"{fn}: {exc}") from exc
+
+    def init(self) -> None:
+        self._call("nvmlInit")
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def handle(self, index: int) -> Any:
+        return self._call("nvmlDeviceGetHandleByIndex", index)
+
+    def name(self, handle: Any) -> str:
+        return _text(self._call("nvmlDeviceGetName", handle))
+
+    def uuid(self, handle: Any) -> str:
+        return _text(self._call("nvmlDeviceGetUUID", handle))
+
+    def memory(self, handle: Any) -> tuple[int, int, int]:
+        info = self._call("nvmlDeviceGetMemoryInfo", handle)
+        return int(info.total), int(info.used), int(info.free)
+
+    def utilization(self, handle: Any) -> int:
+        return int(self._call("nvmlDeviceGetUtilizationRates", handle).gpu)
+
+    def mig_enabled(self, handle: Any) -> bool:
+        try:
+            current, _pending = self._call("nvmlDeviceGetMigMode", handle)
+        except NvmlError as exc:
+            if exc.kind == "not_supported":  # pre-Ampere boards have no MIG at all
+                return False
+            raise
+        return bool(current)
+
+    def processes(self, handle: Any) -> list[NvmlProcess]:
+        out = []
+        for proc in self._call("nvmlDeviceGetComputeRunningProcesses", handle):
+            used = getattr(proc, "usedGpuMemory", None)
+            out.append(NvmlProcess(int(proc.pid), None if used in (None, _NOT_AVAILABLE) else int(used)))
+        return out
+
+
+def _text(value: str | bytes) -> str:
+    # pynvml returned bytes before 11.x and str since; accept both.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def load_nvml() -> tuple[Nvml | None, str | None]:
+    """The real NVML binding, or None and the one-line reason it cannot be imported."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return None, f"GPU figures unavailable: the nvidia-ml-py package is not installed ({exc})"
+    return PyNvml(pynvml), None
+
+
+@dataclass(frozen=True)
+class VisibleDevice:
+    """A device the worker can see: its CUDA ordinal and the NVML index it maps to."""
+
+    cuda_index: int
+    nvml_index: int
+
+
+def parse_visible_devices(value: str | None, uuids: Sequence[str]) -> list[int]:
+    """NVML indices named by ``CUDA_VISIBLE_DEVICES``, in CUDA order.
+
+    ``uuids`` lists every device's UUID by NVML index. Follows CUDA's rules: unset means all
+    devices; entries are indices or (prefixes of) UUIDs; the list stops at the first entry that
+    names no device, so ``""`` and ``"-1"`` hide every device. NVML numbers devices by PCI bus,
+    CUDA by speed unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on the usual machines with identical
+    GPUs the two orders agree.
+    """
+    if value is None:
+        return list(range(len(uuids)))
+    chosen: list[int] = []
+    for entry in (part.strip() for part in value.split(",")):
+        index = _match_device(entry, uuids)
+        if index is None or index in chosen:
+            break
+        chosen.append(index)
+    return chosen
+
+
+def _match_device(entry: str, uuids: Sequence[str]) -> int | None:
+    if entry.isdigit():
+        index = int(entry)
+        return index if index < len(uuids) else None
+    if not entry.startswith(("GPU-", "MIG-")):
+        return None
+    matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+    return matches[0] if len(matches) == 1 else None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One visible device at one moment.
+
+    ``worker_bytes`` is the memory NVML attributes to the worker's process tree, or None with
+    ``worker_note`` saying why (MIG, no per-process figures, PIDs from another namespace).
+    """
+
+    cuda_index: int
+    nvml_index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    utilization_pct: int | None
+    worker_bytes: int | None
+    worker_pids: tuple[int, ...]
+    worker_note: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """All visible devices; ``unavailable`` is the one-line reason when there are no figures."""
+
+    devices: tuple[GpuReading, ...]
+    unavailable: str | None = None
+
+
+class GpuMonitor:
+    """Reads the worker's visible GPUs; initialises NVML lazily and at most once.
+
+    ``nvml`` defaults to the real binding; ``visible_devices`` is the worker's
+    ``CUDA_VISIBLE_DEVICES`` (default: this process's, which the worker inherits).
+    """
+
+    _UNSET: Any = object()
+
+    def __init__(
+        self,
+        nvml: Nvml | None = None,
+        visible_devices: str | None = _UNSET,
+        pid_exists: Callable[[int], bool] = psutil.pid_exists,
+    ) -> None:
+        self._nvml = nvml
+        inherited = visible_devices is self._UNSET
+        self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited else visible_devices
+        self._pid_exists = pid_exists
+        self._devices: list[tuple[VisibleDevice, Any, str, str]] | None = None
+        self._unavailable: str | None = None
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why there are no GPU figures (after the first ``read``), else None."""
+        return self._unavailable
+
+    def read(self, worker_pids: Collection[int] = ()) -> GpuSnapshot:
+        """Figures for every visible device; never raises for NVML trouble."""
+        if self._devices is None and self._unavailable is None:
+            self._open()
+        if self._devices is None:
+            return GpuSnapshot((), self._unavailable)
+        pids = frozenset(worker_pids)
+        readings = []
+        for device, handle, uuid, name in self._devices:
+            try:
+                readings.append(self._read_one(device, handle, uuid, name, pids))
+            except NvmlError as exc:
+                # A lost GPU must not kill the watch loop; the other devices still count.
+                return GpuSnapshot(tuple(readings), f"GPU figures incomplete: {exc}")
+        return GpuSnapshot(tuple(readings))
+
+    def close(self) -> None:
+        """Release NVML (safe to call when it never opened)."""
+        if self._devices is not None and self._nvml is not None:
+            try:
+                self._nvml.shutdown()
+            except NvmlError:
+                pass  # shutting down a half-broken driver: nothing left to release
+        self._devices = None
+
+    def _open(self) -> None:
+        if self._nvml is None:
+            self._nvml, self._unavailable = load_nvml()
+            if self._nvml is None:
+                return
+        try:
+            self._nvml.init()
+            devices = self._enumerate(self._nvml)
+        except NvmlError as exc:
+            self._unavailable = _reason(exc)
+            return
+        if devices:
+            self._devices = devices
+        else:
+            self._unavailable = (
+                f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
+            )
+
+    def _enumerate(self, nvml: Nvml) -> list[tuple[VisibleDevice, Any, str, str]]:
+        handles = [nvml.handle(i) for i in range(nvml.device_count())]
+        uuids = [nvml.uuid(h) for h in handles]
+        chosen = parse_visible_devices(self._visible, uuids)
+        return [
+            (VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
+            for cuda, index in enumerate(chosen)
+        ]
+
+    def _read_one(
+        self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]
+    ) -> GpuReading:
+        assert self._nvml is not None
+        total, used, free = self._nvml.memory(handle)
+        worker_bytes, worker_pids, note = self._worker_usage(handle, pids)
+        return GpuReading(
+            cuda_index=device.cuda_index,
+            nvml_index=device.nvml_index,
+            uuid=uuid,
+            name=name,
+            total_bytes=total,
+            used_bytes=used,
+            free_bytes=free,
+            utilization_pct=self._optional(self._nvml.utilization, handle),
+            worker_bytes=worker_bytes,
+            worker_pids=worker_pids,
+            worker_note=note,
+        )
+
+    def _optional(self, call: Callable[[Any], int], handle: Any) -> int | None:
+        try:
+            return call(handle)
+        except NvmlError as exc:
+            if exc.kind in ("not_supported", "no_permission"):
+                return None
+            raise
+
+    def _worker_usage(
+        self, handle: Any, pids: frozenset[int]
+    ) -> tuple[int | None, tuple[int, ...], str | None]:
+        """(bytes used by the worker's processes, their pids, why bytes is None)."""
+        assert self._nvml is not None
+        if self._nvml.mig_enabled(handle):
+            # On a MIG parent NVML lists no per-process memory to unprivileged callers.
+            return None, (), "MIG mode: no per-process GPU memory; using the device's figures"
+        try:
+            procs = self._nvml.processes(handle)
+        except NvmlError as exc:
+            if exc.kind in ("not_supported", "no_permission"):
+                return None, (), f"per-process GPU memory unavailable ({exc}); using the device's figures"
+            raise
+        mine = [p for p in procs if p.pid in pids]
+        if mine and any(p.used_bytes is None for p in mine):
+            return None, tuple(p.pid for p in mine), "NVML reports no per-process memory on this driver"
+        if not mine and pids and any(not self._pid_exists(p.pid) for p in procs):
+            # NVML speaks host PIDs; inside a container without the host PID namespace they match nothing.
+            return None, (), "GPU processes carry PIDs from another namespace (container without host PIDs)"
+        return sum(p.used_bytes or 0 for p in mine), tuple(p.pid for p in mine), None
+
+
+def _reason(exc: NvmlError) -> str:
+    if exc.kind == "library_not_found":
+        return "GPU figures unavailable: NVML library not found (no NVIDIA driver installed)"
+    if exc.kind == "driver_not_loaded":
+        return "GPU figures unavailable: the NVIDIA driver is not loaded"
+    if exc.kind == "no_permission":
+        return f"GPU figures unavailable: no permission to query NVML ({exc})"
+    return f"GPU figures unavailable: {exc}"

@@ -1,0 +1,173 @@
+"""The run journal: a SQLite database in WAL mode in the run directory.
+
+Everything a person or a later supervisor needs to know about the run lives here: attempts and how
+they ended, decisions, checkpoints seen (and which were bad), state changes, the current batch
+plan, memory samples. WAL with ``synchronous=FULL`` makes every committed write survive ``kill -9``
+(and power loss); readers in other processes or threads never block the supervisor's writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+JOURNAL_NAME = "journal.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, kind TEXT NOT NULL,
+    attempt INTEGER, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt INTEGER PRIMARY KEY, started REAL NOT NULL, ended REAL, pid INTEGER,
+    micro_batch INTEGER NOT NULL, grad_accum INTEGER NOT NULL, global_batch INTEGER NOT NULL,
+    world_size INTEGER NOT NULL, checkpoint TEXT, command TEXT NOT NULL, log_path TEXT NOT NULL,
+    expandable_segments INTEGER NOT NULL DEFAULT 0, fallbacks_applied INTEGER NOT NULL DEFAULT 0,
+    returncode INTEGER, exit_code INTEGER, signal INTEGER, kind TEXT, evidence TEXT, decision TEXT,
+    last_step INTEGER, peak_rss INTEGER, peak_gpu INTEGER);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    path TEXT PRIMARY KEY, step INTEGER, mtime REAL NOT NULL, first_seen REAL NOT NULL,
+    attempt INTEGER, bad INTEGER NOT NULL DEFAULT 0, reason TEXT);
+CREATE TABLE IF NOT EXISTS samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, attempt INTEGER, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS samples_t ON samples (t);
+CREATE INDEX IF NOT EXISTS events_attempt ON events (attempt);
+"""
+
+
+def journal_path(run_dir: Path) -> Path:
+    return Path(run_dir) / JOURNAL_NAME
+
+
+class Journal:
+    """One connection to a run's journal. Thread-safe; each process opens its own."""
+
+    def __init__(self, run_dir: Path, readonly: bool = False) -> None:
+        self.path = journal_path(run_dir)
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(self.path)
+            uri = f"file:{self.path}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=10)
+        else:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._db:
+            yield self._db
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._db.execute(sql, args))
+
+    # --- writes (the supervisor) -------------------------------------------------------------
+
+    def set_meta(self, **values: Any) -> None:
+        with self._write() as db:
+            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                           [(k, json.dumps(v)) for k, v in values.items()])
+
+    def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
+        with self._write() as db:
+            cur = db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, ?, ?, ?)",
+                             (time.time(), name, attempt, json.dumps(data, default=str)))
+            return int(cur.lastrowid or 0)
+
+    def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
+        """Record a state change; the caller (the loop's one transition point) has checked it."""
+        with self._write() as db:
+            db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, 'state', ?, ?)",
+                       (time.time(), attempt, json.dumps({"from": old, "to": new, "reason": reason})))
+            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                           [("state", json.dumps(new)), ("reason", json.dumps(reason)),
+                            ("updated", json.dumps(time.time()))])
+
+    def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
+                      command: list[str], log_path: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO attempts (attempt, started, pid, micro_batch, grad_accum, "
+                "global_batch, world_size, checkpoint, command, log_path, expandable_segments, "
+                "fallbacks_applied) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (attempt, time.time(), pid, plan["micro_batch"], plan["grad_accum"], plan["global_batch"],
+                 plan["world_size"], checkpoint, json.dumps(command), log_path,
+                 int(plan.get("expandable_segments", False)), plan.get("fallbacks_applied", 0)))
+
+    def end_attempt(self, attempt: int, **fields: Any) -> None:
+        allowed = {"returncode", "exit_code", "signal", "kind", "evidence", "decision", "last_step",
+                   "peak_rss", "peak_gpu"}
+        cols = [k for k in fields if k in allowed]
+        with self._write() as db:
+            db.execute(f"UPDATE attempts SET ended = ?, {', '.join(f'{c} = ?' for c in cols)} "
+                       "WHERE attempt = ?", (time.time(), *(fields[c] for c in cols), attempt))
+
+    def update_attempt_peaks(self, attempt: int, rss: int | None, gpu: int | None, step: int | None) -> None:
+        with self._write() as db:
+            db.execute("UPDATE attempts SET peak_rss = max(coalesce(peak_rss, 0), coalesce(?, 0)), "
+                       "peak_gpu = max(coalesce(peak_gpu, 0), coalesce(?, 0)), "
+                       "last_step = coalesce(?, last_step) WHERE attempt = ?", (rss, gpu, step, attempt))
+
+    def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
+        """Record a checkpoint; True when it is new to the journal."""
+        with self._write() as db:
+            cur = db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen, attempt) "
+                             "VALUES (?, ?, ?, ?, ?)", (path, step, mtime, time.time(), attempt))
+            if cur.rowcount == 0:
+                db.execute("UPDATE checkpoints SET mtime = ? WHERE path = ?", (mtime, path))
+            return cur.rowcount > 0
+
+    def mark_bad(self, path: str, reason: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen) VALUES (?, NULL, 0, ?)",
+                       (path, time.time()))
+            db.execute("UPDATE checkpoints SET bad = 1, reason = ? WHERE path = ?", (reason, path))
+
+    def add_sample(self, attempt: int | None, data: dict[str, Any], t: float | None = None) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO samples (t, attempt, data) VALUES (?, ?, ?)",
+                       (time.time() if t is None else t, attempt, json.dumps(data)))
+
+    # --- reads (anyone) ----------------------------------------------------------------------
+
+    def meta(self) -> dict[str, Any]:
+        return {row["key"]: json.loads(row["value"]) for row in self._query("SELECT key, value FROM meta")}
+
+    def bad_checkpoints(self) -> set[str]:
+        return {row["path"] for row in self._query("SELECT path FROM checkpoints WHERE bad = 1")}
+
+    def attempts(self) -> list[dict[str, Any]]:
+        rows = [dict(r) for r in self._query("SELECT * FROM attempts ORDER BY attempt")]
+        for row in rows:
+            row["command"] = json.loads(row["command"])
+        return rows
+
+    def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
+        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query(
+            "SELECT * FROM checkpoints ORDER BY coalesce(step, -1) DESC, mtime DESC")]
+
+    def samples(self, start: float | None = None, end: float | None = None,
+                max_points: int = 2000) -> list[dict[str, Any]]:
+        rows = self._query("SELECT t, attempt, data FROM samples WHERE t >= ? AND t <= ? ORDER BY t",
+                           (start if start is not None else 0.0, end if end is not None else 1e18))
+        step = max(1, len(rows) // max(1, max_points))
+        return [{"t": r["t"], "attempt": r["attempt"], **json.loads(r["data"])} for r in rows[::step]]

@@ -1,0 +1,67 @@
+"""The worker's launcher: a tiny stdlib-only parent between the supervisor and the training command.
+
+Run as ``python -I -S launch.py SUPERVISOR_PID OOM_SCORE_ADJ CGROUP_PROCS -- COMMAND...`` in a new
+session (its own process group). It exists so that no worker outlives the supervisor: the kernel
+sends it SIGTERM when the supervisor dies (PR_SET_PDEATHSIG, even after SIGKILL) and it then kills
+the whole process group, grandchildren included, which PR_SET_PDEATHSIG alone would not reach.
+It also joins the worker's memory cgroup and raises ``oom_score_adj`` before the command starts,
+and ends the way its child ended (same exit code, or the same signal) so classification sees the
+worker's real status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1
+# Signals meant for the worker reach the whole group; the launcher only has to survive them.
+_PASS_THROUGH = (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+    except OSError as exc:  # not root, no cgroup: the supervisor falls back to watching RSS
+        print(f"oomguard-launch: cannot write {path}: {exc.strerror}", file=sys.stderr)
+
+
+def main(argv: list[str]) -> None:
+    supervisor_pid, adj, cgroup_procs = int(argv[1]), argv[2], argv[3]
+    command = argv[argv.index("--") + 1:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != supervisor_pid:  # it died before prctl took effect
+        os.killpg(0, signal.SIGKILL)
+
+    def on_term(signum: int, frame: object) -> None:
+        if os.getppid() != supervisor_pid:  # orphaned: take the whole group down with us
+            os.killpg(0, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, on_term)
+    for sig in _PASS_THROUGH:
+        signal.signal(sig, lambda signum, frame: None)  # a handler, not SIG_IGN: exec resets it
+    if adj != "-":
+        _write("/proc/self/oom_score_adj", adj)
+    if cgroup_procs != "-":
+        _write(cgroup_procs, str(os.getpid()))
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:
+        print(f"oomguard: cannot start {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        os._exit(127)
+    _, status = os.waitpid(child.pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal whose default is to be ignored
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,441 @@
+"""The supervisor's event loop: start an attempt, watch it, classify its end, carry out the policy.
+
+The loop owns all mutable state and is the only code that changes the run's state
+(``_transition``). Signal handlers and the dashboard only set flags and wake the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, BinaryIO
+
+import psutil
+
+from supervisor.cgroup import MemoryCgroup, make_worker_cgroup, vmstat_oom_kills
+from supervisor.channel import ChannelReader
+from supervisor.checkpoints import Checkpoint, CheckpointIndex
+from supervisor.classify import ExitFacts, OutputScanner, Verdict, classify
+from supervisor.config import RunConfig, format_size
+from supervisor.errors import UsageError
+from supervisor.journal import Journal
+from supervisor.lock import RunLock
+from supervisor.policy import Decision, Failure, Plan, PolicyConfig, decide
+from supervisor.process import WorkerProcess
+from supervisor.runtime import (AttemptFiles, build_argv, build_env, expandable_already,
+                                placeholder_values)
+from supervisor.states import RunState, check_transition
+from worker import protocol
+
+TICK = 0.1  # seconds between checks while a worker runs; exits wake the loop at once
+SAMPLE_EVERY = 1.0
+
+
+def log(message: str) -> None:
+    print(f"[oomguard] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class AttemptWatch:
+    """What the loop learns while one attempt runs."""
+
+    scanner: OutputScanner = field(default_factory=OutputScanner)
+    last_progress: float = field(default_factory=time.monotonic)
+    progress_records: int = 0
+    last_step: int | None = None
+    new_checkpoint: bool = False
+    worker_failure: dict[str, Any] | None = None
+    stopped_for_memory: str | None = None
+    hung: str | None = None
+    peak_rss: int = 0
+
+
+class Supervisor:
+    def __init__(self, config: RunConfig, console: BinaryIO | None = None) -> None:
+        self.config = config
+        self.run_dir = config.run_dir.resolve()
+        self.cwd = Path.cwd()
+        self.console = console if console is not None else sys.stdout.buffer
+        self.state = RunState.STARTING
+        self.plan = Plan(config.initial_plan)
+        self.attempt = 0
+        self.failures: list[Failure] = []
+        self.wake = threading.Event()
+        self.stop_signals = 0  # SIGINT/SIGTERM count; the second forces an immediate kill
+        self.stop_signal: int | None = None
+        self.restart_requested = False
+        self.checkpoint_requested = False
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self.worker: WorkerProcess | None = None
+        self.journal: Journal
+        self._lock = RunLock(self.run_dir)
+        self._cgroup: MemoryCgroup | None = None
+        self.index = CheckpointIndex(config.checkpoints, self.cwd)
+
+    # --- setup ---------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Claim the run directory and load what an earlier supervisor left there."""
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.run_dir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise UsageError("--run-dir", f"cannot write {self.run_dir}: {exc.strerror}",
+                             "choose a directory you can write") from None
+        self._lock.acquire()
+        self.journal = Journal(self.run_dir)
+        self._restore()
+        proc = psutil.Process()
+        self.journal.set_meta(config=self.config.to_json(), supervisor_pid=os.getpid(),
+                              supervisor_started=proc.create_time(), run_dir=str(self.run_dir),
+                              started=time.time(), worker_pid=None)
+
+    def _restore(self) -> None:
+        meta = self.journal.meta()
+        saved = meta.get("plan")
+        batch = self.plan.batch
+        if saved and saved["global_batch"] == batch.global_batch and saved["world_size"] == batch.world_size:
+            self.plan = Plan(batch.with_micro_batch(saved["micro_batch"]),
+                             saved["expandable_segments"], saved["fallbacks_applied"])
+            log(f"continuing run in {self.run_dir} at micro-batch {saved['micro_batch']} "
+                f"(attempt {meta.get('attempt', 0)} so far)")
+        self.attempt = int(meta.get("attempt", 0))
+        self.failures = [_failure_from_row(row) for row in self.journal.attempts() if row["kind"]]
+        if meta.get("state"):
+            self.state = RunState(meta["state"])
+
+    def _save_plan(self) -> None:
+        b = self.plan.batch
+        self.journal.set_meta(attempt=self.attempt, plan={
+            "micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
+            "world_size": b.world_size, "expandable_segments": self.plan.expandable_segments,
+            "fallbacks_applied": self.plan.fallbacks_applied})
+
+    # --- the one place the state changes ------------------------------------------------------
+
+    def _transition(self, new: RunState, reason: str) -> None:
+        check_transition(self.state, new)
+        old, self.state = self.state, new
+        self.journal.transition(old.value, new.value, reason, self.attempt or None)
+        self._emit("state", {"from": old.value, "to": new.value, "reason": reason})
+        log(f"{new.value}: {reason}")
+
+    def _emit(self, name: str, data: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(name, data)
+            except Exception as exc:  # a dashboard or notifier bug must never stop supervision
+                log(f"listener failed on {name}: {exc!r}")
+
+    def _event(self, name: str, /, **data: Any) -> None:
+        self.journal.event(name, self.attempt or None, **data)
+        self._emit(name, data)
+
+    # --- signals and control (flags only) -----------------------------------------------------
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_signals += 1
+        self.stop_signal = signum
+        self.wake.set()
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self.wake.set()  # not fatal: a closed terminal must not end an overnight run
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    def request_stop(self) -> None:
+        self._on_stop_signal(signal.SIGTERM, None)
+
+    def request_restart(self) -> None:
+        self.restart_requested = True
+        self.wake.set()
+
+    def request_checkpoint(self) -> None:
+        self.checkpoint_requested = True
+        self.wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signals > 0
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Supervise until the worker succeeds, the policy gives up, or we are stopped."""
+        self.index.start()
+        try:
+            return self._loop()
+        finally:
+            if self.worker is not None and not self.worker.exited.is_set():
+                self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
+            self.index.stop()
+            if self._cgroup is not None:
+                self._cgroup.remove()
+            self.journal.set_meta(worker_pid=None)
+            self._lock.release()
+
+    def _loop(self) -> int:
+        self._transition(RunState.STARTING, f"supervisor pid {os.getpid()} started")
+        while True:
+            if self.stopping:
+                return self._stopped()
+            verdict, watch, checkpoint = self._run_attempt()
+            if self.stopping:
+                return self._stopped()
+            if verdict.kind is None:
+                self._transition(RunState.SUCCEEDED, f"worker finished (attempt {self.attempt})")
+                return 0
+            decision = self._recover(verdict, watch, checkpoint)
+            if not decision.restart:
+                self._transition(RunState.FAILED, decision.reason)
+                return 1
+            if decision.delay > 0:
+                self._transition(RunState.BACKOFF, decision.reason)
+                self._sleep(decision.delay)
+            if not self.stopping:
+                self._transition(RunState.STARTING, f"starting attempt {self.attempt + 1}")
+
+    def _stopped(self) -> int:
+        sig = self.stop_signal or signal.SIGTERM
+        self._transition(RunState.STOPPED, f"stopped by {signal.Signals(sig).name}")
+        return 128 + sig
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            self.wake.wait(min(left, TICK))
+            self.wake.clear()
+
+    # --- one attempt --------------------------------------------------------------------------
+
+    def _run_attempt(self) -> tuple[Verdict, AttemptWatch, Checkpoint | None]:
+        self.attempt += 1
+        self._save_plan()
+        checkpoint = self.index.newest(self.journal.bad_checkpoints(), worker_alive=False)
+        files = AttemptFiles.of(self.run_dir, self.attempt)
+        values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
+        argv = build_argv(self.config, self.plan, values, checkpoint is not None)
+        env = build_env(self.config, self.plan, values, files)
+        if not self.plan.expandable_segments and expandable_already(env):
+            self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
+        watch = AttemptWatch()
+        oom_before = self._start_worker(argv, env, files, watch)
+        assert self.worker is not None
+        self.journal.start_attempt(self.attempt, self.worker.pgid, _plan_dict(self.plan),
+                                   checkpoint.path if checkpoint else None, argv, str(files.log))
+        self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {self.plan.batch.micro_batch}"
+                         f" × accumulation {self.plan.batch.grad_accum} × world {self.plan.batch.world_size}"
+                         f" = {self.plan.batch.global_batch}"
+                         + (f", resuming from {checkpoint.path}" if checkpoint else ""))
+        self._watch(watch, ChannelReader(files.events), files)
+        self.worker.reap()
+        facts = self._exit_facts(watch, oom_before)
+        return classify(facts, watch.scanner), watch, checkpoint
+
+    def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
+                      watch: AttemptWatch) -> int | None:
+        """Start the worker in a fresh memory cgroup; returns the OOM-kill counter before it ran."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
+        self._cgroup, why = make_worker_cgroup(f"oomguard-{os.getpid()}-worker")
+        if self._cgroup is not None and self.config.memory_limit:
+            self._cgroup.set_limit(self.config.memory_limit)
+        elif self._cgroup is None and self.attempt == 1:
+            log(f"no memory cgroup ({why}); --memory-limit is enforced by watching RSS")
+        files.checkpoint_request.unlink(missing_ok=True)
+        before = self._cgroup.oom_kills() if self._cgroup else vmstat_oom_kills()
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.console,
+                                    self._cgroup.procs if self._cgroup else None)
+        self.worker.start(self.wake)
+        self.journal.set_meta(worker_pid=self.worker.pgid)
+        return before
+
+    def _exit_facts(self, watch: AttemptWatch, oom_before: int | None) -> ExitFacts:
+        assert self.worker is not None and self.worker.returncode is not None
+        cgroup = self._cgroup
+        after = cgroup.oom_kills() if cgroup else vmstat_oom_kills()
+        return ExitFacts(self.worker.returncode, oom_before, after,
+                         f"cgroup {cgroup.path}" if cgroup else "/proc/vmstat",
+                         limit_hit=cgroup.limit_hit() if cgroup else False,
+                         stopped_for_memory=watch.stopped_for_memory, hung=watch.hung,
+                         worker_failure=watch.worker_failure)
+
+    def _watch(self, watch: AttemptWatch, channel: ChannelReader, files: AttemptFiles) -> None:
+        assert self.worker is not None
+        next_sample = 0.0
+        while not self.worker.exited.is_set():
+            self.wake.wait(TICK)
+            self.wake.clear()
+            if self.stopping or self.restart_requested:
+                self.restart_requested = False
+                self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
+                break
+            self._read_channel(watch, channel)
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + SAMPLE_EVERY
+                self._sample(watch)
+                self._check_checkpoints(watch)
+            if self.checkpoint_requested:
+                self.checkpoint_requested = False
+                self._ask_for_checkpoint(files, "requested")
+            self._check_hang(watch)
+        self._read_channel(watch, channel)
+        self._check_checkpoints(watch)
+
+    def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
+        for record in channel.read():
+            kind = record["type"]
+            if kind in (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH):
+                watch.last_progress = time.monotonic()
+            if kind == protocol.PROGRESS:
+                watch.progress_records += 1
+                watch.last_step = record.get("step", watch.last_step)
+                self.journal.set_meta(progress=record)
+            elif kind == protocol.FAILURE:
+                watch.worker_failure = record
+            if kind != protocol.HEARTBEAT:
+                self._event(f"worker_{kind}", **{k: v for k, v in record.items() if k != "type"})
+
+    def _sample(self, watch: AttemptWatch) -> None:
+        assert self.worker is not None
+        rss = 0
+        for proc in self.worker.tree():
+            try:
+                rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        watch.peak_rss = max(watch.peak_rss, rss)
+        usage = self._cgroup.usage() if self._cgroup else None
+        self.journal.add_sample(self.attempt, {"rss": rss, "cgroup_usage": usage})
+        self.journal.update_attempt_peaks(self.attempt, rss, None, watch.last_step)
+        limit = self.config.memory_limit
+        if limit and rss > limit and watch.stopped_for_memory is None:
+            watch.stopped_for_memory = (f"worker tree RSS {format_size(rss)} > --memory-limit "
+                                        f"{format_size(limit)}")
+            log(f"stopping the worker: {watch.stopped_for_memory}")
+            self.worker.stop(min(self.config.grace_period, 5.0))
+
+    def _check_checkpoints(self, watch: AttemptWatch) -> None:
+        for ckpt in self.index.settled(self.journal.bad_checkpoints()):
+            if self.journal.checkpoint_seen(ckpt.path, ckpt.step, ckpt.mtime, self.attempt):
+                watch.new_checkpoint = True
+                watch.last_progress = time.monotonic()
+                self._event("checkpoint", path=ckpt.path, step=ckpt.step)
+
+    def _ask_for_checkpoint(self, files: AttemptFiles, why: str) -> None:
+        """Create the request file, and signal the worker only if it handles the signal: the
+        default action of SIGUSR1 is to terminate, and scripts that ignore requests lose nothing."""
+        assert self.worker is not None
+        files.checkpoint_request.write_text(f"{time.time()} {why}\n")
+        sig = signal.Signals[self.config.checkpoint_signal]
+        pid = self.worker.worker_pid
+        sent = pid is not None and _catches(pid, sig) and _kill(pid, sig)
+        self._event("checkpoint_request", reason=why, signal=sig.name if sent else None)
+
+    def _check_hang(self, watch: AttemptWatch) -> None:
+        assert self.worker is not None
+        timeout = self.config.hang_timeout
+        quiet = time.monotonic() - max(self.worker.last_output, watch.last_progress)
+        if timeout <= 0 or quiet < timeout or watch.hung:
+            return
+        watch.hung = f"no output or progress for {quiet:.0f} s (--hang-timeout {timeout:g})"
+        log(f"worker hung: {watch.hung}; dumping its stack")
+        self._dump_stack()
+        self.worker.stop(min(self.config.grace_period, 10.0))
+
+    def _dump_stack(self) -> None:
+        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a dump of
+        every thread's stack (PYTHONFAULTHANDLER is set for it)."""
+        assert self.worker is not None
+        pid = self.worker.worker_pid
+        if pid is None:
+            return
+        if shutil.which("py-spy"):
+            out = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                 timeout=30, check=False)
+            with open(self.worker.log_path, "a") as fh:
+                fh.write(out.stdout + out.stderr)
+        else:
+            _kill(pid, signal.SIGABRT)
+            self.worker.exited.wait(3.0)
+
+    # --- after an attempt ---------------------------------------------------------------------
+
+    def _recover(self, verdict: Verdict, watch: AttemptWatch, checkpoint: Checkpoint | None) -> Decision:
+        assert verdict.kind is not None
+        self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
+                         f" ({verdict.evidence})")
+        load_error = (checkpoint is not None and watch.scanner.load_error is not None
+                      and not watch.new_checkpoint and watch.progress_records == 0)
+        failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
+                          watch.scanner.fragmented, watch.new_checkpoint,
+                          checkpoint.path if checkpoint else None, load_error)
+        decision = decide(failure, self.failures, self.plan, _policy_config(self.config))
+        self.failures.append(failure)
+        self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
+                                 exit_code=verdict.exit_code, signal=verdict.signal, kind=verdict.kind.value,
+                                 evidence=verdict.evidence, decision=decision.reason,
+                                 last_step=watch.last_step, peak_rss=watch.peak_rss)
+        if decision.bad_checkpoint:
+            self.journal.mark_bad(decision.bad_checkpoint, watch.scanner.load_error or "load failed")
+            self._event("checkpoint_bad", path=decision.bad_checkpoint, evidence=watch.scanner.load_error)
+        self._event("decision", action=decision.action.value, reason=decision.reason,
+                    micro_batch=decision.plan.batch.micro_batch, grad_accum=decision.plan.batch.grad_accum,
+                    kind=verdict.kind.value, evidence=verdict.evidence)
+        self.plan = decision.plan
+        self._save_plan()
+        return decision
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def _plan_dict(plan: Plan) -> dict[str, Any]:
+    b = plan.batch
+    return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
+            "world_size": b.world_size, "expandable_segments": plan.expandable_segments,
+            "fallbacks_applied": plan.fallbacks_applied}
+
+
+def _policy_config(config: RunConfig) -> PolicyConfig:
+    return PolicyConfig(config.min_micro_batch, config.max_restarts, config.backoff, config.max_backoff,
+                        len(config.fallback_args))
+
+
+def _failure_from_row(row: dict[str, Any]) -> Failure:
+    from supervisor.classify import FailureKind
+
+    return Failure(row["attempt"], FailureKind(row["kind"]), row["micro_batch"], row["evidence"] or "")
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Does the process have a handler for ``sig``? (the SigCgt mask in /proc/PID/status)"""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _kill(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

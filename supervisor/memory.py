@@ -1,0 +1,349 @@
+"""The memory sampler: one ``MemorySample`` of the worker, its cgroup, the host and the GPUs.
+
+``Sampler.sample(worker_pid)`` is what the event loop calls once per interval. It reads:
+
+- the RSS of the worker's whole process tree (dataloader workers included) through psutil;
+- the host's total and available memory (``/proc/meminfo`` through psutil);
+- the worker's memory cgroup, v1 or v2, through ``CgroupReader`` (a seam over one directory);
+- memory pressure (PSI ``some``/``full`` avg10) where the kernel has ``/proc/pressure/memory``;
+- the visible GPUs through ``supervisor.gpu.GpuMonitor``.
+
+Every read is a few small procfs/sysfs files, so a sample costs well under a millisecond of CPU
+plus one psutil process-table walk; ``bench/watch_cost.py`` measures it. ``AttemptPeak`` and
+``fold_peak`` keep the per-attempt peaks that the memory model and the journal keep for ever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from supervisor.gpu import GpuMonitor, GpuReading
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this big
+# is no limit, whatever the page size.
+_V1_UNLIMITED = 2**62
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """A memory cgroup's figures. ``working_set_bytes`` = usage minus inactive file cache.
+
+    Usage counts page cache that the kernel reclaims before any OOM kill, so budgets compare the
+    working set (as Kubernetes and Docker do), not raw usage. ``limit_bytes`` is the tightest
+    limit on the way up to the hierarchy's root; None when unlimited.
+    """
+
+    path: str
+    version: int
+    usage_bytes: int
+    working_set_bytes: int
+    limit_bytes: int | None
+    oom_kills: int | None
+
+
+class CgroupReader:
+    """Reads one memory cgroup directory (v1 or v2), e.g. the one oomguard made for the worker."""
+
+    def __init__(self, path: Path | str, version: int) -> None:
+        if version not in (1, 2):
+            raise ValueError(f"cgroup version must be 1 or 2, not {version}")
+        self.path = Path(path)
+        self.version = version
+
+    def read(self) -> CgroupMemory:
+        """Current figures; raises OSError when the cgroup is gone."""
+        if self.version == 1:
+            usage = _read_int(self.path / "memory.usage_in_bytes")
+            inactive = _stat_field(self.path / "memory.stat", "total_inactive_file")
+            oom = _stat_field(self.path / "memory.oom_control", "oom_kill")
+        else:
+            usage = _read_int(self.path / "memory.current")
+            inactive = _stat_field(self.path / "memory.stat", "inactive_file")
+            oom = _stat_field(self.path / "memory.events", "oom_kill")
+        working = max(0, usage - (inactive or 0))
+        return CgroupMemory(str(self.path), self.version, usage, working, self._limit(), oom)
+
+    def _limit(self) -> int | None:
+        """The tightest limit from this cgroup upwards: a parent's limit binds its children too.
+
+        The walk ends where the control file does (the hierarchy's root has none in v2; the
+        mount point's parent is not a cgroup in v1).
+        """
+        name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+        limits = []
+        node = self.path
+        while (node / name).exists() and node.parent != node:
+            limit = _parse_limit((node / name).read_text())
+            if limit is not None:
+                limits.append(limit)
+            node = node.parent
+        return min(limits) if limits else None
+
+    @classmethod
+    def for_pid(cls, pid: int | str = "self", proc: Path = Path("/proc")) -> CgroupReader | None:
+        """The memory cgroup that ``pid`` belongs to, or None when there is none to read."""
+        try:
+            membership = (proc / str(pid) / "cgroup").read_text()
+            mounts = (proc / str(pid) / "mountinfo").read_text()
+        except OSError:
+            return None
+        return locate_cgroup(membership, mounts)
+
+
+def locate_cgroup(membership: str, mountinfo: str) -> CgroupReader | None:
+    """A reader for the memory cgroup named in ``/proc/PID/cgroup``, found via ``mountinfo``.
+
+    Prefers the v1 ``memory`` controller when mounted (hybrid hosts mount a v2 tree that has no
+    memory controller); else the v2 tree if its directory has ``memory.current``.
+    """
+    v1_mount, v2_mount = _memory_mounts(mountinfo)
+    for line in membership.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if v1_mount is not None and "memory" in controllers.split(","):
+            return _reader(v1_mount, rel, 1)
+        if v2_mount is not None and hierarchy == "0" and controllers == "":
+            reader = _reader(v2_mount, rel, 2)
+            if reader is not None and v1_mount is None:
+                return reader
+    return None
+
+
+def _memory_mounts(mountinfo: str) -> tuple[tuple[Path, str] | None, tuple[Path, str] | None]:
+    """((v1 memory mount point, its root), (v2 mount point, its root)) from mountinfo."""
+    v1 = v2 = None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        entry = (Path(fields[4]), fields[3])
+        if tail[0] == "cgroup" and "memory" in tail[2].split(","):
+            v1 = entry
+        elif tail[0] == "cgroup2" and v2 is None:
+            v2 = entry
+    return v1, v2
+
+
+def _reader(mount: tuple[Path, str], rel: str, version: int) -> CgroupReader | None:
+    point, root = mount
+    # Inside a cgroup namespace the mount's root is the container's cgroup and paths are
+    # relative to it; outside, strip the mount's root from the absolute path.
+    if root != "/" and rel.startswith(root):
+        rel = rel[len(root) :]
+    path = point / rel.lstrip("/")
+    probe = "memory.usage_in_bytes" if version == 1 else "memory.current"
+    return CgroupReader(path, version) if (path / probe).exists() else None
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def _parse_limit(text: str) -> int | None:
+    text = text.strip()
+    if text == "max":
+        return None
+    value = int(text)
+    return None if value >= _V1_UNLIMITED else value
+
+
+def _stat_field(path: Path, key: str) -> int | None:
+    """``key``'s value in a flat "key value" file, or None when the file or key is missing."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except OSError:
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """PSI memory stall percentages over the last 10 s: ``some`` task / ``full`` (all tasks)."""
+
+    some_avg10: float
+    full_avg10: float
+
+
+def read_pressure(path: Path = Path("/proc/pressure/memory")) -> Pressure | None:
+    """PSI figures, or None where the kernel lacks PSI (or it is disabled)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        fields = dict(pair.split("=", 1) for pair in pairs)
+        values[kind] = float(fields.get("avg10", "0"))
+    return Pressure(values.get("some", 0.0), values.get("full", 0.0))
+
+
+@dataclass(frozen=True)
+class TreeMemory:
+    """RSS summed over a process and all its descendants.
+
+    Summed RSS counts pages shared between a parent and its forked dataloader workers more than
+    once; PSS would not, but reading smaps costs ~100x more, and an over-estimate errs safe.
+    """
+
+    rss_bytes: int
+    pids: tuple[int, ...]
+
+
+def tree_memory(pid: int) -> TreeMemory | None:
+    """The tree's RSS, or None when ``pid`` is gone; children that exit mid-walk are skipped."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    total, pids = 0, []
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # exited or hidden between the walk and the read
+        pids.append(proc.pid)
+    return TreeMemory(total, tuple(pids))
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """Everything the supervisor knows about memory at one moment.
+
+    ``monotonic`` orders samples and measures intervals; ``wall`` is for people and the journal.
+    ``worker_rss_bytes`` is None when there is no worker (or it has exited).
+    """
+
+    monotonic: float
+    wall: float
+    worker_pid: int | None
+    worker_rss_bytes: int | None
+    worker_pids: tuple[int, ...]
+    host_total_bytes: int
+    host_available_bytes: int
+    cgroup: CgroupMemory | None
+    pressure: Pressure | None
+    gpus: tuple[GpuReading, ...] = ()
+    gpu_unavailable: str | None = None
+
+    @property
+    def worker_gpu_bytes(self) -> int | None:
+        """The worker's GPU memory on its busiest device (per-process figure, else device used)."""
+        figures = [g.worker_bytes if g.worker_bytes is not None else g.used_bytes for g in self.gpus]
+        return max(figures) if figures else None
+
+    def as_row(self) -> dict[str, float | int | str | None]:
+        """Flat columns for the journal and ``status --json`` (GPU figures of the busiest device)."""
+        busiest = max(self.gpus, key=lambda g: g.used_bytes, default=None)
+        return {
+            "t_monotonic": self.monotonic,
+            "t_wall": self.wall,
+            "worker_pid": self.worker_pid,
+            "worker_rss_bytes": self.worker_rss_bytes,
+            "host_total_bytes": self.host_total_bytes,
+            "host_available_bytes": self.host_available_bytes,
+            "cgroup_usage_bytes": self.cgroup.usage_bytes if self.cgroup else None,
+            "cgroup_working_set_bytes": self.cgroup.working_set_bytes if self.cgroup else None,
+            "cgroup_limit_bytes": self.cgroup.limit_bytes if self.cgroup else None,
+            "psi_some_avg10": self.pressure.some_avg10 if self.pressure else None,
+            "psi_full_avg10": self.pressure.full_avg10 if self.pressure else None,
+            "gpu_worker_bytes": self.worker_gpu_bytes,
+            "gpu_used_bytes": busiest.used_bytes if busiest else None,
+            "gpu_total_bytes": busiest.total_bytes if busiest else None,
+            "gpu_utilization_pct": busiest.utilization_pct if busiest else None,
+            "gpu_unavailable": self.gpu_unavailable,
+        }
+
+
+@dataclass
+class Sampler:
+    """Takes ``MemorySample``s. Every source is injectable; the defaults read this machine.
+
+    ``cgroup``: a fixed reader (e.g. the cgroup oomguard made for ``--memory-limit``); when None
+    the worker's own cgroup is found from ``/proc/PID/cgroup`` once per worker pid.
+    ``gpu``: None disables GPU sampling (``gpu_unavailable`` then says so).
+    """
+
+    gpu: GpuMonitor | None = field(default_factory=GpuMonitor)
+    cgroup: CgroupReader | None = None
+    pressure_path: Path = Path("/proc/pressure/memory")
+    clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+    _found: dict[int | None, CgroupReader | None] = field(default_factory=dict, init=False, repr=False)
+
+    def sample(self, worker_pid: int | None) -> MemorySample:
+        """One sample of the worker (or of the host alone when ``worker_pid`` is None)."""
+        now, wall = self.clock(), self.wall_clock()
+        tree = tree_memory(worker_pid) if worker_pid is not None else None
+        host = psutil.virtual_memory()
+        snapshot = self.gpu.read(tree.pids if tree else ()) if self.gpu else None
+        return MemorySample(
+            monotonic=now,
+            wall=wall,
+            worker_pid=worker_pid,
+            worker_rss_bytes=tree.rss_bytes if tree else None,
+            worker_pids=tree.pids if tree else (),
+            host_total_bytes=host.total,
+            host_available_bytes=host.available,
+            cgroup=self._read_cgroup(worker_pid),
+            pressure=read_pressure(self.pressure_path),
+            gpus=snapshot.devices if snapshot else (),
+            gpu_unavailable=snapshot.unavailable if snapshot else "GPU sampling disabled",
+        )
+
+    def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()
+
+    def _read_cgroup(self, worker_pid: int | None) -> CgroupMemory | None:
+        reader = self.cgroup
+        if reader is None:
+            if worker_pid not in self._found:
+                # One lookup per worker: a process does not usually change cgroups mid-run.
+                self._found = {worker_pid: CgroupReader.for_pid(worker_pid or "self")}
+            reader = self._found[worker_pid]
+        if reader is None:
+            return None
+        try:
+            return reader.read()
+        except (OSError, ValueError):
+            return None  # cgroup removed with the worker; the next worker brings its own
+
+
+@dataclass(frozen=True)
+class AttemptPeak:
+    """The highest figures one attempt reached; kept for ever by the journal and the fit store."""
+
+    worker_rss_bytes: int = 0
+    worker_gpu_bytes: int | None = None
+    cgroup_working_set_bytes: int | None = None
+    at_wall: float = 0.0
+
+
+def fold_peak(peak: AttemptPeak | None, sample: MemorySample) -> AttemptPeak:
+    """``peak`` raised by ``sample`` (pure; the loop keeps one per attempt)."""
+    peak = peak or AttemptPeak()
+    rss = max(peak.worker_rss_bytes, sample.worker_rss_bytes or 0)
+    cg = sample.cgroup.working_set_bytes if sample.cgroup else None
+    return AttemptPeak(
+        worker_rss_bytes=rss,
+        worker_gpu_bytes=_max_opt(peak.worker_gpu_bytes, sample.worker_gpu_bytes),
+        cgroup_working_set_bytes=_max_opt(peak.cgroup_working_set_bytes, cg),
+        at_wall=sample.wall if rss > peak.worker_rss_bytes else peak.at_wall,
+    )
+
+
+def _max_opt(a: int | None, b: int | None) -> int | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return max(a, b)

@@ -1,0 +1,149 @@
+"""The recovery policy: one pure function from what happened to what to do next.
+
+``decide`` does no I/O and reads no clock; the event loop carries out its ``Decision``. The tests
+feed it scripted histories.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from supervisor.batch import BatchPlan, largest_divisor_at_most
+from supervisor.classify import FailureKind
+
+CRASH_LOOP_REPEATS = 3  # the same failure this many times in a row, with no new checkpoint: give up
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the next attempt runs: its batch shape and the remedies applied so far."""
+
+    batch: BatchPlan
+    expandable_segments: bool = False  # set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    fallbacks_applied: int = 0  # how many of --fallback-args are in use
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt, as the policy sees it."""
+
+    attempt: int
+    kind: FailureKind
+    micro_batch: int
+    evidence: str = ""
+    fragmented: bool = False  # the OOM text shows more reserved-unallocated memory than requested
+    new_checkpoint: bool = False  # a newer checkpoint appeared during the attempt
+    checkpoint: str | None = None  # the checkpoint it was started from
+    load_error: bool = False  # it died before progress with an error reading that checkpoint
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    min_micro_batch: int = 1
+    max_restarts: int = 10
+    backoff: float = 1.0
+    max_backoff: float = 60.0
+    fallback_count: int = 0
+
+
+class Action(enum.Enum):
+    RESTART = "restart"
+    GIVE_UP = "give_up"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    plan: Plan
+    reason: str
+    delay: float = 0.0
+    bad_checkpoint: str | None = None  # mark this checkpoint bad and resume from the one before
+
+    @property
+    def restart(self) -> bool:
+        return self.action is Action.RESTART
+
+
+def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: PolicyConfig,
+           fit_hint: int | None = None) -> Decision:
+    """What to do after ``failure``, given the earlier failures of this run (oldest first).
+
+    ``fit_hint`` is the memory model's largest micro-batch predicted to fit, if it has one.
+    """
+    if failure.load_error and failure.checkpoint and _within_budget(failure, history, config):
+        return Decision(Action.RESTART, plan, f"checkpoint {failure.checkpoint} could not be loaded; "
+                        "resuming from the previous one", bad_checkpoint=failure.checkpoint)
+    if failure.kind.is_memory:
+        return _after_memory_failure(failure, plan, config, fit_hint)
+    return _after_other_failure(failure, history, plan, config)
+
+
+def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
+                          fit_hint: int | None) -> Decision:
+    # Fragmentation first: the memory exists but is cut into pieces; the expandable-segments
+    # allocator fixes that without giving up batch size.
+    if failure.kind is FailureKind.CUDA_OOM and failure.fragmented and not plan.expandable_segments:
+        return Decision(Action.RESTART, replace(plan, expandable_segments=True),
+                        "fragmentation: more memory reserved-but-unallocated than requested; retrying "
+                        f"micro-batch {plan.batch.micro_batch} with expandable_segments:True")
+    per = plan.batch.per_process_batch
+    limit = failure.micro_batch // 2
+    if fit_hint is not None and fit_hint < failure.micro_batch:
+        limit = fit_hint if fit_hint <= limit else limit
+    smaller = largest_divisor_at_most(per, limit, config.min_micro_batch)
+    if smaller is not None:
+        new = replace(plan, batch=plan.batch.with_micro_batch(smaller))
+        return Decision(Action.RESTART, new, f"{failure.kind.value} at micro-batch {failure.micro_batch}: "
+                        f"micro-batch {smaller} × accumulation {new.batch.grad_accum}"
+                        f" × world {plan.batch.world_size} = {plan.batch.global_batch}")
+    if plan.fallbacks_applied < config.fallback_count:
+        n = plan.fallbacks_applied + 1
+        return Decision(Action.RESTART, replace(plan, fallbacks_applied=n),
+                        f"{failure.kind.value} at the smallest micro-batch {failure.micro_batch}; "
+                        f"adding fallback {n} of {config.fallback_count}")
+    return Decision(Action.GIVE_UP, plan,
+                    f"out of memory even at the smallest micro-batch ({failure.micro_batch}, "
+                    f"--min-micro-batch {config.min_micro_batch}) with every fallback applied: "
+                    "the model does not fit; use a larger GPU, fewer parameters or more --fallback-args")
+
+
+def _after_other_failure(failure: Failure, history: Sequence[Failure], plan: Plan,
+                         config: PolicyConfig) -> Decision:
+    if not _within_budget(failure, history, config):
+        return Decision(Action.GIVE_UP, plan, f"{failure.kind.value} again and --max-restarts "
+                        f"{config.max_restarts} is used up; last: {failure.evidence}")
+    if _crash_loop(failure, history):
+        return Decision(Action.GIVE_UP, plan, f"crash loop: {failure.kind.value} {CRASH_LOOP_REPEATS} "
+                        f"times in a row with no new checkpoint; last: {failure.evidence}")
+    streak = _streak(history, failure)
+    delay = min(config.max_backoff, config.backoff * 2 ** (streak - 1))
+    return Decision(Action.RESTART, plan, f"{failure.kind.value}: restarting at the same batch "
+                    f"after {delay:g} s", delay=delay)
+
+
+def _within_budget(failure: Failure, history: Sequence[Failure], config: PolicyConfig) -> bool:
+    """Crashes, kills and hangs share --max-restarts; memory failures do not use it up."""
+    return len([f for f in (*history, failure) if not f.kind.is_memory]) <= config.max_restarts
+
+
+def _streak(history: Sequence[Failure], failure: Failure) -> int:
+    """How many non-memory failures in a row end the history, counting back to the last attempt
+    that made progress (wrote a checkpoint): the backoff starts over after progress."""
+    n = 1
+    if failure.new_checkpoint:
+        return n
+    for earlier in reversed(history):
+        if earlier.kind.is_memory or earlier.new_checkpoint:
+            break
+        n += 1
+    return n
+
+
+def _crash_loop(failure: Failure, history: Sequence[Failure]) -> bool:
+    recent = [*history[-(CRASH_LOOP_REPEATS - 1):], failure]
+    if len(recent) < CRASH_LOOP_REPEATS:
+        return False
+    same = all(f.kind is failure.kind and f.evidence == failure.evidence for f in recent)
+    return same and not any(f.new_checkpoint for f in recent)

@@ -1,0 +1,136 @@
+"""Starting, watching and stopping one worker: every OS call for the worker is behind this class.
+
+The worker runs under ``launch.py`` in a session of its own, so one ``killpg`` reaches the whole
+tree. Its merged stdout/stderr is read line by line as it streams, passed to the console untouched,
+appended to the attempt's log file and handed to the loop's line callback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import psutil
+
+LAUNCHER = str(Path(__file__).with_name("launch.py"))
+WORKER_OOM_SCORE_ADJ = 500  # above the supervisor's, so the kernel picks the worker, not us
+
+
+def _own_oom_score_adj() -> int:
+    try:
+        return int(Path("/proc/self/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+class WorkerProcess:
+    """One attempt's worker process group."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path,
+                 on_line: Callable[[str], None], console: BinaryIO | None,
+                 cgroup_procs: Path | None = None) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.cwd = cwd
+        self.log_path = log_path
+        self.on_line = on_line
+        self.console = console
+        self.cgroup_procs = cgroup_procs
+        self.exited = threading.Event()
+        self.returncode: int | None = None
+        self.last_output = time.monotonic()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._worker_pid: int | None = None
+
+    @property
+    def pgid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def start(self, wake: threading.Event) -> None:
+        adj = min(1000, _own_oom_score_adj() + WORKER_OOM_SCORE_ADJ)
+        launch = [sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(adj),
+                  str(self.cgroup_procs) if self.cgroup_procs else "-", "--", *self.argv]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._proc = subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
+                                      start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name="worker-output", daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._wait, args=(wake,), name="worker-wait", daemon=True).start()
+
+    def _wait(self, wake: threading.Event) -> None:
+        assert self._proc is not None
+        self.returncode = self._proc.wait()
+        self.exited.set()
+        wake.set()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        with open(self.log_path, "ab", buffering=0) as log:
+            for raw in self._proc.stdout:
+                self.last_output = time.monotonic()
+                log.write(raw)
+                self._to_console(raw)
+                self.on_line(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    def _to_console(self, raw: bytes) -> None:
+        if self.console is None:
+            return
+        try:
+            self.console.write(raw)
+            self.console.flush()
+        except (OSError, ValueError):  # the terminal went away; supervision goes on
+            self.console = None
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The training command's pid (the launcher's child), once it exists."""
+        if self._worker_pid is None and self._proc is not None:
+            try:
+                children = psutil.Process(self._proc.pid).children()
+                self._worker_pid = children[0].pid if children else None
+            except psutil.Error:
+                return None
+        return self._worker_pid
+
+    def tree(self) -> list[psutil.Process]:
+        """The worker's process tree (launcher excluded: its memory is the supervisor's cost)."""
+        try:
+            return psutil.Process(self.pgid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def signal_group(self, sig: int) -> bool:
+        try:
+            os.killpg(self.pgid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def stop(self, grace: float, interrupted: Callable[[], bool] = lambda: False) -> None:
+        """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL; ``interrupted`` cuts the
+        wait short (a second Ctrl-C)."""
+        try:
+            self.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while not self.exited.wait(0.05):
+                if time.monotonic() >= deadline or interrupted():
+                    break
+        finally:
+            self.signal_group(signal.SIGKILL)
+
+    def reap(self, timeout: float = 2.0) -> None:
+        """After the leader exited: kill whatever is left of the group and drain the output."""
+        self.signal_group(signal.SIGKILL)
+        self.exited.wait(timeout)
+        if self._reader is not None:
+            self._reader.join(timeout)

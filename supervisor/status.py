@@ -1,0 +1,92 @@
+"""The status document: what ``oomguard status --json``, the API and the dashboard all show.
+
+Built from the journal alone, so it works whether or not the supervisor is still running.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.journal import Journal, journal_path
+
+
+def supervisor_alive(meta: dict[str, Any]) -> bool:
+    """Is the supervisor that wrote this journal still running? (pid and start time must match, so a
+    reused pid is not mistaken for it)."""
+    pid, started = meta.get("supervisor_pid"), meta.get("supervisor_started")
+    if not pid or started is None:
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+def failure_records(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: row[key] for key in ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal",
+                                       "evidence", "decision", "started", "ended", "checkpoint")}
+            for row in attempts if row["kind"]]
+
+
+def status_document(journal: Journal) -> dict[str, Any]:
+    meta = journal.meta()
+    attempts = journal.attempts()
+    plan = meta.get("plan") or {}
+    config = meta.get("config") or {}
+    alive = supervisor_alive(meta)
+    current = attempts[-1] if attempts else {}
+    checkpoints = [c for c in journal.checkpoints() if not c["bad"]]
+    return {
+        "state": meta.get("state", "starting"),
+        "reason": meta.get("reason", ""),
+        "supervisor_alive": alive,
+        "supervisor_pid": meta.get("supervisor_pid"),
+        "run_dir": meta.get("run_dir"),
+        "command": config.get("command"),
+        "attempt": meta.get("attempt", 0),
+        "micro_batch": plan.get("micro_batch", config.get("micro_batch")),
+        "grad_accum": plan.get("grad_accum"),
+        "global_batch": plan.get("global_batch"),
+        "world_size": plan.get("world_size", config.get("world_size")),
+        "expandable_segments": plan.get("expandable_segments", False),
+        "fallbacks_applied": plan.get("fallbacks_applied", 0),
+        "worker_pid": meta.get("worker_pid") if alive else None,
+        "checkpoint": current.get("checkpoint"),
+        "newest_checkpoint": checkpoints[0] if checkpoints else None,
+        "progress": meta.get("progress"),
+        "started": meta.get("started"),
+        "updated": meta.get("updated"),
+        "failures": failure_records(attempts),
+    }
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    if not journal_path(run_dir).exists():
+        return None
+    journal = Journal(run_dir, readonly=True)
+    try:
+        return status_document(journal)
+    finally:
+        journal.close()
+
+
+def format_status(doc: dict[str, Any]) -> str:
+    lines = [
+        f"state:      {doc['state']}" + ("" if doc["supervisor_alive"] or doc["state"] in
+                                          ("succeeded", "failed", "stopped") else " (supervisor not running)"),
+        f"reason:     {doc['reason']}",
+        f"attempt:    {doc['attempt']}",
+        f"batch:      micro {doc['micro_batch']} × accum {doc['grad_accum']} × world {doc['world_size']}"
+        f" = {doc['global_batch']}",
+        f"worker pid: {doc['worker_pid'] or '-'}",
+        f"checkpoint: {doc['checkpoint'] or '-'}",
+    ]
+    if doc["progress"]:
+        lines.append(f"progress:   step {doc['progress'].get('step')}")
+    for f in doc["failures"]:
+        lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} "
+                     f"(exit {f['exit_code']}, signal {f['signal']}): {f['evidence']}")
+    return "\n".join(lines)
