@@ -66,12 +66,9 @@ class OutputScanner:
     def feed(self, line: str) -> None:
         self.lines += 1
         self.tail = (self.tail + [line])[-20:]
-        if self.device_oom is None and _DEVICE_OOM.search(line):
-            self.device_oom = line.strip()
-        if self.host_oom is None and _HOST_OOM.search(line):
-            self.host_oom = line.strip()
-        if self.load_error is None and _LOAD_ERROR.search(line):
-            self.load_error = line.strip()
+        self.device_oom = _keep(self.device_oom, line, _DEVICE_OOM)
+        self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
+        self.load_error = _keep(self.load_error, line, _LOAD_ERROR)
         if (m := _TRIED.search(line)) and self.tried_bytes is None:
             self.tried_bytes = _bytes(*m.groups())
         if (m := _RESERVED.search(line)) and self.reserved_unallocated is None:
@@ -82,6 +79,17 @@ class OutputScanner:
         """More memory reserved-but-unallocated than the failed request: a fragmentation OOM."""
         return (self.device_oom is not None and self.tried_bytes is not None
                 and self.reserved_unallocated is not None and self.reserved_unallocated > self.tried_bytes)
+
+
+def _keep(current: str | None, line: str, pattern: re.Pattern[str]) -> str | None:
+    """The evidence line to keep: the first match, but an exception message beats the indented
+    source line a traceback quotes before it (``raise torch.OutOfMemoryError(...)``)."""
+    if not pattern.search(line):
+        return current
+    quoted = line[:1].isspace()
+    if current is None or (current.startswith(" ") and not quoted):
+        return (" " + line.strip()) if quoted else line.strip()
+    return current
 
 
 @dataclass(frozen=True)
@@ -141,9 +149,9 @@ def classify(facts: ExitFacts, scan: OutputScanner) -> Verdict:
     if facts.worker_failure and (kind := _worker_kind(facts.worker_failure)):
         return verdict(kind, str(facts.worker_failure.get("message", "")))
     if scan.device_oom:
-        return verdict(FailureKind.CUDA_OOM, scan.device_oom)
+        return verdict(FailureKind.CUDA_OOM, scan.device_oom.strip())
     if scan.host_oom:
-        return verdict(FailureKind.HOST_OOM, scan.host_oom)
+        return verdict(FailureKind.HOST_OOM, scan.host_oom.strip())
     if sig is not None:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
         return verdict(FailureKind.KILLED, f"terminated by {name}; no OOM-kill counter moved")

@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from supervisor.config import add_arguments, build_config
 from supervisor.errors import UsageError
+from web.client import register as web_commands
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,16 +29,26 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     supervisor = Supervisor(config)
     supervisor.open()
     supervisor.install_signal_handlers()
+    web = None
     try:
+        if config.web:
+            from web.server import start_dashboard
+
+            web = start_dashboard(supervisor)
         return supervisor.run()
     finally:
+        if web is not None:
+            from web.server import stop_dashboard
+
+            stop_dashboard(supervisor, web)
         supervisor.close()
 
 
 def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
-    from supervisor.status import format_status, read_status
+    from supervisor.status import format_status
+    from web.client import fetch_status
 
-    doc = read_status(Path(args.run_dir))
+    doc = fetch_status(Path(args.run_dir))  # the API while the supervisor runs, else the journal
     if doc is None:
         raise UsageError("--run-dir", f"no oomguard run in {args.run_dir}",
                          "pass the --run-dir given to oomguard run")
@@ -62,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Other modules' subcommands: each takes the subparsers object and sets ``func`` on its parser.
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
+EXTRA_COMMANDS.append(web_commands)  # oomguard checkpoint | restart | stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,10 +14,12 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from supervisor.errors import UsageError
 
 OK = "ok"
 WARN = "warn"
@@ -43,8 +45,11 @@ _ALLOC_CONF_KEYS = frozenset(
 )
 
 
-class DoctorError(ValueError):
+class DoctorError(UsageError):
     """Bad input to ``oomguard doctor``; one line naming the option and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("", message)
 
 
 @dataclass(frozen=True)
@@ -357,6 +362,11 @@ def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
     parser.add_argument("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.set_defaults(func=_cmd_doctor)
+
+
+def _cmd_doctor(args: argparse.Namespace, command: Sequence[str]) -> int:
+    return run_doctor_command(args)
 
 
 def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -288,6 +288,8 @@ class GpuMonitor:
         if devices:
             self._devices = devices
         else:
+            self._devices = []
+            self.close()  # nothing to watch: release NVML now rather than at exit
             self._unavailable = (
                 f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
             )

@@ -57,7 +57,8 @@ def main(argv: list[str]) -> None:
     _, status = os.waitpid(child.pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot have handlers anyway
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # a signal whose default is to be ignored
     os._exit(os.waitstatus_to_exitcode(status))

@@ -226,6 +226,8 @@ class Supervisor:
         self.attempt += 1
         self._save_plan()
         checkpoint = self.index.newest(self.journal.bad_checkpoints(), worker_alive=False)
+        for existing in self.index.refresh():  # known before this attempt: not its progress
+            self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
         files = AttemptFiles.of(self.run_dir, self.attempt)
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)

@@ -29,6 +29,8 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from supervisor.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 FAILED = "failed"  # the supervisor gave up
@@ -42,8 +44,11 @@ _NTFY = {FAILED: (["x"], 5), SUCCEEDED: (["white_check_mark"], 3), RECOVERED: ([
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
-class NotifyConfigError(ValueError):
+class NotifyConfigError(UsageError):
     """A bad webhook setting; the message is one line naming the option and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("", message)
 
 
 @dataclass(frozen=True)

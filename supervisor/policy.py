@@ -135,9 +135,11 @@ def _streak(history: Sequence[Failure], failure: Failure) -> int:
     if failure.new_checkpoint:
         return n
     for earlier in reversed(history):
-        if earlier.kind.is_memory or earlier.new_checkpoint:
+        if earlier.kind.is_memory:
             break
         n += 1
+        if earlier.new_checkpoint:
+            break
     return n
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from supervisor.errors import UsageError
+
 USER = "user"
 SYSTEM = "system"
 SCOPES = (USER, SYSTEM)
@@ -42,8 +44,11 @@ _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+")
 _C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
-class ServiceError(ValueError):
+class ServiceError(UsageError):
     """Bad input to ``oomguard service``; the message is one line naming the option and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("", message)
 
 
 @dataclass(frozen=True)
@@ -288,6 +293,14 @@ def add_service_command(subparsers: argparse._SubParsersAction[argparse.Argument
     add("--stop-timeout", type=int, default=UnitOptions.stop_timeout_s, help="seconds for a final checkpoint")
     add("--exec", dest="executable", default=None, help="path of the oomguard executable")
     add("run_args", nargs=argparse.REMAINDER, help="-- then the arguments of oomguard run")
+    parser.set_defaults(func=_cmd_service)
+
+
+def _cmd_service(args: argparse.Namespace, command: Sequence[str]) -> int:
+    # oomguard's main() splits argv at the first "--" and hands what follows over as ``command``.
+    if command:
+        args.run_args = ["--", *command]
+    return run_service_command(args)
 
 
 def run_service_command(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -1,0 +1,46 @@
+"""Finding the newest valid checkpoint on a real filesystem."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from supervisor.checkpoints import CheckpointIndex, scan, step_of
+
+
+def test_step_numbers() -> None:
+    assert step_of("out/checkpoint-2000") == 2000
+    assert step_of("model_000250.pt") == 250
+    assert step_of("ckpt.pt") is None
+
+
+def test_newest_by_step_then_mtime_and_temp_names_skipped(tmp_path: Path) -> None:
+    for name in ("checkpoint-10", "checkpoint-9", "checkpoint-100.tmp", ".checkpoint-200"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "w.pt").write_bytes(b"x" * 10)
+    found = scan(["checkpoint-*", ".checkpoint-*"], tmp_path)
+    assert [Path(c.path).name for c in found] == ["checkpoint-10", "checkpoint-9"]
+    (tmp_path / "a.pt").write_bytes(b"1")
+    (tmp_path / "b.pt").write_bytes(b"1")
+    os.utime(tmp_path / "a.pt", (time.time() + 5, time.time() + 5))
+    assert Path(scan(["*.pt"], tmp_path)[0].path).name == "a.pt"
+
+
+def test_a_growing_checkpoint_is_not_chosen_while_the_worker_runs(tmp_path: Path) -> None:
+    index = CheckpointIndex(["ck-*"], tmp_path, settle=0.5)
+    assert index.start() in ("InotifyObserver", "PollingObserver")
+    try:
+        (tmp_path / "ck-1").write_bytes(b"a")
+        time.sleep(0.6)
+        index.refresh()
+        time.sleep(0.6)
+        assert index.newest(set(), worker_alive=True).path.endswith("ck-1")  # type: ignore[union-attr]
+        (tmp_path / "ck-2").write_bytes(b"partial")
+        time.sleep(0.1)
+        assert index.newest(set(), worker_alive=True).path.endswith("ck-1")  # type: ignore[union-attr]
+        assert index.newest(set(), worker_alive=False).path.endswith("ck-2")  # type: ignore[union-attr]
+        excluded = {str(tmp_path / "ck-2")}
+        assert index.newest(excluded, worker_alive=False).path.endswith("ck-1")  # type: ignore[union-attr]
+    finally:
+        index.stop()

@@ -1,0 +1,216 @@
+"""The NVML seam: a fake ``pynvml`` module (real error classes) behind the real ``PyNvml`` wrapper."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from supervisor.gpu import GpuMonitor, PyNvml, parse_visible_devices
+
+GIB = 1024**3
+UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000"]
+
+
+@dataclass
+class FakeDevice:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    total: int = 80 * GIB
+    used: int = 10 * GIB
+    util: int = 55
+    mig: int = 0
+    procs: list[tuple[int, int | None]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+
+
+class FakePynvml:
+    """The functions oomguard calls, with pynvml's names; errors are real ``pynvml.NVMLError``s."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, devices: list[FakeDevice], init_error: int | None = None) -> None:
+        self.devices = devices
+        self.init_error = init_error
+        self.init_calls = 0
+        for const in dir(pynvml):
+            if const.startswith("NVML_ERROR_"):
+                setattr(self, const, getattr(pynvml, const))
+
+    def _dev(self, handle: int, fn: str) -> FakeDevice:
+        device = self.devices[handle]
+        if fn in device.errors:
+            raise pynvml.NVMLError(device.errors[fn])
+        return device
+
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return self._dev(handle, "name").name.encode()  # old bindings return bytes
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._dev(handle, "uuid").uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        d = self._dev(handle, "memory")
+        return SimpleNamespace(total=d.total, used=d.used, free=d.total - d.used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        return SimpleNamespace(gpu=self._dev(handle, "util").util, memory=0)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        return [self._dev(handle, "mig").mig, 0]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        d = self._dev(handle, "procs")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.procs]
+
+
+def monitor(fake: FakePynvml, visible: str | None = None, **kw: Any) -> GpuMonitor:
+    return GpuMonitor(PyNvml(fake), visible_devices=visible, **kw)
+
+
+def test_reads_every_device_and_the_worker_share() -> None:
+    me = os.getpid()
+    fake = FakePynvml(
+        [
+            FakeDevice(UUIDS[0], used=30 * GIB, procs=[(me, 20 * GIB), (1, 5 * GIB)]),
+            FakeDevice(UUIDS[1], used=2 * GIB),
+        ]
+    )
+    snap = monitor(fake).read([me])
+    assert snap.unavailable is None
+    first, second = snap.devices
+    assert (first.total_bytes, first.used_bytes, first.free_bytes) == (80 * GIB, 30 * GIB, 50 * GIB)
+    assert first.name == "NVIDIA H100 80GB HBM3" and first.utilization_pct == 55
+    assert first.worker_bytes == 20 * GIB and first.worker_pids == (me,)
+    assert second.worker_bytes == 0 and second.worker_note is None
+
+
+def test_worker_tree_sums_all_its_processes() -> None:
+    fake = FakePynvml([FakeDevice(UUIDS[0], procs=[(101, GIB), (102, 2 * GIB), (999, 4 * GIB)])])
+    reading = monitor(fake, pid_exists=lambda pid: True).read([100, 101, 102]).devices[0]
+    assert reading.worker_bytes == 3 * GIB and reading.worker_pids == (101, 102)
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, [0, 1, 2]),
+        ("2,0", [2, 0]),
+        ("1", [1]),
+        ("GPU-cccc", [2]),  # UUID prefixes are allowed, as in CUDA
+        ("GPU-bbbb2222-0000,0", [1, 0]),
+        ("0,7,1", [0]),  # CUDA stops at the first invalid entry
+        ("GPU-", []),  # ambiguous prefix: invalid
+        ("", []),
+        ("-1", []),
+        ("0,0", [0]),
+    ],
+)
+def test_cuda_visible_devices(visible: str | None, expected: list[int]) -> None:
+    assert parse_visible_devices(visible, UUIDS) == expected
+
+
+def test_visible_devices_renumber_cuda_indices() -> None:
+    fake = FakePynvml([FakeDevice(u) for u in UUIDS])
+    devices = monitor(fake, visible="2,GPU-aaaa").read().devices
+    assert [(d.cuda_index, d.nvml_index, d.uuid) for d in devices] == [(0, 2, UUIDS[2]), (1, 0, UUIDS[0])]
+
+
+def test_all_devices_hidden_says_why() -> None:
+    snap = monitor(FakePynvml([FakeDevice(UUIDS[0])]), visible="").read()
+    assert snap.devices == () and "hides every GPU" in (snap.unavailable or "")
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML library not found"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver is not loaded"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "no permission"),
+    ],
+)
+def test_no_driver_is_one_line_and_init_is_tried_once(code: int, words: str) -> None:
+    fake = FakePynvml([], init_error=code)
+    mon = monitor(fake)
+    for _ in range(5):
+        snap = mon.read([1])
+    assert snap.devices == ()
+    assert snap.unavailable is not None and words in snap.unavailable and "\n" not in snap.unavailable
+    assert fake.init_calls == 1  # a machine without a GPU costs one failed init, not one per sample
+    mon.close()
+
+
+def test_real_pynvml_on_this_machine_degrades_gracefully() -> None:
+    # Whatever this machine has, the real binding must give figures or a one-line reason.
+    mon = GpuMonitor()
+    snap = mon.read([os.getpid()])
+    mon.close()
+    assert snap.devices or (snap.unavailable and "\n" not in snap.unavailable)
+
+
+def test_per_process_not_supported_falls_back_to_device() -> None:
+    fake = FakePynvml([FakeDevice(UUIDS[0], errors={"procs": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    reading = monitor(fake).read([os.getpid()]).devices[0]
+    assert reading.worker_bytes is None and reading.used_bytes == 10 * GIB
+    assert "Not Supported" in (reading.worker_note or "")
+
+
+def test_used_memory_not_available_per_process() -> None:
+    me = os.getpid()
+    fake = FakePynvml([FakeDevice(UUIDS[0], procs=[(me, None)])])
+    reading = monitor(fake).read([me]).devices[0]
+    assert reading.worker_bytes is None and reading.worker_pids == (me,)
+    assert "no per-process memory" in (reading.worker_note or "")
+
+
+def test_mig_mode_has_no_per_process_figures() -> None:
+    fake = FakePynvml([FakeDevice(UUIDS[0], mig=1, procs=[(os.getpid(), GIB)])])
+    reading = monitor(fake).read([os.getpid()]).devices[0]
+    assert reading.worker_bytes is None and "MIG" in (reading.worker_note or "")
+
+
+def test_mig_query_not_supported_means_no_mig() -> None:
+    me = os.getpid()
+    fake = FakePynvml(
+        [FakeDevice(UUIDS[0], procs=[(me, GIB)], errors={"mig": pynvml.NVML_ERROR_NOT_SUPPORTED})]
+    )
+    assert monitor(fake).read([me]).devices[0].worker_bytes == GIB
+
+
+def test_container_without_host_pids() -> None:
+    # NVML reports host PIDs; none of them exists in this namespace (real psutil.pid_exists).
+    fake = FakePynvml([FakeDevice(UUIDS[0], procs=[(4_000_000, 8 * GIB)])])
+    reading = monitor(fake).read([os.getpid()]).devices[0]
+    assert reading.worker_bytes is None and "namespace" in (reading.worker_note or "")
+
+
+def test_utilization_not_supported_is_none() -> None:
+    fake = FakePynvml([FakeDevice(UUIDS[0], errors={"util": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    assert monitor(fake).read().devices[0].utilization_pct is None
+
+
+def test_lost_gpu_mid_run_keeps_other_figures() -> None:
+    fake = FakePynvml([FakeDevice(UUIDS[0]), FakeDevice(UUIDS[1])])
+    mon = monitor(fake)
+    assert len(mon.read().devices) == 2
+    fake.devices[1].errors["memory"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    snap = mon.read()
+    assert len(snap.devices) == 1 and "GPU is lost" in (snap.unavailable or "")

@@ -1,0 +1,233 @@
+"""The sampler against the real machine: psutil on real processes, a real memory cgroup, real PSI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.gpu import GpuMonitor
+from supervisor.memory import (
+    AttemptPeak,
+    CgroupReader,
+    MemorySample,
+    Sampler,
+    fold_peak,
+    locate_cgroup,
+    read_pressure,
+    tree_memory,
+)
+
+MIB = 1024**2
+
+# A parent holding 150 MiB that forks a child holding 100 MiB, then both wait to be killed.
+HOLDER = """
+import os, sys, time
+block = bytearray({parent_mib} * 1024 * 1024)
+for i in range(0, len(block), 4096): block[i] = 1
+if os.fork() == 0:
+    child = bytearray({child_mib} * 1024 * 1024)
+    for i in range(0, len(child), 4096): child[i] = 1
+    print("child", flush=True)
+    time.sleep(60)
+    os._exit(0)
+print("parent", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def holder() -> Iterator[subprocess.Popen[str]]:
+    code = HOLDER.format(parent_mib=150, child_mib=100)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+    assert seen == {"parent", "child"}
+    yield proc
+    os.killpg(proc.pid, 9)
+    proc.wait()
+
+
+def no_gpu_sampler() -> Sampler:
+    return Sampler(gpu=GpuMonitor(visible_devices=""))
+
+
+def test_tree_rss_counts_children(holder: subprocess.Popen[str]) -> None:
+    tree = tree_memory(holder.pid)
+    assert tree is not None and len(tree.pids) == 2 and holder.pid in tree.pids
+    assert tree.rss_bytes >= 250 * MIB
+
+
+def test_sample_of_a_real_worker(holder: subprocess.Popen[str]) -> None:
+    sampler = Sampler()
+    sample = sampler.sample(holder.pid)
+    sampler.close()
+    assert sample.worker_pid == holder.pid and (sample.worker_rss_bytes or 0) >= 250 * MIB
+    assert 0 < sample.host_available_bytes <= sample.host_total_bytes
+    assert sample.monotonic > 0 and abs(sample.wall - time.time()) < 5
+    if not sample.gpus:
+        assert sample.gpu_unavailable and "\n" not in sample.gpu_unavailable
+    row = sample.as_row()
+    assert row["worker_rss_bytes"] == sample.worker_rss_bytes and "psi_some_avg10" in row
+
+
+def test_gone_worker_has_no_rss() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    sample = no_gpu_sampler().sample(proc.pid)
+    assert sample.worker_rss_bytes is None and sample.worker_pids == ()
+
+
+def test_no_worker_samples_the_host() -> None:
+    sample = no_gpu_sampler().sample(None)
+    assert sample.worker_rss_bytes is None and sample.host_total_bytes > 0
+
+
+# --- cgroups ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def child_cgroup() -> Iterator[CgroupReader]:
+    own = CgroupReader.for_pid("self")
+    if own is None:
+        pytest.skip("no memory cgroup readable on this machine")
+    path = own.path / f"oomguard-test-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+        limit_file = "memory.limit_in_bytes" if own.version == 1 else "memory.max"
+        (path / limit_file).write_text(str(512 * MIB))
+    except OSError as exc:
+        pytest.skip(f"cannot create a child memory cgroup under {own.path}: {exc}")
+    yield CgroupReader(path, own.version)
+    for _ in range(50):  # rmdir fails while the killed process is still being reaped
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+@pytest.mark.cgroup
+def test_real_child_cgroup_limit_and_usage(child_cgroup: CgroupReader) -> None:
+    before = child_cgroup.read()
+    assert before.limit_bytes == 512 * MIB and before.oom_kills in (0, None)
+    # Start a fresh holder inside the cgroup: memory is charged where it is first touched.
+    code = HOLDER.format(parent_mib=120, child_mib=60)
+    move_in = f"echo $$ > {child_cgroup.path}/cgroup.procs && exec {sys.executable} -c '{code}'"
+    proc = subprocess.Popen(["sh", "-c", move_in], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        proc.stdout.readline()
+        after = child_cgroup.read()
+        assert after.usage_bytes >= 180 * MIB and 150 * MIB <= after.working_set_bytes <= after.usage_bytes
+        found = CgroupReader.for_pid(proc.pid)
+        assert found is not None and found.path == child_cgroup.path
+        sample = no_gpu_sampler().sample(proc.pid)  # the sampler finds the worker's cgroup itself
+        assert sample.cgroup is not None and sample.cgroup.limit_bytes == 512 * MIB
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def test_v2_reader_over_a_directory(tmp_path: Path) -> None:
+    parent = tmp_path / "parent"
+    cg = parent / "worker"
+    cg.mkdir(parents=True)
+    (parent / "memory.max").write_text("1073741824\n")
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text(f"{300 * MIB}\n")
+    (cg / "memory.stat").write_text(f"anon {200 * MIB}\nfile {100 * MIB}\ninactive_file {80 * MIB}\n")
+    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    got = CgroupReader(cg, 2).read()
+    assert (got.usage_bytes, got.working_set_bytes) == (300 * MIB, 220 * MIB)
+    assert got.limit_bytes == 1024 * MIB  # the parent's limit binds the unlimited child
+    assert got.oom_kills == 1 and got.version == 2
+
+
+def test_v1_reader_over_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "memory.usage_in_bytes").write_text(f"{100 * MIB}\n")
+    (tmp_path / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (tmp_path / "memory.stat").write_text(f"cache 0\ntotal_inactive_file {10 * MIB}\n")
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    got = CgroupReader(tmp_path, 1).read()
+    assert got.limit_bytes is None and got.working_set_bytes == 90 * MIB and got.oom_kills == 2
+
+
+def test_real_own_cgroup_is_found() -> None:
+    own = CgroupReader.for_pid("self")
+    if own is None:
+        pytest.skip("no memory cgroup on this machine")
+    assert own.read().usage_bytes > 0
+
+
+def test_locate_cgroup_parses_hybrid_and_unified(tmp_path: Path) -> None:
+    v1 = tmp_path / "memory" / "jobs" / "a"
+    v1.mkdir(parents=True)
+    (v1 / "memory.usage_in_bytes").write_text("1\n")
+    hybrid_mounts = (
+        f"35 31 0:32 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n"
+        f"41 31 0:38 / {tmp_path}/unified rw - cgroup2 cgroup2 rw\n"
+    )
+    found = locate_cgroup("4:memory:/jobs/a\n0::/\n", hybrid_mounts)
+    assert found is not None and found.path == v1 and found.version == 1
+
+    v2 = tmp_path / "v2" / "user.slice" / "job"
+    v2.mkdir(parents=True)
+    (v2 / "memory.current").write_text("1\n")
+    unified = f"30 23 0:26 / {tmp_path}/v2 rw - cgroup2 cgroup2 rw\n"
+    found = locate_cgroup("0::/user.slice/job\n", unified)
+    assert found is not None and found.path == v2 and found.version == 2
+    # Inside a cgroup namespace the mount root is the container's cgroup.
+    ns_job = tmp_path / "ns" / "job"
+    ns_job.mkdir(parents=True)
+    (ns_job / "memory.current").write_text("1\n")
+    ns = f"30 23 0:26 /user.slice {tmp_path}/ns rw - cgroup2 cgroup2 rw\n"
+    found = locate_cgroup("0::/user.slice/job\n", ns)
+    assert found is not None and found.path == ns_job
+    assert locate_cgroup("0::/nowhere\n", unified) is None
+
+
+# --- PSI and peaks ----------------------------------------------------------------------------
+
+
+def test_psi_real_and_parsed(tmp_path: Path) -> None:
+    real = Path("/proc/pressure/memory")
+    if real.exists():
+        assert read_pressure(real) is not None
+    fake = tmp_path / "memory"
+    fake.write_text(
+        "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\nfull avg10=4.25 avg60=1.00 avg300=0.00 total=45\n"
+    )
+    pressure = read_pressure(fake)
+    assert pressure is not None and (pressure.some_avg10, pressure.full_avg10) == (12.5, 4.25)
+    assert read_pressure(tmp_path / "absent") is None
+
+
+def sample(rss: int | None, t: float = 0.0) -> MemorySample:
+    return MemorySample(t, 1000.0 + t, 1, rss, (1,), 10 * 1024 * MIB, 5 * 1024 * MIB, None, None)
+
+
+def test_fold_peak_keeps_the_highest() -> None:
+    peak: AttemptPeak | None = None
+    for t, rss in enumerate([100, 300, 200, None]):
+        peak = fold_peak(peak, sample(rss, float(t)))
+    assert peak is not None and peak.worker_rss_bytes == 300 and peak.at_wall == 1001.0
+    assert peak.worker_gpu_bytes is None
+
+
+def test_sampling_is_cheap(holder: subprocess.Popen[str]) -> None:
+    sampler = no_gpu_sampler()
+    start = time.process_time()
+    for _ in range(50):
+        sampler.sample(holder.pid)
+    per_sample = (time.process_time() - start) / 50
+    assert per_sample < 0.01  # 1 % of a core at 1 Hz

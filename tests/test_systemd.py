@@ -1,0 +1,300 @@
+"""The generated systemd units: content, systemd's quoting, `systemd-analyze verify`, the command."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from supervisor import systemd
+from supervisor.systemd import ServiceError, UnitOptions, render_unit
+
+NASTY_ARGS = [
+    "--resume-args",
+    "--resume-from {checkpoint} --lr 3e-4",
+    "100%",
+    "%n%i",
+    "$HOME",
+    "${USER}",
+    "$$",
+    'say "hi"',
+    "it's",
+    "back\\slash",
+    "ends-with-backslash\\",
+    ";",
+    "a;b",
+    "",
+    "tab\there",
+    "new\nline",
+    "ünïcødé ✓",
+    "-",
+    "#not-a-comment",
+    "  leading and trailing  ",
+]
+
+needs_systemd = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed"
+)
+
+
+@pytest.fixture
+def oomguard_bin(tmp_path: Path) -> Path:
+    """A real executable for ExecStart (verify checks that the program exists)."""
+    path = tmp_path / "bin" / "oomguard"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def _verify(unit_text: str, directory: Path, name: str = "oomguard-test.service", user: bool = False) -> str:
+    """Run systemd-analyze verify; return the diagnostics about this unit file (empty when clean)."""
+    unit = directory / name
+    unit.write_text(unit_text)
+    cmd = ["systemd-analyze", *(["--user"] if user else []), "verify", "--man=no", str(unit)]
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(directory), "SYSTEMD_LOG_COLOR": "0"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    ours = [
+        line for line in (result.stdout + result.stderr).splitlines() if name in line or str(unit) in line
+    ]
+    assert result.returncode == 0 or ours, result.stderr  # a failure must be about our unit
+    return "\n".join(ours)
+
+
+def _split_exec(value: str) -> list[str]:
+    """systemd's reading of an ExecStart= value, as systemd.service(5) describes it, for our output.
+
+    Order as in systemd: specifiers first (%% -> %), then splitting with quotes and C escapes,
+    then environment expansion ($$ -> $).
+    """
+    text = value.replace("%%", "\0pct")
+    assert "%" not in text, f"unescaped specifier in {value!r}"
+    text = text.replace("\0pct", "%")
+    words, i = [], 0
+    while i < len(text):
+        if text[i] == " ":
+            i += 1
+        elif text[i] == '"':
+            word, i = _read_quoted(text, i + 1)
+            words.append(word)
+        else:
+            end = text.find(" ", i)
+            end = len(text) if end < 0 else end
+            words.append(text[i:end])
+            i = end
+    return [word.replace("$$", "\0dollar").replace("\0dollar", "$") for word in words]
+
+
+def _read_quoted(text: str, i: int) -> tuple[str, int]:
+    escapes = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
+    out = []
+    while text[i] != '"':
+        if text[i] == "\\":
+            if text[i + 1] == "x":
+                out.append(chr(int(text[i + 2 : i + 4], 16)))
+                i += 4
+                continue
+            out.append(escapes[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    assert i + 1 == len(text) or text[i + 1] == " ", "a closing quote must end the word"
+    return "".join(out), i + 1
+
+
+def _setting(unit: str, key: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(key + "=")]
+
+
+def test_unit_has_what_a_long_training_job_needs(oomguard_bin: Path, tmp_path: Path) -> None:
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_VISIBLE_DEVICES": "0,1", "HOME": "/x"}
+    argv = [
+        str(oomguard_bin),
+        "run",
+        "--micro-batch",
+        "8",
+        "--global-batch",
+        "64",
+        "--",
+        "python",
+        "train.py",
+    ]
+    unit = render_unit(argv, tmp_path, env, "user", "oomguard-gpt")
+    assert _setting(unit, "Restart") == ["on-failure"]
+    assert _setting(unit, "OOMPolicy") == ["continue"]
+    assert _setting(unit, "KillMode") == ["mixed"]
+    assert int(_setting(unit, "TimeoutStopSec")[0]) >= 600
+    assert _setting(unit, "WorkingDirectory") == [str(tmp_path)]
+    assert _setting(unit, "WantedBy") == ["default.target"]
+    environment = _setting(unit, "Environment")
+    assert '"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"' in environment
+    assert '"CUDA_VISIBLE_DEVICES=0,1"' in environment
+    assert not any("HOME=" in item for item in environment)  # only what the job needs
+    assert _split_exec(_setting(unit, "ExecStart")[0]) == argv
+
+
+def test_environment_left_out_when_unset(oomguard_bin: Path, tmp_path: Path) -> None:
+    unit = render_unit([str(oomguard_bin), "run"], tmp_path, {}, "user", "x")
+    assert not any("CUDA" in item for item in _setting(unit, "Environment"))
+
+
+@needs_systemd
+@pytest.mark.parametrize("scope", ["user", "system"])
+def test_verify_passes_cleanly_with_hostile_arguments(oomguard_bin: Path, tmp_path: Path, scope: str) -> None:
+    env = {
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+        "PATH": "/usr/bin:/bin",
+        "CUDA_VISIBLE_DEVICES": "1",
+    }
+    argv = [str(oomguard_bin), "run", *NASTY_ARGS, "--", "python", "train.py", "--tag", "100%"]
+    unit = render_unit(argv, tmp_path, env, scope, "oomguard-test", UnitOptions(user="alice"))
+    assert _verify(unit, tmp_path, user=scope == "user") == ""
+    assert _split_exec(_setting(unit, "ExecStart")[0]) == argv
+
+
+@needs_systemd
+def test_verify_has_teeth(oomguard_bin: Path, tmp_path: Path) -> None:
+    """The same check flags an unescaped specifier and a missing program, so a clean pass means something."""
+    unit = render_unit([str(oomguard_bin), "run", "100%"], tmp_path, {}, "system", "oomguard-test")
+    assert "100%%" in unit
+    assert "specifier" in _verify(unit.replace("100%%", "100%z"), tmp_path)
+    missing = unit.replace(str(oomguard_bin), str(tmp_path / "nope"))
+    assert _verify(missing, tmp_path) != ""
+
+
+@needs_systemd
+def test_working_directory_with_space_and_percent(oomguard_bin: Path, tmp_path: Path) -> None:
+    cwd = tmp_path / "my runs 100%"
+    cwd.mkdir()
+    unit = render_unit([str(oomguard_bin), "run"], cwd, {}, "system", "oomguard-test")
+    assert _setting(unit, "WorkingDirectory") == [str(cwd).replace("%", "%%")]
+    assert _verify(unit, tmp_path) == ""
+
+
+def test_system_scope_runs_as_the_user_after_the_network(oomguard_bin: Path, tmp_path: Path) -> None:
+    unit = render_unit([str(oomguard_bin), "run"], tmp_path, {}, "system", "x", UnitOptions(user="alice"))
+    assert _setting(unit, "User") == ["alice"]
+    assert _setting(unit, "WantedBy") == ["multi-user.target"]
+    assert _setting(unit, "After") == ["network-online.target"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "scope", "name", "needle"),
+    [
+        (["oomguard", "run"], "user", "x", "absolute path"),
+        ([], "user", "x", "empty"),
+        (["/bin/true", "run"], "global", "x", "scope"),
+        (["/bin/true", "run"], "user", "bad name!", "--name"),
+        (["/bin/true", "a\0b"], "user", "x", "NUL"),
+    ],
+)
+def test_bad_input_is_one_line(argv: list[str], scope: str, name: str, needle: str, tmp_path: Path) -> None:
+    with pytest.raises(ServiceError) as caught:
+        render_unit(argv, tmp_path, {}, scope, name)
+    assert needle in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="oomguard")
+    systemd.add_service_command(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["service", *argv])
+
+
+def test_command_writes_the_unit_atomically_and_prints_next_steps(
+    oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, work = tmp_path / "config", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.chdir(work)
+    args = _parse(
+        "--name",
+        "gpt",
+        "--exec",
+        str(oomguard_bin),
+        "--",
+        "run",
+        "--micro-batch",
+        "8",
+        "--",
+        "python",
+        "t.py",
+    )
+    out = io.StringIO()
+    assert systemd.run_service_command(args, out) == 0
+    unit_path = config / "systemd" / "user" / "gpt.service"
+    text = unit_path.read_text()
+    argv = _split_exec(_setting(text, "ExecStart")[0])
+    assert argv == [str(oomguard_bin), "run", "--micro-batch", "8", "--", "python", "t.py"]
+    assert '"CUDA_VISIBLE_DEVICES=3"' in _setting(text, "Environment")
+    assert [p.name for p in unit_path.parent.iterdir()] == ["gpt.service"]  # no temp file left
+    printed = out.getvalue()
+    assert "systemctl --user enable --now gpt.service" in printed
+    assert "loginctl enable-linger" in printed
+
+
+def test_print_writes_nothing(oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    args = _parse("--print", "--exec", str(oomguard_bin), "--", "--micro-batch", "4", "--", "python", "t.py")
+    assert systemd.run_service_command(args, out) == 0
+    assert out.getvalue().startswith("# Generated by `oomguard service`")
+    assert re.search(rf"^ExecStart={re.escape(str(oomguard_bin))} run --micro-batch 4 ", out.getvalue(), re.M)
+    assert not (tmp_path / "config").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [(["--name", "a/b", "--", "--micro-batch", "4"], "--name"), (["--"], "no run arguments")],
+)
+def test_command_bad_input_exits_2(
+    argv: list[str], needle: str, oomguard_bin: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), *argv)) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_write_atomic_replaces_content(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "unit.service"
+    systemd.write_atomic(target, "one\n")
+    systemd.write_atomic(target, "two\n")
+    assert target.read_text() == "two\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["unit.service"]
+
+
+def test_wired_into_the_oomguard_cli(
+    oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through cli.main, which splits argv at the first -- itself."""
+    from supervisor import cli
+
+    monkeypatch.setattr(cli, "EXTRA_COMMANDS", [systemd.add_service_command])
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "service",
+        "--print",
+        "--exec",
+        str(oomguard_bin),
+        "--",
+        "--micro-batch",
+        "8",
+        "--",
+        "python",
+        "t.py",
+    ]
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    assert cli.main(argv) == 0
+    exec_start = _split_exec(_setting(out.getvalue(), "ExecStart")[0])
+    assert exec_start == [str(oomguard_bin), "run", "--micro-batch", "8", "--", "python", "t.py"]

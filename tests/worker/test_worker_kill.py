@@ -1,0 +1,124 @@
+"""kill -9 at random moments (also in the middle of checkpoint writes), resume, and end with
+exactly the weights of an uninterrupted run; a changed micro-batch ends within float tolerance
+and sees the same samples in every optimizer step."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers; no conftest needed
+from workerkit import (  # noqa: E402
+    SMALL,
+    Zygote,
+    bitwise_equal,
+    events,
+    max_abs_diff,
+    samples_per_step,
+    wait_for,
+    weights,
+)
+
+STEPS = 100
+BASE = [*SMALL, "--steps", str(STEPS), "--global-batch", "32", "--micro-batch", "8", "--checkpoint-every", "1"]
+KILLS = int(os.environ.get("OOMGUARD_TEST_KILLS", "24"))
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    server = Zygote()
+    yield server
+    server.close()
+
+
+def reference(zygote: Zygote, out: Path, extra: list[str]) -> tuple[Path, Path]:
+    out.mkdir()
+    argv = [*BASE, *extra, "--checkpoint-dir", str(out / "ckpt"), "--save-weights", str(out / "w.pt"),
+            "--log-samples", str(out / "samples.jsonl")]  # fmt: skip
+    assert zygote.run(argv, out / "log.txt") == 0, (out / "log.txt").read_text()
+    return out / "w.pt", out / "samples.jsonl"
+
+
+def writing(ckpt: Path) -> bool:
+    """A checkpoint is being written right now (its temp directory exists)."""
+    try:
+        return any(name.startswith(".checkpoint-") for name in os.listdir(ckpt))
+    except FileNotFoundError:
+        return False
+
+
+def campaign(zygote: Zygote, out: Path, argv: list[str], kills: int, seed: int) -> dict[str, int]:
+    """Start, kill -9, resume, ... ``kills`` times; then let it finish. Returns what happened."""
+    rnd = random.Random(seed)
+    ckpt = out / "ckpt"
+    env = {"OOMGUARD_EVENTS": str(out / "events.jsonl")}
+    seen = {"killed": 0, "mid_write": 0, "finished_early": 0}
+    while seen["killed"] < kills:
+        pid = zygote.spawn(argv, out / "log.txt", env)
+        if seen["killed"] % 2:  # every other kill aims at a checkpoint write in progress
+            wait_for(lambda: writing(ckpt), timeout=2.0)
+        else:
+            time.sleep(rnd.uniform(0.0, 0.25))
+        os.kill(pid, signal.SIGKILL)
+        mid_write = writing(ckpt)
+        status = zygote.wait(pid)
+        if status == 0:
+            seen["finished_early"] += 1
+            break
+        assert status == -signal.SIGKILL, (out / "log.txt").read_text()[-3000:]
+        seen["killed"] += 1
+        seen["mid_write"] += mid_write
+    assert zygote.run(argv, out / "log.txt", env) == 0, (out / "log.txt").read_text()[-3000:]
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kill9_anywhere_then_resume_is_bitwise_identical(zygote: Zygote, tmp_path: Path, mode: str) -> None:
+    extra = ["--dropout", "0.1"] + (["--async-save"] if mode == "async" else [])
+    ref_w, ref_samples = reference(zygote, tmp_path / "ref", extra)
+    out = tmp_path / "killed"
+    out.mkdir()
+    argv = [*BASE, *extra, "--checkpoint-dir", str(out / "ckpt"), "--save-weights", str(out / "w.pt"),
+            "--log-samples", str(out / "samples.jsonl")]  # fmt: skip
+    kills = KILLS if mode == "sync" else KILLS // 2
+    seen = campaign(zygote, out, argv, kills, seed=1234 if mode == "sync" else 99)
+
+    assert seen["killed"] == kills and seen["finished_early"] == 0, seen
+    assert seen["mid_write"] >= 1, f"no kill landed inside a checkpoint write: {seen}"
+    resumed = [e for e in events(out / "events.jsonl") if e["type"] == "batch" and e["reason"] == "resume"]
+    assert len(resumed) >= kills // 2, "the restarts did not resume from checkpoints"
+    assert bitwise_equal(weights(out / "w.pt"), weights(ref_w))
+    assert samples_per_step(out / "samples.jsonl") == samples_per_step(ref_samples)
+    leftovers = [p.name for p in (out / "ckpt").iterdir() if p.name.startswith(".")]
+    assert leftovers == [], f"temp or trash directories left behind: {leftovers}"
+
+
+def test_resume_at_another_micro_batch_is_within_tolerance(zygote: Zygote, tmp_path: Path) -> None:
+    extra = ["--dropout", "0"]  # dropout masks follow the micro-batch split; the math must not
+    ref_w, ref_samples = reference(zygote, tmp_path / "ref", extra)
+    out = tmp_path / "changed"
+    out.mkdir()
+    argv = [*BASE, *extra, "--checkpoint-dir", str(out / "ckpt"), "--save-weights", str(out / "w.pt"),
+            "--log-samples", str(out / "samples.jsonl")]  # fmt: skip
+    rnd = random.Random(7)
+    for micro in ("16", "4", "32", "2"):  # every restart at another size, as the supervisor would
+        env = {"OOMGUARD_MICRO_BATCH": micro, "OOMGUARD_EVENTS": str(out / "events.jsonl")}
+        pid = zygote.spawn(argv, out / "log.txt", env)
+        time.sleep(rnd.uniform(0.15, 0.3))
+        os.kill(pid, signal.SIGKILL)
+        assert zygote.wait(pid) == -signal.SIGKILL
+    env = {"OOMGUARD_MICRO_BATCH": "1", "OOMGUARD_EVENTS": str(out / "events.jsonl")}
+    assert zygote.run(argv, out / "log.txt", env) == 0, (out / "log.txt").read_text()[-3000:]
+
+    sizes = {e["micro_batch"] for e in events(out / "events.jsonl") if e["type"] == "progress"}
+    assert len(sizes) >= 3, f"the restarts did not train at several micro-batches: {sizes}"
+    diff = max_abs_diff(weights(out / "w.pt"), weights(ref_w))
+    assert diff < 1e-5, diff
+    assert samples_per_step(out / "samples.jsonl") == samples_per_step(ref_samples)

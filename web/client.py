@@ -1,0 +1,116 @@
+"""The CLI's side of the API: ``oomguard checkpoint|restart|stop`` and ``oomguard status``.
+
+The address comes from the journal (``web_url``, recorded by the running supervisor) and the
+token from ``RUN_DIR/token``; stdlib ``urllib`` keeps these commands quick to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import UsageError
+from supervisor.journal import Journal, journal_path
+from supervisor.status import read_status, supervisor_alive
+
+TIMEOUT = 5.0
+ACTIONS = {"checkpoint": "ask the running worker to write a checkpoint now",
+           "restart": "restart the worker (from the newest checkpoint)",
+           "stop": "stop the worker and the supervisor gracefully"}
+
+
+def _meta(run_dir: Path) -> dict[str, Any]:
+    if not journal_path(run_dir).exists():
+        raise UsageError("--run-dir", f"no oomguard run in {run_dir}",
+                         "pass the --run-dir given to oomguard run")
+    journal = Journal(run_dir, readonly=True)
+    try:
+        return journal.meta()
+    finally:
+        journal.close()
+
+
+def _request(url: str, token: str | None = None, method: str = "GET") -> dict[str, Any]:
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        result: dict[str, Any] = json.loads(response.read())
+        return result
+
+
+def fetch_status(run_dir: Path) -> dict[str, Any] | None:
+    """The status document from the running supervisor's API, else from the journal."""
+    if not journal_path(run_dir).exists():
+        return None
+    meta = _meta(run_dir)
+    if meta.get("web_url") and supervisor_alive(meta):
+        try:
+            return _request(meta["web_url"] + "api/status")
+        except (OSError, ValueError):  # server busy or gone: the journal says the same
+            pass
+    return read_status(run_dir)
+
+
+def control(run_dir: Path, action: str) -> str:
+    """Send one control request to the run's supervisor; returns what to tell the user."""
+    meta = _meta(run_dir)
+    if not supervisor_alive(meta):
+        raise UsageError("--run-dir", f"the supervisor of {run_dir} is not running", "nothing to control")
+    url = meta.get("web_url")
+    if not url:
+        return _without_web(meta, action)
+    token = _read_token(run_dir)
+    try:
+        _request(f"{url}api/control/{action}", token, "POST")
+    except urllib.error.HTTPError as exc:
+        raise UsageError(action, f"the supervisor refused: HTTP {exc.code} {_detail(exc)}",
+                         f"check {run_dir / 'token'}") from None
+    except OSError as exc:
+        raise UsageError(action, f"cannot reach the supervisor at {url} ({exc})",
+                         "is it running? see oomguard status") from None
+    return f"{action} requested (pid {meta.get('supervisor_pid')})"
+
+
+def _without_web(meta: dict[str, Any], action: str) -> str:
+    """Started with --no-web: SIGTERM is the supervisor's own graceful stop; nothing else can be asked."""
+    if action != "stop":
+        raise UsageError(action, "the supervisor runs without the dashboard (--no-web)",
+                         "restart it without --no-web to use this command")
+    os.kill(int(meta["supervisor_pid"]), signal.SIGTERM)
+    return f"stop requested (SIGTERM to pid {meta['supervisor_pid']})"
+
+
+def _read_token(run_dir: Path) -> str:
+    try:
+        return (run_dir / "token").read_text().strip()
+    except OSError as exc:
+        raise UsageError("--run-dir", f"cannot read {run_dir / 'token'} ({exc.strerror})",
+                         "run this as the user who started oomguard") from None
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(exc.read()).get("detail", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _cmd_control(args: argparse.Namespace, command: Sequence[str]) -> int:
+    print(control(Path(args.run_dir), args.subcommand))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    for action, help_text in ACTIONS.items():
+        parser = sub.add_parser(action, help=help_text)
+        parser.add_argument("--run-dir", default="oomguard-run",
+                            help="the run directory (default: oomguard-run)")
+        parser.set_defaults(func=_cmd_control)

@@ -1,0 +1,97 @@
+"""``/metrics``: the run's figures in Prometheus text format, all named ``oomguard_*``.
+
+A custom collector reads the journal at scrape time (in the scraping request's thread, through its
+own read-only connection), so the supervision loop does no metrics work at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from supervisor.journal import Journal
+from supervisor.states import RunState
+from supervisor.status import status_document
+from web.timeline import chart_point
+
+FRESH_S = 30.0
+
+
+class RunCollector(Collector):
+    def __init__(self, journal: Callable[[], Journal]) -> None:
+        self._journal = journal
+
+    def collect(self) -> Iterator[Metric]:
+        journal = self._journal()
+        doc = status_document(journal)
+        yield from _state(doc["state"], doc["supervisor_alive"])
+        for name, key, help_text in (
+            ("attempt", "attempt", "number of the current (or last) attempt"),
+            ("micro_batch", "micro_batch", "micro-batch per process"),
+            ("grad_accum", "grad_accum", "gradient accumulation steps"),
+            ("global_batch", "global_batch", "global (effective) batch"),
+            ("world_size", "world_size", "data-parallel processes"),
+        ):
+            if isinstance(doc.get(key), int):
+                yield GaugeMetricFamily(f"oomguard_{name}", help_text, value=doc[key])
+        yield _restarts(doc["failures"])
+        yield from _memory(journal)
+        yield from _progress(doc)
+
+
+def _state(state: str, alive: bool) -> Iterator[Metric]:
+    gauge = GaugeMetricFamily("oomguard_state", "1 for the run's current state", labels=["state"])
+    for s in RunState:
+        gauge.add_metric([s.value], 1.0 if s.value == state else 0.0)
+    yield gauge
+    yield GaugeMetricFamily("oomguard_supervisor_up", "1 while the supervisor process runs",
+                            value=1.0 if alive else 0.0)
+
+
+def _restarts(failures: list[dict[str, object]]) -> Metric:
+    counter = CounterMetricFamily("oomguard_restarts", "failed attempts by failure kind", labels=["kind"])
+    for kind, count in sorted(Counter(str(f["kind"]) for f in failures).items()):
+        counter.add_metric([kind], count)
+    return counter
+
+
+def _memory(journal: Journal) -> Iterator[Metric]:
+    # Only recent samples: older figures would describe a worker that is gone.
+    latest = journal.samples(start=time.time() - FRESH_S, end=None, max_points=100_000)[-1:]
+    if not latest:
+        return
+    point = chart_point(latest[0])
+    if point["host_rss"] is not None:
+        yield GaugeMetricFamily("oomguard_worker_rss_bytes", "RSS of the worker's process tree",
+                                value=point["host_rss"])
+    gpu = GaugeMetricFamily("oomguard_gpu_memory_used_bytes", "GPU memory used per device",
+                            labels=["device"])
+    for device, used in sorted(point["gpu"].items()):
+        gpu.add_metric([device], used)
+    yield gpu
+
+
+def _progress(doc: dict[str, object]) -> Iterator[Metric]:
+    newest = doc.get("newest_checkpoint")
+    if isinstance(newest, dict) and isinstance(newest.get("step"), int):
+        yield GaugeMetricFamily("oomguard_checkpoint_step", "step of the newest good checkpoint",
+                                value=newest["step"])
+    progress = doc.get("progress")
+    if isinstance(progress, dict):
+        if isinstance(progress.get("step"), int):
+            yield GaugeMetricFamily("oomguard_step", "last step the worker reported", value=progress["step"])
+        rate = progress.get("samples_per_s")
+        if isinstance(rate, int | float):
+            yield GaugeMetricFamily("oomguard_samples_per_second", "training throughput the worker reported",
+                                    value=float(rate))
+
+
+def make_registry(journal: Callable[[], Journal]) -> CollectorRegistry:
+    """A registry of its own per app (never the global one), so several apps can live in one process."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(journal))
+    return registry

@@ -1,0 +1,138 @@
+"""The API's response shapes, for the OpenAPI schema and for clients that read it.
+
+Models allow extra fields: the journal and the status document grow (GPU figures, new status
+keys) and the API passes new fields through rather than hiding them until this file catches up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Checkpoint(_Open):
+    path: str
+    step: int | None = None
+    mtime: float
+    first_seen: float
+    attempt: int | None = None
+    bad: int = 0
+    reason: str | None = None
+
+
+class Failure(_Open):
+    attempt: int
+    kind: str
+    micro_batch: int
+    grad_accum: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    evidence: str | None = None
+    decision: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    checkpoint: str | None = None
+
+
+class Status(_Open):
+    """The document ``oomguard status --json`` prints."""
+
+    state: str
+    reason: str
+    supervisor_alive: bool
+    supervisor_pid: int | None = None
+    run_dir: str | None = None
+    command: list[str] | None = None
+    attempt: int
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
+    world_size: int | None = None
+    expandable_segments: bool = False
+    fallbacks_applied: int = 0
+    worker_pid: int | None = None
+    checkpoint: str | None = None
+    newest_checkpoint: Checkpoint | None = None
+    progress: dict[str, Any] | None = None
+    started: float | None = None
+    updated: float | None = None
+    failures: list[Failure]
+
+
+class Attempt(_Open):
+    attempt: int
+    started: float
+    ended: float | None = None
+    pid: int | None = None
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    world_size: int
+    checkpoint: str | None = None
+    command: list[str]
+    expandable_segments: int = 0
+    fallbacks_applied: int = 0
+    returncode: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    kind: str | None = None
+    evidence: str | None = None
+    decision: str | None = None
+    last_step: int | None = None
+    peak_rss: int | None = None
+    peak_gpu: int | None = None
+
+
+class Event(BaseModel):
+    id: int
+    t: float
+    kind: str
+    attempt: int | None = None
+    data: dict[str, Any]
+
+
+class SamplePoint(BaseModel):
+    t: float
+    attempt: int | None = None
+    host_rss: int | None = None
+    cgroup_usage: int | None = None
+    gpu: dict[str, int]
+
+
+class Samples(BaseModel):
+    points: list[SamplePoint]
+    total: int
+
+
+class Marker(BaseModel):
+    t: float
+    kind: Literal["oom", "failure", "restart", "batch", "checkpoint"]
+    attempt: int | None = None
+    label: str
+
+
+class LogTail(BaseModel):
+    attempt: int
+    lines: list[str]
+    size: int
+    truncated: bool
+
+
+class Health(BaseModel):
+    ok: bool
+    state: str | None = None
+    supervisor_alive: bool
+
+
+class ControlResult(BaseModel):
+    requested: Literal["checkpoint", "restart", "stop"]
+    accepted: bool
+
+
+class Problem(BaseModel):
+    detail: str

@@ -1,0 +1,309 @@
+// oomguard dashboard: plain JavaScript, no build step, no network beyond this server.
+// Data: REST for the first load, then /api/stream (server-sent events) for live changes.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const MAX_POINTS = 600;
+const COLORS = { host: "#7b61ff", cgroup: "#9aa3b5", gpu: ["#e4572e", "#17bebb", "#ffc914", "#76b041",
+  "#2e86ab", "#a23b72", "#f18f01", "#3b1f2b"] };
+const MARKER_COLORS = { oom: "#c62828", failure: "#b35900", restart: "#f0a030", batch: "#1f5fbf",
+  checkpoint: "#2e7d32" };
+const TERMINAL = new Set(["succeeded", "failed", "stopped"]);
+
+const view = { status: null, attempts: [], points: [], markers: [], checkpoints: [], logAttempt: null };
+
+// --- small helpers -----------------------------------------------------------------------------
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  for (const child of children) node.append(child === null || child === undefined ? "" : child);
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  return node;
+}
+
+async function api(path) {
+  const response = await fetch(path, { headers: { Accept: "application/json" } });
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.json();
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${n.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
+}
+
+function clock(t) {
+  return t ? new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }) : "–";
+}
+
+function batchText(micro, accum, world, global) {
+  if (!micro) return "–";
+  const w = world && world > 1 ? ` × ${world}` : "";
+  return `${micro} × ${accum ?? "?"}${w} = ${global ?? "?"}`;
+}
+
+let pending = null;
+function debounce(fn, ms) {
+  clearTimeout(pending);
+  pending = setTimeout(fn, ms);
+}
+
+// --- state -------------------------------------------------------------------------------------
+
+function plainReason(doc) {
+  const last = doc.failures.length ? doc.failures[doc.failures.length - 1] : null;
+  if (!doc.supervisor_alive && !TERMINAL.has(doc.state)) {
+    return `The supervisor is not running; the last state it recorded was "${doc.state}".`;
+  }
+  switch (doc.state) {
+    case "running": {
+      const base = `Training is running: attempt ${doc.attempt} at micro-batch ${doc.micro_batch} × accumulation ${doc.grad_accum}.`;
+      return last ? `${base} It recovered from ${last.kind.replace("_", " ")} at micro-batch ${last.micro_batch}.` : base;
+    }
+    case "starting": return `Starting attempt ${doc.attempt + 1}.`;
+    case "recovering": return `The worker stopped${last ? ` (${last.kind.replace("_", " ")})` : ""}; deciding what to do next.`;
+    case "backoff": return "Waiting a moment before restarting after a failure.";
+    case "succeeded": return "Training finished successfully.";
+    case "failed": return "oomguard gave up on this run.";
+    case "stopped": return "The run was stopped on request.";
+    default: return doc.state;
+  }
+}
+
+function renderStatus(doc) {
+  view.status = doc;
+  const state = $("state");
+  state.textContent = doc.state;
+  state.dataset.state = doc.state;
+  $("attempt").textContent = `attempt ${doc.attempt}`;
+  $("reason").textContent = plainReason(doc);
+  const progress = doc.progress && doc.progress.step !== undefined ? ` · step ${doc.progress.step}` : "";
+  $("detail").textContent = `${doc.reason}${progress} · updated ${clock(doc.updated)}`;
+  $("batch").textContent = batchText(doc.micro_batch, doc.grad_accum, doc.world_size, doc.global_batch);
+  document.title = `oomguard · ${doc.state}`;
+}
+
+function renderBatchHistory() {
+  const list = $("batch-history");
+  const items = [];
+  let previous = null;
+  for (const a of view.attempts) {
+    const text = batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch);
+    if (text === previous) continue;
+    previous = text;
+    const why = a.kind ? ` (ended: ${a.kind})` : "";
+    items.push(el("li", {}, `attempt ${a.attempt} at ${clock(a.started)}: ${text}${why}`));
+  }
+  list.replaceChildren(...items);
+}
+
+// --- attempts, log, checkpoints -------------------------------------------------------------------
+
+function renderAttempts() {
+  const rows = view.attempts.slice().reverse().map((a) => {
+    const exit = a.signal ? `signal ${a.signal}` : (a.exit_code ?? (a.ended ? a.returncode : "running"));
+    return el("tr", { "data-attempt": a.attempt },
+      el("td", {}, String(a.attempt)), el("td", {}, clock(a.started)),
+      el("td", {}, batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch)),
+      el("td", { class: `kind kind-${a.kind || "none"}` }, a.kind || (a.ended ? "ok" : "running")),
+      el("td", {}, String(exit)),
+      el("td", { class: "evidence", title: a.evidence || "" }, (a.evidence || "").slice(0, 240)),
+      el("td", { class: "small" }, a.decision || ""));
+  });
+  document.querySelector("#attempts tbody").replaceChildren(...rows);
+  const select = $("log-attempt");
+  const chosen = view.logAttempt;
+  select.replaceChildren(...view.attempts.slice().reverse().map((a) => el("option", { value: a.attempt },
+    `attempt ${a.attempt}`)));
+  if (chosen !== null) select.value = String(chosen);
+}
+
+async function refreshLog() {
+  const select = $("log-attempt");
+  const attempt = select.value || (view.attempts.length ? view.attempts[view.attempts.length - 1].attempt : null);
+  if (!attempt) return;
+  try {
+    const tail = await api(`/api/attempts/${attempt}/log?lines=200`);
+    const box = $("log");
+    const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
+    box.textContent = (tail.truncated ? "…\n" : "") + tail.lines.join("\n");
+    if (atBottom) box.scrollTop = box.scrollHeight;
+  } catch (err) {
+    $("log").textContent = "(no log yet)";
+  }
+}
+
+function renderCheckpoints() {
+  const items = view.checkpoints.slice(0, 5).map((c) => el("li", { class: c.bad ? "bad" : "" },
+    `${c.step !== null ? `step ${c.step}` : "checkpoint"} · ${clock(c.first_seen)} · ${c.path}` +
+    (c.bad ? ` · bad: ${c.reason}` : "")));
+  $("checkpoints").replaceChildren(...(items.length ? items : [el("li", { class: "muted" }, "none yet")]));
+}
+
+// --- the memory chart (plain SVG) ----------------------------------------------------------------
+
+function seriesOf(points) {
+  const series = [{ name: "host RSS", color: COLORS.host, value: (p) => p.host_rss }];
+  const devices = new Set();
+  for (const p of points) for (const d of Object.keys(p.gpu || {})) devices.add(d);
+  [...devices].sort().forEach((d, i) => series.push({ name: `GPU ${d}`, color: COLORS.gpu[i % COLORS.gpu.length],
+    value: (p) => (p.gpu ? p.gpu[d] : undefined) }));
+  return series;
+}
+
+function renderLegend(series) {
+  const items = series.map((s) => { const n = el("span", {}, s.name); n.style.setProperty("--swatch", s.color); return n; });
+  for (const [kind, color] of Object.entries(MARKER_COLORS)) {
+    const n = el("span", {}, kind === "oom" ? "OOM" : kind);
+    n.style.setProperty("--swatch", color);
+    items.push(n);
+  }
+  $("legend").replaceChildren(...items);
+}
+
+function renderChart() {
+  const chart = $("chart");
+  const points = view.points;
+  const series = seriesOf(points);
+  renderLegend(series);
+  $("chart-empty").hidden = points.length > 0;
+  const width = Math.max(chart.clientWidth, 300);
+  const height = chart.clientHeight || 260;
+  chart.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  chart.replaceChildren();
+  if (!points.length) { chart.dataset.points = "0"; return; }
+  const pad = { l: 64, r: 10, t: 12, b: 24 };
+  const t0 = Math.min(points[0].t, ...view.markers.map((m) => m.t));
+  const t1 = Math.max(points[points.length - 1].t, t0 + 1);
+  let top = 1;
+  for (const s of series) for (const p of points) top = Math.max(top, s.value(p) || 0);
+  top *= 1.1;
+  const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (width - pad.l - pad.r);
+  const y = (v) => height - pad.b - (v / top) * (height - pad.t - pad.b);
+  drawAxes(chart, { x, y, t0, t1, top, width, height, pad });
+  for (const s of series) drawSeries(chart, s, points, x, y);
+  drawMarkers(chart, view.markers.filter((m) => m.t >= t0 && m.t <= t1 + 5), x, pad, height);
+  chart.dataset.points = String(points.length);
+}
+
+function drawAxes(chart, g) {
+  chart.append(svg("line", { class: "axis", x1: g.pad.l, x2: g.width - g.pad.r, y1: g.height - g.pad.b, y2: g.height - g.pad.b }));
+  for (let i = 0; i <= 4; i += 1) {
+    const v = (g.top / 1.1) * (i / 4);
+    const label = svg("text", { x: 4, y: g.y(v) + 4 });
+    label.textContent = bytes(v);
+    chart.append(label, svg("line", { class: "axis", x1: g.pad.l, x2: g.width - g.pad.r, y1: g.y(v), y2: g.y(v), "stroke-opacity": 0.5 }));
+  }
+  for (let i = 0; i <= 3; i += 1) {
+    const t = g.t0 + ((g.t1 - g.t0) * i) / 3;
+    const label = svg("text", { x: Math.min(g.x(t), g.width - 60), y: g.height - 6 });
+    label.textContent = clock(t);
+    chart.append(label);
+  }
+}
+
+function drawSeries(chart, s, points, x, y) {
+  // One polyline per attempt: a line across a restart would invent memory use that never happened.
+  let run = [];
+  let attempt = null;
+  const flush = () => {
+    if (run.length) chart.append(svg("polyline", { class: "series", stroke: s.color, points: run.join(" "), "data-series": s.name }));
+    run = [];
+  };
+  for (const p of points) {
+    const v = s.value(p);
+    if (p.attempt !== attempt) { flush(); attempt = p.attempt; }
+    if (v === null || v === undefined) continue;
+    run.push(`${x(p.t).toFixed(1)},${y(v).toFixed(1)}`);
+  }
+  flush();
+}
+
+function drawMarkers(chart, markers, x, pad, height) {
+  for (const m of markers) {
+    const line = svg("line", { class: `marker marker-${m.kind}`, stroke: MARKER_COLORS[m.kind] || "#888",
+      x1: x(m.t), x2: x(m.t), y1: pad.t, y2: height - pad.b, "data-kind": m.kind });
+    const title = svg("title");
+    title.textContent = `${clock(m.t)} ${m.label}`;
+    line.append(title);
+    chart.append(line);
+    if (m.kind === "oom") {
+      const dot = svg("circle", { class: "marker-dot", cx: x(m.t), cy: pad.t + 4, r: 4, fill: MARKER_COLORS.oom });
+      dot.append(title.cloneNode(true));
+      chart.append(dot);
+    }
+  }
+  chart.dataset.markers = String(markers.length);
+}
+
+let chartFrame = 0;
+function scheduleChart() {
+  if (!chartFrame) chartFrame = requestAnimationFrame(() => { chartFrame = 0; renderChart(); });
+}
+
+// --- loading and live updates ----------------------------------------------------------------------
+
+async function refreshTables() {
+  const [attempts, markers, checkpoints] = await Promise.all([api("/api/attempts"), api("/api/markers"),
+    api("/api/checkpoints?limit=5")]);
+  view.attempts = attempts;
+  view.markers = markers;
+  view.checkpoints = checkpoints;
+  renderAttempts();
+  renderBatchHistory();
+  renderCheckpoints();
+  scheduleChart();
+  await refreshLog();
+}
+
+async function load() {
+  const [status, samples] = await Promise.all([api("/api/status"), api(`/api/samples?max_points=${MAX_POINTS}`)]);
+  renderStatus(status);
+  view.points = samples.points;
+  await refreshTables();
+  connect();
+}
+
+function connect() {
+  const live = $("live");
+  const source = new EventSource("/api/stream");
+  source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
+  source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.className = "live off"; });
+  source.addEventListener("status", (e) => renderStatus(JSON.parse(e.data)));
+  source.addEventListener("journal", () => debounce(() => refreshTables().catch(showError), 250));
+  source.addEventListener("sample", (e) => {
+    view.points.push(JSON.parse(e.data));
+    if (view.points.length > MAX_POINTS * 2) view.points.splice(0, view.points.length - MAX_POINTS * 2);
+    scheduleChart();
+  });
+}
+
+function showError(err) {
+  $("detail").textContent = `Could not load: ${err.message}`;
+}
+
+let logTimer = null;
+function startLogPolling() {
+  // Output is not a journal event; while a worker runs, re-read the log tail now and then.
+  logTimer = setInterval(() => {
+    if (view.status && view.status.state === "running" && !document.hidden) refreshLog();
+  }, 3000);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("log-attempt").addEventListener("change", (e) => { view.logAttempt = Number(e.target.value); refreshLog(); });
+  window.addEventListener("resize", scheduleChart);
+  load().catch(showError);
+  startLogPolling();
+});

@@ -1,0 +1,116 @@
+"""Telling a recoverable out-of-memory error from a fatal one, and giving the memory back.
+
+A CUDA OOM (``torch.OutOfMemoryError``) and a host allocator failure (PyTorch's
+``DefaultCPUAllocator: can't allocate memory``, or Python's ``MemoryError``) leave the process
+usable: drop the failed step's tensors and retry smaller. Errors that poison the CUDA context
+(illegal memory access, device-side assert) do not: every later CUDA call fails, so the only
+remedy is a new process, which the supervisor provides.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import traceback
+from types import TracebackType
+
+import torch
+
+from worker import protocol
+
+CUDA_OOM = "cuda_oom"
+HOST_OOM = "host_oom"
+CUDA_FATAL = "cuda_fatal"
+CRASH = "crash"
+
+# Texts of errors after which the CUDA context is unusable (sticky errors in CUDA's terms).
+_FATAL_MARKERS = (
+    "illegal memory access",
+    "device-side assert",
+    "misaligned address",
+    "unspecified launch failure",
+    "illegal instruction",
+    "uncorrectable ECC error",
+    "CUDA error: unknown error",
+)
+# Texts of allocation failures that do not poison the context (cuBLAS/cuDNN workspaces, HIP).
+_CUDA_OOM_MARKERS = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUDA driver error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "HIP out of memory",
+    "hipErrorOutOfMemory",
+)
+_HOST_OOM_MARKERS = ("DefaultCPUAllocator: can't allocate memory",)
+
+
+def classify(exc: BaseException) -> str | None:
+    """The protocol failure kind of ``exc``, or None when it is not a memory or CUDA failure."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return CUDA_OOM
+    if isinstance(exc, MemoryError):
+        return HOST_OOM
+    if not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc)
+    # Fatal first: an OOM reported after an illegal access is still an unusable context.
+    if any(marker in text for marker in _FATAL_MARKERS):
+        return CUDA_FATAL
+    if any(marker in text for marker in _CUDA_OOM_MARKERS):
+        return CUDA_OOM
+    if any(marker in text for marker in _HOST_OOM_MARKERS):
+        return HOST_OOM
+    return None
+
+
+def is_recoverable(kind: str | None) -> bool:
+    return kind in (CUDA_OOM, HOST_OOM)
+
+
+def drop_frames(tb: TracebackType | None) -> None:
+    """Clear the locals of every frame in ``tb``.
+
+    The traceback of an OOM raised deep in forward holds the frames of every module on the way,
+    and their locals are the activations that filled the memory. Anything that keeps the
+    exception (a logger, ``sys.last_traceback``, a debugger) would keep them alive too.
+    """
+    if tb is not None:
+        traceback.clear_frames(tb)
+
+
+def summarize(exc: BaseException, limit: int = 2000) -> str:
+    """A one-record message: the exception type and its text, bounded for the event channel."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def release_memory() -> None:
+    """Return freed memory to the device and the OS once the failed step's references are gone."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    # glibc keeps freed small-block arenas mapped; trimming them makes RSS (the only memory
+    # figure the host has) come back to its baseline, which growing back relies on.
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return  # not glibc (musl, macOS): nothing to trim
+    trim(0)
+
+
+def failure_record(kind: str, message: str, micro_batch: int | None, **fields: object) -> bool:
+    """Tell the supervisor about a failure; False when no supervisor listens."""
+    return protocol.emit(protocol.FAILURE, kind=kind, message=message, micro_batch=micro_batch, **fields)
