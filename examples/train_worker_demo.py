@@ -56,7 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--squeeze-at-step", type=int, default=None, help="from this step on, the budget is...")
     p.add_argument("--squeeze-budget-mb", type=float, default=None, help="...this many MiB")
     p.add_argument("--relax-at-step", type=int, default=None, help="from this step on, the first budget")
-    p.add_argument("--log-samples", default=None, help="append each step's sample ids here (JSON lines)")
+    p.add_argument(
+        "--log-samples", default=None, help="append each step's start time and sample ids (JSON lines)"
+    )
     p.add_argument("--save-weights", default=None, help="write the final weights here (torch.save)")
     return p.parse_args(argv)
 
@@ -206,7 +208,7 @@ def _apply_budget(args: argparse.Namespace, budget: AddressSpaceBudget | None, s
 def _log_samples(path: str | None, step: int, ids: torch.Tensor) -> None:
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"step": step, "ids": ids.tolist()}) + "\n")
+            f.write(json.dumps({"step": step, "t": time.time(), "ids": ids.tolist()}) + "\n")
 
 
 if __name__ == "__main__":

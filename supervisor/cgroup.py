@@ -44,14 +44,14 @@ def own_memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path 
     for line in lines:
         _, controllers, rel = line.split(":", 2)
         if "memory" in controllers.split(","):
-            path = root / "memory" / rel.lstrip("/")
-            return (path, 1) if path.is_dir() else None
+            v1 = root / "memory" / rel.lstrip("/")
+            return (v1, 1) if v1.is_dir() else None
     for line in lines:
         if line.startswith("0::"):
-            path = root / line[3:].lstrip("/")
-            controllers = root / "cgroup.controllers"
-            if controllers.exists() and "memory" in controllers.read_text().split():
-                return path, 2
+            v2 = root / line[3:].lstrip("/")
+            available = root / "cgroup.controllers"
+            if available.exists() and "memory" in available.read_text().split():
+                return v2, 2
     return None
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from supervisor import logs, report
 from supervisor.config import add_arguments, build_config
 from supervisor.errors import UsageError
 from web.client import register as web_commands
@@ -72,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Other modules' subcommands: each takes the subparsers object and sets ``func`` on its parser.
-EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 EXTRA_COMMANDS.append(web_commands)  # oomguard checkpoint | restart | stop
+EXTRA_COMMANDS += [report.add_report_command, logs.add_logs_command]  # oomguard report | logs
 
 
 def main(argv: Sequence[str] | None = None) -> int:

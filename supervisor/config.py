@@ -61,6 +61,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    from supervisor.thresholds import parse_fraction
+
+    return parse_fraction(str(text))
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -112,6 +118,23 @@ class RunConfig:
         "--max-backoff", "longest delay between restarts", _non_negative, metavar="SECONDS"))
     checkpoint_signal: str = field(default="SIGUSR1", metadata=_opt(
         "--checkpoint-signal", "signal that asks the worker to checkpoint now", str, metavar="SIG"))
+    soft_threshold: float = field(default=0.95, metadata=_opt(
+        "--soft-threshold", "ask the worker to checkpoint when memory passes this fraction of its "
+        "budget (GPU, --memory-limit or cgroup), e.g. 0.95 or 95%", _fraction, metavar="FRACTION"))
+    psi_threshold: float | None = field(default=None, metadata=_opt(
+        "--psi-threshold", "also ask for a checkpoint when memory pressure (PSI some avg10, percent) "
+        "passes this", float, metavar="PERCENT"))
+    sample_interval: float = field(default=1.0, metadata=_opt(
+        "--sample-interval", "seconds between memory samples", _non_negative, metavar="SECONDS"))
+    grow: bool = field(default=False, metadata=_opt(
+        "--grow", "after a stable period, restart at the next checkpoint with a larger micro-batch "
+        "that the memory model predicts fits", None))
+    grow_after: float = field(default=600.0, metadata=_opt(
+        "--grow-after", "seconds of stable running before --grow tries a larger micro-batch",
+        _non_negative, metavar="SECONDS"))
+    notify: tuple[str, ...] = field(default=(), metadata=_opt(
+        "--notify", "webhook for failure, success and recovered OOMs: URL, slack=URL or ntfy=URL "
+        "(repeatable)", str, metavar="SPEC", repeat=True))
     run_dir: Path = field(default=Path("oomguard-run"), metadata=_opt(
         "--run-dir", "directory for the journal, logs and state of this run", Path, metavar="DIR"))
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))
@@ -137,6 +160,9 @@ class RunConfig:
         if not 0 <= self.port <= 65535:
             raise UsageError("--port", f"{self.port} is not a TCP port", "use 0-65535 (0: any free port)")
         self._check_signal()
+        if self.sample_interval <= 0:
+            raise UsageError("--sample-interval", "must be above 0", "e.g. 1")
+        self._check_memory_options()
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
 
@@ -154,6 +180,19 @@ class RunConfig:
             fits = [d for d in divisors(per) if d <= self.micro_batch][-1]
             raise UsageError("--micro-batch", f"{self.micro_batch} does not divide the per-process batch "
                              f"{per}, so the global batch would not be exact", f"use {fits}")
+
+    def _check_memory_options(self) -> None:
+        from supervisor.notify import parse_webhook
+        from supervisor.thresholds import Thresholds
+
+        try:
+            Thresholds(self.soft_threshold, self.psi_threshold, self.memory_limit)
+            for spec in self.notify:
+                parse_webhook(spec)
+        except ValueError as exc:
+            text = str(exc)
+            option = text.split()[0] if text.startswith("--") else "--notify"
+            raise UsageError(option, text.removeprefix(option).strip(" :"), "see oomguard run --help") from None
 
     def _check_signal(self) -> None:
         import signal
@@ -190,9 +229,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file")
     for f in options():
         meta = f.metadata
-        if meta["parse"] is None:  # a switch that turns a default-on feature off
-            parser.add_argument(meta["flag"], dest=f.name, action="store_false", default=argparse.SUPPRESS,
-                                help=meta["help"])
+        if meta["parse"] is None:  # a switch: --no-web turns a default-on feature off, --grow one on
+            parser.add_argument(meta["flag"], dest=f.name, default=argparse.SUPPRESS, help=meta["help"],
+                                action="store_false" if f.default else "store_true")
             continue
         parser.add_argument(meta["flag"], dest=f.name, metavar=meta.get("metavar"),
                             action="append" if meta.get("repeat") else "store", default=argparse.SUPPRESS,

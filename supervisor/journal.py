@@ -143,6 +143,18 @@ class Journal:
             db.execute("INSERT INTO samples (t, attempt, data) VALUES (?, ?, ?)",
                        (time.time() if t is None else t, attempt, json.dumps(data)))
 
+    def thin_samples(self, now: float | None = None) -> int:
+        """Downsample old memory samples (each attempt's peak is kept for ever); rows deleted."""
+        from supervisor.downsample import SampleRow, rows_to_drop
+
+        rows = [SampleRow(r["id"], r["attempt"] or 0, r["t"], d.get("worker_rss_bytes"), d.get("gpu_worker_bytes"))
+                for r in self._query("SELECT id, attempt, t, data FROM samples")
+                for d in (json.loads(r["data"]),)]
+        drop = rows_to_drop(rows, time.time() if now is None else now)
+        with self._write() as db:
+            db.executemany("DELETE FROM samples WHERE id = ?", [(i,) for i in drop])
+        return len(drop)
+
     # --- reads (anyone) ----------------------------------------------------------------------
 
     def meta(self) -> dict[str, Any]:

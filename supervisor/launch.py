@@ -56,11 +56,11 @@ def main(argv: list[str]) -> None:
         os._exit(127)
     _, status = os.waitpid(child.pid, 0)
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot have handlers anyway
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # a signal whose default is to be ignored
+        code = os.WTERMSIG(status)
+        if code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot have handlers anyway
+            signal.signal(code, signal.SIG_DFL)
+        os.kill(os.getpid(), code)
+        os._exit(128 + code)  # a signal whose default is to be ignored
     os._exit(os.waitstatus_to_exitcode(status))
 
 

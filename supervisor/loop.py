@@ -27,17 +27,23 @@ from supervisor.checkpoints import Checkpoint, CheckpointIndex
 from supervisor.classify import ExitFacts, OutputScanner, Verdict, classify
 from supervisor.config import RunConfig, format_size
 from supervisor.errors import UsageError
+from supervisor.fitstore import FitStore, JobKey
 from supervisor.journal import Journal
 from supervisor.lock import RunLock
+from supervisor.memory import AttemptPeak, CgroupReader, MemorySample, Sampler, fold_peak
 from supervisor.policy import Decision, Failure, Plan, PolicyConfig, decide
 from supervisor.process import WorkerProcess
 from supervisor.runtime import (AttemptFiles, build_argv, build_env, expandable_already,
                                 placeholder_values)
 from supervisor.states import RunState, check_transition
+from supervisor.thresholds import Action as MemoryAction
+from supervisor.thresholds import Thresholds, evaluate
+from supervisor.tuning import Tuner
 from worker import protocol
 
 TICK = 0.1  # seconds between checks while a worker runs; exits wake the loop at once
-SAMPLE_EVERY = 1.0
+REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
+THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
 
 
 def log(message: str) -> None:
@@ -56,7 +62,15 @@ class AttemptWatch:
     worker_failure: dict[str, Any] | None = None
     stopped_for_memory: str | None = None
     hung: str | None = None
-    peak_rss: int = 0
+    peak: AttemptPeak | None = None
+    started: float = field(default_factory=time.monotonic)
+    last_request: float = -REQUEST_COOLDOWN
+    grow_to: int | None = None  # --grow: restart at this micro-batch once the next checkpoint lands
+    growing: bool = False  # the worker was stopped to grow
+
+    @property
+    def peak_rss(self) -> int:
+        return self.peak.worker_rss_bytes if self.peak else 0
 
 
 class Supervisor:
@@ -80,6 +94,13 @@ class Supervisor:
         self._lock = RunLock(self.run_dir)
         self._cgroup: MemoryCgroup | None = None
         self.index = CheckpointIndex(config.checkpoints, self.cwd)
+        self.sampler = Sampler()
+        self.last_sample: MemorySample | None = None
+        self.thresholds = Thresholds(config.soft_threshold, config.psi_threshold, config.memory_limit)
+        self.tuner = Tuner(self.plan.batch.per_process_batch, config.min_micro_batch,
+                           margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
+        self.tickers: list[Callable[[], None]] = []  # called every loop tick (e.g. systemd watchdog)
+        self._next_thin = time.monotonic() + THIN_EVERY
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -95,7 +116,9 @@ class Supervisor:
                              "choose a directory you can write") from None
         self._lock.acquire()
         self.journal = Journal(self.run_dir)
+        fresh = not self.journal.meta().get("plan")
         self._restore()
+        self._learn(fresh)
         proc = psutil.Process()
         self.journal.set_meta(config=self.config.to_json(), supervisor_pid=os.getpid(),
                               supervisor_started=proc.create_time(), run_dir=str(self.run_dir),
@@ -114,6 +137,21 @@ class Supervisor:
         self.failures = [_failure_from_row(row) for row in self.journal.attempts() if row["kind"]]
         if meta.get("state"):
             self.state = RunState(meta["state"])
+
+    def _learn(self, fresh: bool) -> None:
+        """Load what this run, and earlier runs of the same job, learned about memory."""
+        self.tuner.points = Tuner.points_from_attempts(self.journal.attempts())
+        self.last_sample = self.sampler.sample(None)
+        gpus = tuple((g.name, g.total_bytes) for g in self.last_sample.gpus)
+        if self.last_sample.gpu_unavailable:
+            log(f"no GPU figures: {self.last_sample.gpu_unavailable}")
+        self.tuner.store = FitStore()
+        self.tuner.key = JobKey(self.config.command, gpus, self.config.world_size)
+        start = self.tuner.starting_micro(self.plan.batch.micro_batch) if fresh else None
+        if start is not None:
+            self.plan = Plan(self.plan.batch.with_micro_batch(start), self.plan.expandable_segments)
+            self.journal.event("fit_store", None, micro_batch=start, job=self.tuner.key.describe())
+            log(f"an earlier run of this job fitted micro-batch {start}: starting there")
 
     def _save_plan(self) -> None:
         b = self.plan.batch
@@ -183,6 +221,7 @@ class Supervisor:
             if self.worker is not None and not self.worker.exited.is_set():
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
             self.index.stop()
+            self.sampler.close()
             if self._cgroup is not None:
                 self._cgroup.remove()
             self.journal.set_meta(worker_pid=None)
@@ -196,7 +235,11 @@ class Supervisor:
             verdict, watch, checkpoint = self._run_attempt()
             if self.stopping:
                 return self._stopped()
+            if watch.growing and watch.grow_to is not None:
+                self._grow(watch.grow_to, watch)
+                continue
             if verdict.kind is None:
+                self.tuner.record(self.plan.batch.micro_batch, self._peak(watch), memory_failed=False)
                 self._transition(RunState.SUCCEEDED, f"worker finished (attempt {self.attempt})")
                 return 0
             decision = self._recover(verdict, watch, checkpoint)
@@ -208,6 +251,20 @@ class Supervisor:
                 self._sleep(decision.delay)
             if not self.stopping:
                 self._transition(RunState.STARTING, f"starting attempt {self.attempt + 1}")
+
+    def _grow(self, micro: int, watch: AttemptWatch) -> None:
+        self.tuner.record(self.plan.batch.micro_batch, self._peak(watch), memory_failed=False)
+        old = self.plan.batch.micro_batch
+        self.plan = Plan(self.plan.batch.with_micro_batch(micro), self.plan.expandable_segments,
+                         self.plan.fallbacks_applied)
+        reason = f"grow: micro-batch {old} -> {micro} × accumulation {self.plan.batch.grad_accum}"
+        self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
+                                 decision=reason, last_step=watch.last_step, peak_rss=watch.peak_rss)
+        self._save_plan()
+        self._transition(RunState.STARTING, reason)
+
+    def _peak(self, watch: AttemptWatch) -> int | None:
+        return self.tuner.peak_bytes(watch.peak, self.last_sample)
 
     def _stopped(self) -> int:
         sig = self.stop_signal or signal.SIGTERM
@@ -263,6 +320,7 @@ class Supervisor:
         self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.console,
                                     self._cgroup.procs if self._cgroup else None)
         self.worker.start(self.wake)
+        self.sampler.cgroup = CgroupReader(self._cgroup.path, self._cgroup.version) if self._cgroup else None
         self.journal.set_meta(worker_pid=self.worker.pgid)
         return before
 
@@ -282,14 +340,15 @@ class Supervisor:
         while not self.worker.exited.is_set():
             self.wake.wait(TICK)
             self.wake.clear()
+            self._tick()
             if self.stopping or self.restart_requested:
                 self.restart_requested = False
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
                 break
             self._read_channel(watch, channel)
             if time.monotonic() >= next_sample:
-                next_sample = time.monotonic() + SAMPLE_EVERY
-                self._sample(watch)
+                next_sample = time.monotonic() + self.config.sample_interval
+                self._sample(watch, files)
                 self._check_checkpoints(watch)
             if self.checkpoint_requested:
                 self.checkpoint_requested = False
@@ -312,24 +371,50 @@ class Supervisor:
             if kind != protocol.HEARTBEAT:
                 self._event(f"worker_{kind}", **{k: v for k, v in record.items() if k != "type"})
 
-    def _sample(self, watch: AttemptWatch) -> None:
-        assert self.worker is not None
-        rss = 0
-        for proc in self.worker.tree():
+    def _tick(self) -> None:
+        for ticker in self.tickers:
             try:
-                rss += proc.memory_info().rss
-            except psutil.Error:
-                continue
-        watch.peak_rss = max(watch.peak_rss, rss)
-        usage = self._cgroup.usage() if self._cgroup else None
-        self.journal.add_sample(self.attempt, {"rss": rss, "cgroup_usage": usage})
-        self.journal.update_attempt_peaks(self.attempt, rss, None, watch.last_step)
-        limit = self.config.memory_limit
-        if limit and rss > limit and watch.stopped_for_memory is None:
-            watch.stopped_for_memory = (f"worker tree RSS {format_size(rss)} > --memory-limit "
-                                        f"{format_size(limit)}")
+                ticker()
+            except Exception as exc:  # an ops hook must never stop supervision
+                log(f"tick hook failed: {exc!r}")
+        if time.monotonic() >= self._next_thin:
+            self._next_thin = time.monotonic() + THIN_EVERY
+            self.journal.thin_samples()
+
+    def _sample(self, watch: AttemptWatch, files: AttemptFiles) -> None:
+        """One memory sample: journal it, fold the attempt's peak, act on the thresholds."""
+        assert self.worker is not None
+        sample = self.sampler.sample(self.worker.worker_pid or self.worker.pgid)
+        self.last_sample = sample
+        watch.peak = fold_peak(watch.peak, sample)
+        self.journal.add_sample(self.attempt, sample.as_row(), sample.wall)
+        self.journal.update_attempt_peaks(self.attempt, sample.worker_rss_bytes, sample.worker_gpu_bytes,
+                                          watch.last_step)
+        pending = files.checkpoint_request.exists() and time.monotonic() - watch.last_request < REQUEST_COOLDOWN
+        verdict = evaluate(sample, self.thresholds, pending)
+        if verdict.action is MemoryAction.STOP and watch.stopped_for_memory is None:
+            watch.stopped_for_memory = verdict.evidence or verdict.reason
             log(f"stopping the worker: {watch.stopped_for_memory}")
             self.worker.stop(min(self.config.grace_period, 5.0))
+        elif verdict.action is MemoryAction.CHECKPOINT:
+            watch.last_request = time.monotonic()
+            self._ask_for_checkpoint(files, f"{verdict.reason} ({verdict.evidence})")
+        self._consider_growth(watch)
+
+    def _consider_growth(self, watch: AttemptWatch) -> None:
+        """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
+        restart waits for the next checkpoint so no work is lost."""
+        stable = time.monotonic() - watch.started >= self.config.grow_after
+        if not (self.config.grow and self.config.checkpoints and stable) or watch.grow_to is not None:
+            return
+        current = self.plan.batch.micro_batch
+        prediction = self.tuner.growth(current, self._peak(watch), self.last_sample)
+        if prediction is not None:
+            watch.grow_to = prediction.micro_batch
+            self._event("grow_planned", micro_batch=prediction.micro_batch, from_micro_batch=current,
+                        predicted_bytes=prediction.predicted_peak, why=prediction.reason)
+            log(f"--grow: micro-batch {prediction.micro_batch} predicted to fit ({prediction.reason}); "
+                "restarting at the next checkpoint")
 
     def _check_checkpoints(self, watch: AttemptWatch) -> None:
         for ckpt in self.index.settled(self.journal.bad_checkpoints()):
@@ -337,6 +422,9 @@ class Supervisor:
                 watch.new_checkpoint = True
                 watch.last_progress = time.monotonic()
                 self._event("checkpoint", path=ckpt.path, step=ckpt.step)
+                if watch.grow_to is not None and not watch.growing and self.worker is not None:
+                    watch.growing = True
+                    self.worker.stop(self.config.grace_period)
 
     def _ask_for_checkpoint(self, files: AttemptFiles, why: str) -> None:
         """Create the request file, and signal the worker only if it handles the signal: the
@@ -386,7 +474,13 @@ class Supervisor:
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           watch.scanner.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error)
-        decision = decide(failure, self.failures, self.plan, _policy_config(self.config))
+        self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
+        hint = self.tuner.shrink_hint(failure.micro_batch, self.last_sample) if verdict.kind.is_memory else None
+        if hint is not None:
+            self._event("memory_model", micro_batch=hint.micro_batch, predicted_bytes=hint.predicted_peak,
+                        why=hint.reason)
+        decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
+                          fit_hint=hint.micro_batch if hint else None)
         self.failures.append(failure)
         self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
                                  exit_code=verdict.exit_code, signal=verdict.signal, kind=verdict.kind.value,

@@ -89,10 +89,11 @@ def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
                         "fragmentation: more memory reserved-but-unallocated than requested; retrying "
                         f"micro-batch {plan.batch.micro_batch} with expandable_segments:True")
     per = plan.batch.per_process_batch
-    limit = failure.micro_batch // 2
-    if fit_hint is not None and fit_hint < failure.micro_batch:
-        limit = fit_hint if fit_hint <= limit else limit
-    smaller = largest_divisor_at_most(per, limit, config.min_micro_batch)
+    smaller = largest_divisor_at_most(per, failure.micro_batch // 2, config.min_micro_batch)
+    # The memory model's choice wins when it is a valid smaller size: it only goes above half the
+    # failed size once two successful attempts back the prediction (memmodel.shrink_after_oom).
+    if fit_hint is not None and config.min_micro_batch <= fit_hint < failure.micro_batch and per % fit_hint == 0:
+        smaller = fit_hint
     if smaller is not None:
         new = replace(plan, batch=plan.batch.with_micro_batch(smaller))
         return Decision(Action.RESTART, new, f"{failure.kind.value} at micro-batch {failure.micro_batch}: "

@@ -25,6 +25,14 @@ def status(run_dir: Path) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+@pytest.fixture(autouse=True)
+def fit_store_per_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What earlier runs learned lives in a cache; each test starts with an empty one."""
+    cache = tmp_path / "oomguard-cache"
+    monkeypatch.setenv("OOMGUARD_CACHE_DIR", str(cache))
+    return cache
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"

@@ -111,8 +111,11 @@ def test_load_error_marks_checkpoint_bad_and_keeps_batch() -> None:
     assert d.bad_checkpoint == "/ck/checkpoint-4" and d.plan == plan(8) and d.restart
 
 
-def test_fit_hint_jumps_below_half_but_never_above() -> None:
+def test_fit_hint_is_used_when_valid() -> None:
     d = decide(Failure(1, OOM, 32), [], plan(32), PolicyConfig(), fit_hint=6)
     assert d.plan.batch.micro_batch == 6
-    d = decide(Failure(1, OOM, 32), [], plan(32), PolicyConfig(), fit_hint=30)
-    assert d.plan.batch.micro_batch == 16
+    d = decide(Failure(1, OOM, 48), [], plan(48), PolicyConfig(), fit_hint=32)  # backed by the model
+    assert d.plan.batch.micro_batch == 32 and d.plan.batch.grad_accum == 3
+    for bad in (30, 48, 96, 0):  # not a divisor, not smaller, below the floor
+        d = decide(Failure(1, OOM, 48), [], plan(48), PolicyConfig(min_micro_batch=2), fit_hint=bad)
+        assert d.plan.batch.micro_batch == 24

@@ -121,10 +121,13 @@ async def stream(pool: JournalPool, broker: ChangeBroker, since: int | None) -> 
         first = await to_thread.run_sync(lambda: status_document(pool.get()))
         yield b"retry: 2000\n\n" + sse_message("status", first)
         quiet = 0.0
-        while not broker.closed:
+        while True:
+            closing = broker.closed  # read once more after close: the final state goes out too
             messages = await to_thread.run_sync(read_changes, pool, cursor)
             for message in messages:
                 yield message
+            if closing:
+                return
             quiet = 0.0 if messages else quiet + POLL_S
             if quiet >= KEEPALIVE_S:
                 quiet = 0.0

@@ -405,7 +405,6 @@ class Session:
 
     def _announce(self, decision: Decision) -> None:
         self.channel.batch(decision.micro_batch, self.grad_accum, decision.reason, step=self.step_count)
-        self.channel.progress(self.step_count, force=True, micro_batch=decision.micro_batch)
 
     def _die(self, kind: str, exc: BaseException) -> NoReturn:
         # The CUDA context is unusable: any cleanup may hang or fail again, so report and leave.

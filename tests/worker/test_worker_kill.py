@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers; no conftest needed
-from workerkit import (  # noqa: E402
+from workerkit import (
     SMALL,
     Zygote,
     bitwise_equal,
@@ -27,7 +27,17 @@ from workerkit import (  # noqa: E402
 )
 
 STEPS = 100
-BASE = [*SMALL, "--steps", str(STEPS), "--global-batch", "32", "--micro-batch", "8", "--checkpoint-every", "1"]
+BASE = [
+    *SMALL,
+    "--steps",
+    str(STEPS),
+    "--global-batch",
+    "32",
+    "--micro-batch",
+    "8",
+    "--checkpoint-every",
+    "1",
+]
 KILLS = int(os.environ.get("OOMGUARD_TEST_KILLS", "24"))
 
 

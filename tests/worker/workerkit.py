@@ -61,7 +61,12 @@ def run_demo(
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OOMGUARD_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, str(DEMO), *argv], env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        [sys.executable, str(DEMO), *argv],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 

@@ -53,10 +53,12 @@ function batchText(micro, accum, world, global) {
   return `${micro} × ${accum ?? "?"}${w} = ${global ?? "?"}`;
 }
 
+// At most one refresh per interval however fast events come (a progress record per step would
+// starve a debounce for ever).
 let pending = null;
-function debounce(fn, ms) {
-  clearTimeout(pending);
-  pending = setTimeout(fn, ms);
+function throttle(fn, ms) {
+  if (pending) return;
+  pending = setTimeout(() => { pending = null; fn(); }, ms);
 }
 
 // --- state -------------------------------------------------------------------------------------
@@ -281,7 +283,10 @@ function connect() {
   source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
   source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.className = "live off"; });
   source.addEventListener("status", (e) => renderStatus(JSON.parse(e.data)));
-  source.addEventListener("journal", () => debounce(() => refreshTables().catch(showError), 250));
+  source.addEventListener("journal", (e) => {
+    const kind = JSON.parse(e.data).kind;
+    if (kind !== "worker_progress" && kind !== "worker_heartbeat") throttle(() => refreshTables().catch(showError), 250);
+  });
   source.addEventListener("sample", (e) => {
     view.points.push(JSON.parse(e.data));
     if (view.points.length > MAX_POINTS * 2) view.points.splice(0, view.points.length - MAX_POINTS * 2);

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import stat
 import time
-
 from typing import Any
 
 import httpx
 import pytest
-
-from tests.web.conftest import Run
+from harness import Run
 
 BAD_LOG_PATHS = [
     "api/attempts/..%2F..%2F..%2Fetc%2Fpasswd/log",

@@ -1,0 +1,399 @@
+"""``oomguard report``: the morning summary of a run, built from its journal alone.
+
+What a person wants after a night nobody watched: when it ran, how much of that time was wasted,
+every failure with the evidence that named its kind and what oomguard did about it, how the batch
+configuration changed, how much training was redone after resuming, the checkpoints, and how it
+ended. ``build_report`` only reads the journal, so it works during the run and long after it.
+
+Two figures need a definition:
+
+* **lost time** of a failed attempt: from its last checkpoint the next attempt resumed from (the
+  attempt's start when it wrote none that was used) to its end, plus the gap until the next attempt
+  started (backoff and restart).
+* **steps lost** (work redone): the failed attempt's last step minus the step of the checkpoint the
+  next attempt resumed from (0 when it started over). The last step comes from the worker's progress
+  reports; for scripts that do not speak the worker protocol it is the newest checkpoint the attempt
+  wrote (or resumed from), a lower bound, marked as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import UsageError
+from supervisor.journal import Journal, journal_path
+
+TERMINAL = ("succeeded", "failed", "stopped")
+INTERRUPTED = "interrupted"  # an attempt that ended without a recorded exit (stopped, supervisor died)
+_PAGE = 5000
+_BATCH_KEYS = ("micro_batch", "grad_accum", "global_batch", "world_size", "expandable_segments",
+               "fallbacks_applied")
+
+
+# --- reading the journal ----------------------------------------------------------------------
+
+
+def _scan_events(journal: Journal) -> tuple[list[dict[str, Any]], dict[int, int], dict[int, float]]:
+    """One pass over every event: the few the report lists (progress records are many and only
+    summarised), the highest step each attempt reported, and each attempt's last activity."""
+    kept: list[dict[str, Any]] = []
+    steps: dict[int, int] = {}
+    last_t: dict[int, float] = {}
+    since = 0
+    while page := journal.events(since, _PAGE):
+        since = page[-1]["id"]
+        for event in page:
+            attempt = event["attempt"]
+            if attempt is not None:
+                last_t[attempt] = max(last_t.get(attempt, 0.0), event["t"])
+                step = event["data"].get("step")
+                if event["kind"] in ("worker_progress", "worker_checkpoint") and isinstance(step, int):
+                    steps[attempt] = max(steps.get(attempt, step), step)
+            if event["kind"] != "worker_progress":
+                kept.append(event)
+    return kept, steps, last_t
+
+
+def _decisions(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {e["attempt"]: e["data"] for e in events if e["kind"] == "decision" and e["attempt"] is not None}
+
+
+# --- the run's span ---------------------------------------------------------------------------
+
+
+def _span(meta: dict[str, Any], events: list[dict[str, Any]],
+          attempts: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None]:
+    """(start, end, last activity): end is None while the run has not reached a terminal state."""
+    times = [e["t"] for e in events] + [a["started"] for a in attempts]
+    start = min(times) if times else meta.get("started")
+    last = max([*times, *(a["ended"] for a in attempts if a["ended"]), meta.get("updated") or 0.0]) or None
+    states = [e for e in events if e["kind"] == "state"]
+    end = None
+    if meta.get("state") in TERMINAL and states and states[-1]["data"].get("to") in TERMINAL:
+        end = states[-1]["t"]
+    return start, end, last
+
+
+# --- failures, steps and time lost ------------------------------------------------------------
+
+
+def _checkpoint_by_path(checkpoints: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["path"]: c for c in checkpoints}
+
+
+def _written_during(checkpoints: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
+    """Good checkpoints whose files were last written while the attempt ran, newest first."""
+    return [c for c in checkpoints if not c["bad"] and start <= c["mtime"] <= end]
+
+
+def _last_step(attempt: dict[str, Any], reported: int | None, written: list[dict[str, Any]],
+               resumed_step: int | None) -> tuple[int | None, str | None]:
+    """The attempt's last step and where that figure comes from."""
+    known = [s for s in (attempt["last_step"], reported) if s is not None]
+    if known:
+        return max(known), "progress"
+    bounds = [c["step"] for c in written if c["step"] is not None]
+    if resumed_step is not None:
+        bounds.append(resumed_step)
+    return (max(bounds), "checkpoint") if bounds else (None, None)
+
+
+def _resume_point(nxt: dict[str, Any] | None, by_path: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The checkpoint the next attempt started from: ``{"path", "step", "mtime"}``; step 0 with no
+    path when it started over; None when there is no next attempt."""
+    if nxt is None:
+        return None
+    if not nxt["checkpoint"]:
+        return {"path": None, "step": 0, "mtime": None, "bad": False}
+    known = by_path.get(nxt["checkpoint"], {})
+    return {"path": nxt["checkpoint"], "step": known.get("step"), "mtime": known.get("mtime"),
+            "bad": bool(known.get("bad"))}
+
+
+def _lost_seconds(start: float, end: float, resume: dict[str, Any] | None,
+                  written: list[dict[str, Any]]) -> float:
+    """Time after the checkpoint work continued from: the one the next attempt loaded if this attempt
+    wrote it; with no next attempt, or when that checkpoint turned out bad, this attempt's newest
+    good one; else the attempt's start (all of it is redone)."""
+    anchor = start
+    if resume is not None and not resume["bad"] and resume["mtime"] is not None:
+        if start <= resume["mtime"] <= end:
+            anchor = resume["mtime"]
+    elif written:
+        anchor = written[0]["mtime"]
+    return max(0.0, end - anchor)
+
+
+def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str, Any]) -> dict[str, Any]:
+    n = attempt["attempt"]
+    start = attempt["started"]
+    end = attempt["ended"] or ctx["last_t"].get(n, start)
+    written = _written_during(ctx["checkpoints"], start, end)
+    own = ctx["by_path"].get(attempt["checkpoint"] or "", {})
+    last_step, source = _last_step(attempt, ctx["steps"].get(n), written, own.get("step"))
+    resume = _resume_point(nxt, ctx["by_path"])
+    steps_lost = None
+    if resume is not None and resume["step"] is not None and last_step is not None:
+        steps_lost = max(0, last_step - resume["step"])
+    decision = ctx["decisions"].get(n)
+    return {
+        "attempt": n, "kind": attempt["kind"] or INTERRUPTED, "started": start, "ended": end,
+        "micro_batch": attempt["micro_batch"], "grad_accum": attempt["grad_accum"],
+        "exit_code": attempt["exit_code"], "signal": attempt["signal"],
+        "evidence": attempt["evidence"] or ("" if attempt["kind"] else "no exit recorded: the run was "
+                                            "stopped or its supervisor ended during this attempt"),
+        "decision": _decision_record(decision, attempt),
+        "last_step": last_step, "last_step_source": source,
+        "resumed_from": None if resume is None else {"path": resume["path"], "step": resume["step"]},
+        "steps_lost": steps_lost,
+        "lost_s": _lost_seconds(start, end, resume, written),
+        "gap_s": max(0.0, nxt["started"] - end) if nxt else 0.0,
+    }
+
+
+def _decision_record(decision: dict[str, Any] | None, attempt: dict[str, Any]) -> dict[str, Any] | None:
+    if decision is None and not attempt["decision"]:
+        return None
+    decision = decision or {}
+    return {"action": decision.get("action"), "reason": decision.get("reason", attempt["decision"]),
+            "micro_batch": decision.get("micro_batch"), "grad_accum": decision.get("grad_accum")}
+
+
+def _failures(attempts: list[dict[str, Any]], ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per attempt that failed (it has a kind) or was interrupted (no exit recorded, yet
+    another attempt followed). A planned restart (``--grow``) records its decision and is no failure."""
+    out = []
+    for i, attempt in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        planned = attempt["ended"] is not None and attempt["decision"] and not attempt["kind"]
+        if attempt["kind"] or (nxt is not None and not planned):
+            out.append(_failure(attempt, nxt, ctx))
+    return out
+
+
+# --- batch configuration over time --------------------------------------------------------------
+
+
+def _batch_history(attempts: list[dict[str, Any]], events: list[dict[str, Any]],
+                   decisions: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each change of the batch configuration: at an attempt's start (the supervisor's plan) or
+    inside an attempt (the worker library changed it in-process), in time order."""
+    entries = [{"t": a["started"], "attempt": a["attempt"], "by": "supervisor",
+                "reason": _plan_reason(a, attempts[i - 1] if i else None, decisions),
+                **{k: a[k] for k in _BATCH_KEYS}} for i, a in enumerate(attempts)]
+    for event in events:
+        if event["kind"] == "worker_batch":
+            entries.append(_worker_batch_entry(event, attempts))
+    entries.sort(key=lambda e: e["t"])
+    history: list[dict[str, Any]] = []
+    for entry in entries:
+        entry["expandable_segments"] = bool(entry["expandable_segments"])
+        if not history or any(history[-1][k] != entry[k] for k in _BATCH_KEYS):
+            history.append(entry)
+    return history
+
+
+def _plan_reason(attempt: dict[str, Any], previous: dict[str, Any] | None,
+                 decisions: dict[int, dict[str, Any]]) -> str:
+    """Why the attempt ran with its plan: the decision after the attempt before it (a failure's,
+    or a planned restart's such as --grow), else where the run started."""
+    if previous is None:
+        return "initial" if attempt["attempt"] == 1 else "continued"
+    decision = decisions.get(previous["attempt"], {}).get("reason") or previous["decision"]
+    return str(decision or "continued")
+
+
+def _worker_batch_entry(event: dict[str, Any], attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    plan = next((a for a in attempts if a["attempt"] == event["attempt"]), attempts[-1] if attempts else {})
+    data = event["data"]
+    micro, accum = data.get("micro_batch"), data.get("grad_accum")
+    world = plan.get("world_size", 1)
+    return {"t": event["t"], "attempt": event["attempt"], "by": "worker", "reason": data.get("reason", ""),
+            "micro_batch": micro, "grad_accum": accum,
+            "global_batch": micro * accum * world if micro and accum else plan.get("global_batch"),
+            "world_size": world, "expandable_segments": plan.get("expandable_segments", 0),
+            "fallbacks_applied": plan.get("fallbacks_applied", 0)}
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+
+
+def _checkpoint_summary(checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    good = [c for c in checkpoints if not c["bad"]]
+    newest = good[0] if good else None
+    return {
+        "count": len(good),
+        "newest": None if newest is None else {"path": newest["path"], "step": newest["step"],
+                                               "mtime": newest["mtime"]},
+        "bad": [{"path": c["path"], "step": c["step"], "reason": c["reason"]}
+                for c in checkpoints if c["bad"]],
+    }
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def build_report(journal: Journal) -> dict[str, Any]:
+    """The whole report as plain data (what ``--json`` prints and the dashboard shows)."""
+    meta = journal.meta()
+    attempts = journal.attempts()
+    events, steps, last_t = _scan_events(journal)
+    checkpoints = journal.checkpoints()
+    decisions = _decisions(events)
+    ctx = {"checkpoints": checkpoints, "by_path": _checkpoint_by_path(checkpoints), "steps": steps,
+           "last_t": last_t, "decisions": decisions}
+    failures = _failures(attempts, ctx)
+    start, end, last = _span(meta, events, attempts)
+    finish = end if end is not None else last
+    total = finish - start if start is not None and finish is not None else 0.0
+    lost = sum(f["lost_s"] + f["gap_s"] for f in failures)
+    unknown = [f for f in failures if f["steps_lost"] is None and f["resumed_from"] is not None]
+    return {
+        "run_dir": meta.get("run_dir"), "state": meta.get("state", "starting"),
+        "reason": meta.get("reason", ""),
+        "finished": end is not None, "started": start, "ended": end, "last_activity": last,
+        "total_s": total, "lost_s": min(lost, total) if total else lost, "attempts": len(attempts),
+        "batch_history": _batch_history(attempts, events, decisions),
+        "failures": failures,
+        "steps_lost": sum(f["steps_lost"] or 0 for f in failures),
+        "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in failures
+                                                if f["steps_lost"] is not None),
+        "steps_lost_unknown": len(unknown),
+        "checkpoints": _checkpoint_summary(checkpoints),
+        "progress": meta.get("progress"),
+    }
+
+
+def read_report(run_dir: Path) -> dict[str, Any]:
+    if not journal_path(run_dir).exists():
+        raise UsageError("--run-dir", f"no oomguard run in {run_dir}",
+                         "pass the --run-dir given to oomguard run")
+    journal = Journal(run_dir, readonly=True)
+    try:
+        return build_report(journal)
+    finally:
+        journal.close()
+
+
+# --- text -------------------------------------------------------------------------------------
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "-"
+
+
+def _batch_text(entry: dict[str, Any]) -> str:
+    text = (f"micro {entry['micro_batch']} × accum {entry['grad_accum']} × world {entry['world_size']}"
+            f" = {entry['global_batch']}")
+    if entry["expandable_segments"]:
+        text += ", expandable_segments"
+    if entry["fallbacks_applied"]:
+        text += f", {entry['fallbacks_applied']} fallback(s)"
+    return text
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    total, lost = report["total_s"], report["lost_s"]
+    share = f" ({100 * lost / total:.0f}%)" if total > 0 else ""
+    ended = (_clock(report["ended"]) if report["finished"]
+             else f"not finished (last activity {_clock(report['last_activity'])})")
+    steps = f"{report['steps_lost']}" if report["steps_lost_exact"] else f"at least {report['steps_lost']}"
+    if report["steps_lost_unknown"]:
+        steps += f" (+ {report['steps_lost_unknown']} failure(s) with unknown steps)"
+    return [
+        f"run:         {report['run_dir']}",
+        f"final state: {report['state']}: {report['reason']}",
+        f"started:     {_clock(report['started'])}",
+        f"ended:       {ended}",
+        f"time:        {format_duration(total)} total, {format_duration(lost)} lost{share}",
+        f"attempts:    {report['attempts']}, failures: {len(report['failures'])}, "
+        f"steps lost (redone): {steps}",
+    ]
+
+
+def _failure_lines(failure: dict[str, Any]) -> list[str]:
+    how = f"exit {failure['exit_code']}" if failure["signal"] is None else f"signal {failure['signal']}"
+    lines = [f"  attempt {failure['attempt']} at {_clock(failure['ended'])}: {failure['kind']} "
+             f"at micro-batch {failure['micro_batch']} × accum {failure['grad_accum']} ({how})",
+             f"    evidence: {failure['evidence'] or '-'}"]
+    decision = failure["decision"]
+    if decision:
+        action = f"{decision['action']}: " if decision["action"] else ""
+        lines.append(f"    done:     {action}{decision['reason']}")
+    lines.append(f"    lost:     {format_duration(failure['lost_s'])} of work, "
+                 f"{format_duration(failure['gap_s'])} until the next attempt; {_steps_text(failure)}")
+    return lines
+
+
+def _steps_text(failure: dict[str, Any]) -> str:
+    resumed = failure["resumed_from"]
+    last = failure["last_step"]
+    last_text = "last step unknown" if last is None else (
+        f"last step {last}" if failure["last_step_source"] == "progress" else f"last step ≥ {last}")
+    if resumed is None:
+        return f"{last_text}; not resumed"
+    where = f"step {resumed['step']}" if resumed["step"] is not None else "a checkpoint of unknown step"
+    origin = f" ({resumed['path']})" if resumed["path"] else " (started over)"
+    lost = "?" if failure["steps_lost"] is None else str(failure["steps_lost"])
+    return f"{last_text}, resumed from {where}{origin}: {lost} step(s) redone"
+
+
+def _checkpoint_lines(summary: dict[str, Any]) -> list[str]:
+    newest = summary["newest"]
+    text = f"checkpoints: {summary['count']} seen"
+    if newest:
+        step = f" (step {newest['step']})" if newest["step"] is not None else ""
+        text += f", newest {newest['path']}{step}"
+    lines = [text]
+    lines += [f"  bad: {b['path']}: {b['reason'] or 'failed to load'}" for b in summary["bad"]]
+    return lines
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = _header(report)
+    lines.append("batch configuration over time:")
+    for entry in report["batch_history"]:
+        who = "" if entry["by"] == "supervisor" else f" (in-process by the worker: {entry['reason']})"
+        why = f" — {entry['reason']}" if entry["by"] == "supervisor" and entry["reason"] else ""
+        lines.append(f"  {_clock(entry['t'])} attempt {entry['attempt']}: {_batch_text(entry)}{who}{why}")
+    lines.append("failures:" if report["failures"] else "failures:    none")
+    for failure in report["failures"]:
+        lines += _failure_lines(failure)
+    lines += _checkpoint_lines(report["checkpoints"])
+    if report["progress"]:
+        lines.append(f"last progress: step {report['progress'].get('step')}")
+    return "\n".join(lines)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _cmd_report(args: argparse.Namespace, command: Sequence[str]) -> int:
+    if command:
+        raise UsageError("report", "takes no command after --", "run: oomguard report --run-dir DIR")
+    report = read_report(Path(args.run_dir))
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+    return 0
+
+
+def add_report_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("report", help="summarise a run: time lost, failures, batch, checkpoints")
+    parser.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=_cmd_report)

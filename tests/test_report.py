@@ -1,0 +1,262 @@
+"""`oomguard report` on recorded journals: one real run through every failure kind, and a journal
+written through the Journal API with a scripted clock for exact time figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import oomguard
+
+import supervisor.journal as journal_module
+from supervisor.journal import Journal
+from supervisor.report import build_report, format_duration, format_report
+
+KINDS = ["cuda_oom", "crash", "host_oom", "killed", "memory_limit", "hang"]
+
+# Attempt n resumes from the newest checkpoint, takes two checkpointed steps, then n steps that no
+# checkpoint keeps, then fails as KINDS[n - 1] (attempt 7 finishes). So attempt n redoes n steps.
+WORKER = textwrap.dedent('''
+    import json, os, signal, sys, time
+    from pathlib import Path
+
+    attempt = int(os.environ["OOMGUARD_ATTEMPT"])
+    root = Path(sys.argv[1])
+    step = int(os.environ["OOMGUARD_CHECKPOINT_STEP"] or 0)
+
+    def report(**fields):
+        with open(os.environ["OOMGUARD_EVENTS"], "a") as fh:
+            fh.write(json.dumps({"type": "progress", "t": time.time(), **fields}) + "\\n")
+
+    for checkpointed in [True] * 2 + [False] * attempt:
+        step += 1
+        report(step=step, samples=step * 64, loss=1.0 / step)
+        if checkpointed:
+            tmp = root / f"tmp-{step}"
+            tmp.mkdir(parents=True)
+            (tmp / "state").write_text(str(step))
+            os.rename(tmp, root / f"checkpoint-{step}")
+        time.sleep(0.05)
+    print(f"attempt {attempt} at step {step}", flush=True)
+    if attempt == 1:
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", flush=True)
+        sys.exit(1)
+    if attempt == 2:
+        print("ValueError: bad data in shard 7", flush=True)
+        sys.exit(3)
+    if attempt == 3:
+        print("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes",
+              flush=True)
+        sys.exit(1)
+    if attempt == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if attempt == 5:
+        held = [bytearray(16 * 2**20) for _ in range(20)]  # 320 MiB, really touched
+        while True:
+            print("holding", len(held), flush=True)
+            time.sleep(0.2)
+    if attempt == 6:
+        while True:
+            time.sleep(1)
+''')
+
+
+@pytest.fixture(scope="module")
+def every_kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A real run whose attempts end as each failure kind in turn, then succeed."""
+    tmp = tmp_path_factory.mktemp("every-kind")
+    worker = tmp / "worker.py"
+    worker.write_text(WORKER)
+    run_dir, ckpts = tmp / "run", tmp / "ckpt"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OOMGUARD_CACHE_DIR", str(tmp / "cache"))  # nothing learned by earlier runs
+        out = oomguard("run", "--run-dir", str(run_dir), "--no-web", "--backoff", "0.05", "--max-backoff",
+                       "0.2", "--micro-batch", "16", "--global-batch", "64", "--memory-limit", "200M",
+                       "--hang-timeout", "1.5", "--sample-interval", "0.2",
+                       "--checkpoint", f"{ckpts}/checkpoint-*",
+                       "--", sys.executable, str(worker), str(ckpts), timeout=90)
+    assert out.returncode == 0, out.stderr
+    journal = Journal(run_dir, readonly=True)
+    try:
+        yield run_dir, build_report(journal)
+    finally:
+        journal.close()
+
+
+def test_every_failure_kind_with_its_decision(every_kind: tuple[Path, dict[str, Any]]) -> None:
+    _, report = every_kind
+    assert report["state"] == "succeeded" and report["finished"] and report["attempts"] == 7
+    failures = report["failures"]
+    assert [f["kind"] for f in failures] == KINDS
+    by_kind = {f["kind"]: f for f in failures}
+    assert "CUDA out of memory" in by_kind["cuda_oom"]["evidence"]
+    assert "DefaultCPUAllocator" in by_kind["host_oom"]["evidence"]
+    assert "--memory-limit" in by_kind["memory_limit"]["evidence"]
+    assert "no output or progress" in by_kind["hang"]["evidence"]
+    assert by_kind["killed"]["signal"] == 9 and by_kind["crash"]["exit_code"] == 3
+    # Memory failures halve the micro-batch; the others restart at the same one.
+    assert [(f["micro_batch"], f["decision"]["micro_batch"]) for f in failures] == [
+        (16, 8), (8, 8), (8, 4), (4, 4), (4, 2), (2, 2)]
+    assert all(f["decision"]["action"] == "restart" and f["decision"]["reason"] for f in failures)
+
+
+def test_steps_and_time_lost(every_kind: tuple[Path, dict[str, Any]]) -> None:
+    _, report = every_kind
+    failures = report["failures"]
+    assert [f["steps_lost"] for f in failures] == [1, 2, 3, 4, 5, 6]
+    assert report["steps_lost"] == 21 and report["steps_lost_exact"]
+    assert [f["resumed_from"]["step"] for f in failures] == [2, 4, 6, 8, 10, 12]
+    assert [f["last_step"] for f in failures] == [3, 6, 9, 12, 15, 18]
+    assert all(f["lost_s"] > 0 for f in failures)
+    assert by_kind_lost(failures, "hang") >= 1.5  # the hang went unnoticed for --hang-timeout
+    assert 0 < report["lost_s"] < report["total_s"]
+    assert report["lost_s"] == pytest.approx(sum(f["lost_s"] + f["gap_s"] for f in failures))
+
+
+def by_kind_lost(failures: list[dict[str, Any]], kind: str) -> float:
+    return float(next(f["lost_s"] for f in failures if f["kind"] == kind))
+
+
+def test_batch_history_and_checkpoints(every_kind: tuple[Path, dict[str, Any]]) -> None:
+    _, report = every_kind
+    history = report["batch_history"]
+    assert [(h["attempt"], h["micro_batch"], h["grad_accum"]) for h in history] == [
+        (1, 16, 4), (2, 8, 8), (4, 4, 16), (6, 2, 32)]
+    assert {h["global_batch"] for h in history} == {64}
+    assert history[0]["reason"] == "initial" and "cuda_oom" in history[1]["reason"]
+    checkpoints = report["checkpoints"]
+    # The last attempt's two checkpoints may not have settled before it exited (loop's choice).
+    assert checkpoints["count"] in (12, 14) and checkpoints["bad"] == []
+    assert checkpoints["newest"]["step"] == checkpoints["count"]
+    assert report["progress"]["step"] == 21
+
+
+def test_cli_text_and_json(every_kind: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, report = every_kind
+    out = oomguard("report", "--run-dir", str(run_dir), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["failures"] == json.loads(json.dumps(report["failures"]))
+    text = oomguard("report", "--run-dir", str(run_dir))
+    assert text.returncode == 0, text.stderr
+    for needle in ["final state: succeeded", "steps lost (redone): 21", *KINDS,
+                   "micro 2 × accum 32 × world 1 = 64",
+                   f"checkpoints: {report['checkpoints']['count']} seen"]:
+        assert needle in text.stdout, needle
+
+
+def test_no_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    out = oomguard("report", "--run-dir", str(tmp_path / "nothing"))
+    assert out.returncode == 2 and "no oomguard run" in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+
+
+# --- a journal written through the API, on a scripted clock ----------------------------------------
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+
+def plan(micro: int, accum: int) -> dict[str, Any]:
+    return {"micro_batch": micro, "grad_accum": accum, "global_batch": micro * accum, "world_size": 1}
+
+
+@pytest.fixture
+def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Journal, Clock]]:
+    clock = Clock(1000.0)
+    monkeypatch.setattr(journal_module, "time", types.SimpleNamespace(time=clock.time))
+    journal = Journal(tmp_path)
+    journal.set_meta(run_dir=str(tmp_path), started=1000.0)
+    yield journal, clock
+    journal.close()
+
+
+def at(clock: Clock, t: float) -> None:
+    clock.t = t
+
+
+def fail(journal: Journal, clock: Clock, attempt: int, t: float, kind: str, action: str, to: tuple[int, int],
+         last_step: int | None) -> None:
+    at(clock, t)
+    reason = f"{kind} at attempt {attempt}: {action} at micro-batch {to[0]}"
+    journal.end_attempt(attempt, exit_code=1, kind=kind, evidence=f"{kind} evidence", decision=reason,
+                        last_step=last_step)
+    journal.event("decision", attempt, action=action, reason=reason, micro_batch=to[0], grad_accum=to[1],
+                  kind=kind, evidence=f"{kind} evidence")
+
+
+def test_scripted_journal_exact_figures(scripted: tuple[Journal, Clock]) -> None:
+    journal, clock = scripted
+    journal.transition("starting", "starting", "supervisor started", None)
+    journal.start_attempt(1, 11, plan(8, 4), None, ["train"], "logs/attempt-1.log")
+    at(clock, 1030)
+    journal.event("worker_batch", 1, micro_batch=4, grad_accum=8, reason="oom")  # in-process change
+    journal.checkpoint_seen("ck/checkpoint-10", 10, 1040.0, 1)
+    journal.checkpoint_seen("ck/checkpoint-20", 20, 1055.0, 1)  # turns out truncated
+    fail(journal, clock, 1, 1060, "cuda_oom", "restart", (4, 8), last_step=23)
+    at(clock, 1065)
+    journal.start_attempt(2, 12, plan(4, 8), "ck/checkpoint-20", ["train"], "logs/attempt-2.log")
+    fail(journal, clock, 2, 1070, "crash", "restart", (4, 8), last_step=None)
+    journal.mark_bad("ck/checkpoint-20", "PytorchStreamReader failed")
+    at(clock, 1072)
+    journal.start_attempt(3, 13, plan(4, 8), "ck/checkpoint-10", ["train"], "logs/attempt-3.log")
+    journal.event("worker_progress", 3, step=35)  # reported; the attempt's end says nothing
+    journal.checkpoint_seen("ck/checkpoint-30", 30, 1150.0, 3)
+    fail(journal, clock, 3, 1200, "host_oom", "give_up", (4, 8), last_step=None)
+    at(clock, 1201)
+    journal.transition("recovering", "failed", "cannot shrink below --min-micro-batch 4", 3)
+    journal.set_meta(state="failed")
+
+    report = build_report(journal)
+    assert report["state"] == "failed" and report["ended"] == 1201 and report["total_s"] == 201
+    first, second, third = report["failures"]
+    assert (first["lost_s"], first["gap_s"]) == (20, 5)  # its last good checkpoint, then the restart
+    assert (second["lost_s"], second["gap_s"]) == (5, 2)  # wrote nothing the next attempt used
+    assert (third["lost_s"], third["gap_s"]) == (50, 0)  # gave up: after its own newest checkpoint
+    assert report["lost_s"] == 82
+    # 23 -> tried 20 (bad) -> resumed 10: 13 steps redone in all; the middle figure is a bound.
+    assert [f["steps_lost"] for f in report["failures"]] == [3, 10, None]
+    assert report["steps_lost"] == 13 and not report["steps_lost_exact"]
+    assert third["last_step"] == 35 and third["resumed_from"] is None
+    assert third["decision"]["action"] == "give_up"
+    assert [(h["by"], h["micro_batch"]) for h in report["batch_history"]] == [
+        ("supervisor", 8), ("worker", 4)]
+    assert report["checkpoints"]["bad"] == [
+        {"path": "ck/checkpoint-20", "step": 20, "reason": "PytorchStreamReader failed"}]
+    assert report["checkpoints"]["newest"]["path"] == "ck/checkpoint-30"
+    text = format_report(report)
+    assert "1 min 22 s lost (41%)" in text and "give_up: host_oom" in text
+    assert "bad: ck/checkpoint-20: PytorchStreamReader failed" in text
+    assert "steps lost (redone): at least 13" in text
+
+
+def test_unfinished_run_with_an_interrupted_attempt(scripted: tuple[Journal, Clock]) -> None:
+    """A supervisor killed mid-attempt leaves no exit; the next session's attempt follows it."""
+    journal, clock = scripted
+    journal.start_attempt(1, 11, plan(8, 1), None, ["train"], "logs/attempt-1.log")
+    at(clock, 1010)
+    journal.event("worker_progress", 1, step=4)
+    at(clock, 1100)
+    journal.start_attempt(2, 12, plan(8, 1), None, ["train"], "logs/attempt-2.log")
+    journal.transition("starting", "running", "attempt 2", 2)
+    report = build_report(journal)
+    assert not report["finished"] and report["ended"] is None and report["total_s"] == 100
+    (interrupted,) = report["failures"]
+    assert interrupted["kind"] == "interrupted" and interrupted["steps_lost"] == 4
+    assert interrupted["lost_s"] == 10 and interrupted["gap_s"] == 90
+    assert "not finished" in format_report(report)
+
+
+@pytest.mark.parametrize("seconds,text", [(4.25, "4.2 s"), (125, "2 min 05 s"), (7260, "2 h 01 min")])
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text

@@ -1,0 +1,84 @@
+"""The dashboard in real headless Chromium (Debian's ``chromium`` driven by Playwright).
+
+Skipped, with the reason, where either is missing; the test setup installs them with
+``apt-get install -y chromium`` and ``pip install playwright`` (no Playwright browser download).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Run, start_run
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="playwright is not installed (pip install playwright)")
+if not Path(CHROMIUM).exists():
+    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture()
+def page() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 390, "height": 844})  # a phone
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+@pytest.fixture()
+def recovered_run(tmp_path: Path) -> Iterator[Run]:
+    """Micro-batch 16 and 8 run out of memory; 4 trains."""
+    run = start_run(tmp_path)
+    try:
+        run.wait_for(lambda d: d["state"] == "running" and d["micro_batch"] == 4)
+        yield run
+    finally:
+        run.stop()
+
+
+def test_dashboard_shows_a_recovered_oom_and_follows_the_run(page: Any, recovered_run: Run) -> None:
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(recovered_run.url)
+    expect = sync_api.expect
+    expect(page.locator("#state")).to_have_text("running")
+    expect(page.locator("#reason")).to_contain_text("recovered from cuda oom at micro-batch 8")
+    expect(page.locator("#batch")).to_have_text("4 × 16 = 64")
+    expect(page.locator("#attempts tbody tr")).to_have_count(3)
+    expect(page.locator("#attempts tbody")).to_contain_text("CUDA out of memory")
+    expect(page.locator("#log")).not_to_be_empty()
+    expect(page.locator("#live")).to_have_text("live")
+    expect(page.locator("#chart line.marker-oom")).to_have_count(2)
+    page.wait_for_function("Number(document.querySelector('#chart').dataset.points) >= 3", timeout=10_000)
+    assert page.locator("#chart polyline.series").count() >= 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= 391  # no sideways scrolling
+    _follows_a_restart_and_a_stop(page, recovered_run)
+    assert errors == []
+
+
+def _follows_a_restart_and_a_stop(page: Any, run: Run) -> None:
+    expect = sync_api.expect
+    response = run.post("api/control/restart", headers={"Authorization": f"Bearer {run.token}"})
+    assert response.status_code == 202
+    expect(page.locator("#attempt")).to_have_text("attempt 4", timeout=15_000)
+    expect(page.locator("#attempts tbody tr")).to_have_count(4)
+    expect(page.locator("#state")).to_have_text("running")
+    page.wait_for_function("Number(document.querySelector('#chart').dataset.markers) >= 4")
+    before = len(page.context.pages)
+    assert run.cli("stop").returncode == 0
+    expect(page.locator("#state")).to_have_text("stopped", timeout=15_000)
+    expect(page.locator("#reason")).to_have_text("The run was stopped on request.")
+    assert len(page.context.pages) == before
