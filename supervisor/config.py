@@ -228,7 +228,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     the user typed overrides the TOML file."""
     parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file")
     for f in options():
-        meta = f.metadata
+        meta = dict(f.metadata)
+        meta["help"] = meta["help"].replace("%", "%%")  # argparse %-formats help strings
         if meta["parse"] is None:  # a switch: --no-web turns a default-on feature off, --grow one on
             parser.add_argument(meta["flag"], dest=f.name, default=argparse.SUPPRESS, help=meta["help"],
                                 action="store_false" if f.default else "store_true")

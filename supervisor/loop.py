@@ -240,6 +240,8 @@ class Supervisor:
                 continue
             if verdict.kind is None:
                 self.tuner.record(self.plan.batch.micro_batch, self._peak(watch), memory_failed=False)
+                self.journal.end_attempt(self.attempt, returncode=0, exit_code=0, decision="finished",
+                                         last_step=watch.last_step, peak_rss=watch.peak_rss)
                 self._transition(RunState.SUCCEEDED, f"worker finished (attempt {self.attempt})")
                 return 0
             decision = self._recover(verdict, watch, checkpoint)
@@ -355,7 +357,7 @@ class Supervisor:
                 self._ask_for_checkpoint(files, "requested")
             self._check_hang(watch)
         self._read_channel(watch, channel)
-        self._check_checkpoints(watch)
+        self._check_checkpoints(watch, worker_alive=False)
 
     def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
         for record in channel.read():
@@ -416,8 +418,13 @@ class Supervisor:
             log(f"--grow: micro-batch {prediction.micro_batch} predicted to fit ({prediction.reason}); "
                 "restarting at the next checkpoint")
 
-    def _check_checkpoints(self, watch: AttemptWatch) -> None:
-        for ckpt in self.index.settled(self.journal.bad_checkpoints()):
+    def _check_checkpoints(self, watch: AttemptWatch, worker_alive: bool = True) -> None:
+        """Journal new checkpoints. While the worker runs only settled ones count; once it has
+        exited nothing is being written, so the last ones it wrote count too."""
+        bad = self.journal.bad_checkpoints()
+        found = self.index.settled(bad) if worker_alive else [
+            c for c in self.index.refresh(force=True) if c.path not in bad]
+        for ckpt in found:
             if self.journal.checkpoint_seen(ckpt.path, ckpt.step, ckpt.mtime, self.attempt):
                 watch.new_checkpoint = True
                 watch.last_progress = time.monotonic()

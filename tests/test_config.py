@@ -60,3 +60,13 @@ def test_placeholders_render_and_escape() -> None:
     assert render("--bs={micro_batch}", values) == "--bs=4"
     assert render("{{literal}}", values) == "{literal}"
     assert render("--resume_from_step={checkpoint_step}", values) == "--resume_from_step=8"
+
+
+def test_every_subcommand_has_working_help() -> None:
+    from conftest import oomguard
+
+    top = oomguard("--help")
+    assert top.returncode == 0
+    for name in ("run", "status", "report", "logs", "service", "doctor", "checkpoint", "restart", "stop"):
+        out = oomguard(name, "--help")
+        assert out.returncode == 0 and "usage: oomguard" in out.stdout, (name, out.stderr)

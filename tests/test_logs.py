@@ -81,9 +81,13 @@ def test_follow_across_two_attempts_until_the_run_ends(tmp_path: Path, run_dir: 
     assert "run succeeded" in err
 
 
-@pytest.fixture
-def finished_run(tmp_path: Path, run_dir: Path) -> Path:
-    proc, go = start_run(tmp_path, run_dir)
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("finished")
+    run_dir = tmp / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OOMGUARD_CACHE_DIR", str(tmp / "cache"))  # nothing learned by earlier runs
+        proc, go = start_run(tmp, run_dir)
     go.touch()
     assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
     return run_dir

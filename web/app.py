@@ -21,9 +21,9 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from supervisor.status import status_document, supervisor_alive
+from supervisor.status import supervisor_alive
 from web import models
-from web.journals import JournalPool, JournalUnavailable
+from web.journals import JournalPool, JournalUnavailable, StatusCache
 from web.logtail import log_path, tail
 from web.markers import MarkerScan
 from web.metrics import make_registry
@@ -84,11 +84,12 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {"model": models.Problem,
 
 def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path) -> None:
     markers = MarkerScan()
+    status = StatusCache(pool)
 
     @app.get("/api/status", response_model=models.Status, responses=_UNAVAILABLE, tags=["read"])
-    def get_status() -> dict[str, Any]:
+    def get_status() -> Response:
         """The run's state, batch plan and failures: the document ``oomguard status --json`` prints."""
-        return status_document(pool.get())
+        return Response(status.get(), media_type="application/json")
 
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])
     def get_attempts() -> list[dict[str, Any]]:

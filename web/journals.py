@@ -7,10 +7,13 @@ connection (SQLite WAL: readers never block the writer) and keeps it for later r
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from pathlib import Path
 
-from supervisor.journal import Journal
+from supervisor.journal import Journal, journal_path
+from supervisor.status import status_document
 
 
 class JournalUnavailable(RuntimeError):
@@ -20,6 +23,7 @@ class JournalUnavailable(RuntimeError):
 class JournalPool:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
+        self.path = journal_path(run_dir)
         self._local = threading.local()
         self._all: list[Journal] = []
         self._lock = threading.Lock()
@@ -48,3 +52,40 @@ def last_event_id(journal: Journal) -> int:
     it and paging through ``events()`` from 0 costs a scan of the whole run."""
     rows = journal._query("SELECT coalesce(max(id), 0) AS id FROM events")
     return int(rows[0]["id"])
+
+
+class StatusCache:
+    """The status document as JSON bytes, rebuilt only when the journal files changed.
+
+    Scripts poll status many times a second; rebuilding it costs SQL, psutil and serialisation under
+    the GIL the supervision loop shares. A stat of the two journal files says whether anything was
+    committed; ``max_age`` bounds staleness of ``supervisor_alive``, which no commit announces.
+    """
+
+    def __init__(self, pool: JournalPool, max_age: float = 1.0) -> None:
+        self.pool = pool
+        self.max_age = max_age
+        self._lock = threading.Lock()
+        self._key: tuple[int, ...] | None = None
+        self._at = 0.0
+        self._body = b""
+
+    def _journal_key(self) -> tuple[int, ...]:
+        key: list[int] = []
+        for path in (self.pool.path, self.pool.path.with_name(self.pool.path.name + "-wal")):
+            try:
+                st = path.stat()
+                key += [st.st_mtime_ns, st.st_size, st.st_ino]
+            except FileNotFoundError:
+                key += [0, 0, 0]
+        return tuple(key)
+
+    def get(self) -> bytes:
+        key, now = self._journal_key(), time.monotonic()  # before reading: a later commit re-keys
+        with self._lock:
+            if key == self._key and now - self._at < self.max_age:
+                return self._body
+        body = json.dumps(status_document(self.pool.get()), default=str).encode()
+        with self._lock:
+            self._key, self._at, self._body = key, now, body
+        return body

@@ -26,7 +26,8 @@ from workerkit import (
     weights,
 )
 
-STEPS = 100
+KILLS = int(os.environ.get("OOMGUARD_TEST_KILLS", "24"))
+STEPS = max(100, 5 * KILLS)  # long enough that every kill lands before the run ends
 BASE = [
     *SMALL,
     "--steps",
@@ -38,7 +39,6 @@ BASE = [
     "--checkpoint-every",
     "1",
 ]
-KILLS = int(os.environ.get("OOMGUARD_TEST_KILLS", "24"))
 
 
 @pytest.fixture(scope="module")

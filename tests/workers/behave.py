@@ -13,7 +13,11 @@ from pathlib import Path
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["torch_oom", "fragmented", "allocate", "hang", "crash", "pidfile", "resume"])
+    p.add_argument("mode", choices=["torch_oom", "fragmented", "allocate", "hang", "crash", "pidfile", "resume",
+                                    "grow_rss", "model"])
+    p.add_argument("--fixed-mb", type=int, default=10)
+    p.add_argument("--hold", type=float, default=3.0)
+    p.add_argument("--ckpt-dir", type=Path)
     p.add_argument("--fail-above", type=int, default=4, help="micro-batches above this fail")
     p.add_argument("--mb-per-sample", type=int, default=40)
     p.add_argument("--pidfile", type=Path)
@@ -55,6 +59,38 @@ def allocate(args: argparse.Namespace, micro: int, attempt: int) -> None:
         time.sleep(0.002)
     time.sleep(1.5)
     print(f"held {len(chunks) * 8} MiB", flush=True)
+
+
+def grow_rss(args: argparse.Namespace, micro: int, attempt: int) -> None:
+    """Grow slowly towards micro × mb_per_sample MiB; say when a checkpoint request arrives."""
+    request = Path(os.environ["OOMGUARD_CHECKPOINT_REQUEST"])
+
+    def on_request(signum: int, frame: object) -> None:
+        print(f"checkpoint request received (signal {signum}, file {request.exists()})", flush=True)
+        request.unlink(missing_ok=True)
+
+    signal.signal(signal.SIGUSR1, on_request)
+    chunks = []
+    for _ in range(micro * args.mb_per_sample // 4):
+        chunks.append(bytearray(4 * 2**20))
+        time.sleep(0.05)
+    print(f"held {len(chunks) * 4} MiB", flush=True)
+
+
+def model(args: argparse.Namespace, micro: int, attempt: int) -> None:
+    """Memory = fixed + per-sample × micro, for real; writes a checkpoint file every 0.3 s."""
+    assert args.ckpt_dir is not None
+    args.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    held = [bytearray(args.fixed_mb * 2**20)]
+    for _ in range(micro):
+        held.append(bytearray(args.mb_per_sample * 2**20))
+    step = len(list(args.ckpt_dir.iterdir()))
+    deadline = time.monotonic() + args.hold
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        step += 1
+        (args.ckpt_dir / f"ck-{step}").write_text(str(micro))
+    print(f"finished at micro {micro} holding {sum(map(len, held)) >> 20} MiB", flush=True)
 
 
 def hang(args: argparse.Namespace, micro: int, attempt: int) -> None:
