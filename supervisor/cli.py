@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from supervisor import logs, report
+from supervisor import doctor, logs, report, systemd
 from supervisor.config import add_arguments, build_config
 from supervisor.errors import UsageError
 from web.client import register as web_commands
@@ -30,6 +30,9 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     supervisor = Supervisor(config)
     supervisor.open()
     supervisor.install_signal_handlers()
+    from supervisor.hooks import attach_all
+
+    closers = attach_all(supervisor)
     web = None
     try:
         if config.web:
@@ -42,6 +45,8 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
             from web.server import stop_dashboard
 
             stop_dashboard(supervisor, web)
+        for close in closers:
+            close()
         supervisor.close()
 
 
@@ -76,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 EXTRA_COMMANDS.append(web_commands)  # oomguard checkpoint | restart | stop
 EXTRA_COMMANDS += [report.add_report_command, logs.add_logs_command]  # oomguard report | logs
+EXTRA_COMMANDS += [systemd.add_service_command, doctor.add_doctor_command]  # oomguard service | doctor
 
 
 def main(argv: Sequence[str] | None = None) -> int:

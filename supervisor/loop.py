@@ -25,7 +25,7 @@ from supervisor.cgroup import MemoryCgroup, make_worker_cgroup, vmstat_oom_kills
 from supervisor.channel import ChannelReader
 from supervisor.checkpoints import Checkpoint, CheckpointIndex
 from supervisor.classify import ExitFacts, OutputScanner, Verdict, classify
-from supervisor.config import RunConfig, format_size
+from supervisor.config import RunConfig
 from supervisor.errors import UsageError
 from supervisor.fitstore import FitStore, JobKey
 from supervisor.journal import Journal
@@ -33,8 +33,7 @@ from supervisor.lock import RunLock
 from supervisor.memory import AttemptPeak, CgroupReader, MemorySample, Sampler, fold_peak
 from supervisor.policy import Decision, Failure, Plan, PolicyConfig, decide
 from supervisor.process import WorkerProcess
-from supervisor.runtime import (AttemptFiles, build_argv, build_env, expandable_already,
-                                placeholder_values)
+from supervisor.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
 from supervisor.states import RunState, check_transition
 from supervisor.thresholds import Action as MemoryAction
 from supervisor.thresholds import Thresholds, evaluate
@@ -78,7 +77,8 @@ class Supervisor:
         self.config = config
         self.run_dir = config.run_dir.resolve()
         self.cwd = Path.cwd()
-        self.console = console if console is not None else sys.stdout.buffer
+        out = console if console is not None else sys.stdout.buffer
+        self.echo: Callable[[bytes], None] = lambda raw: (out.write(raw), out.flush()) and None
         self.state = RunState.STARTING
         self.plan = Plan(config.initial_plan)
         self.attempt = 0
@@ -99,7 +99,7 @@ class Supervisor:
         self.thresholds = Thresholds(config.soft_threshold, config.psi_threshold, config.memory_limit)
         self.tuner = Tuner(self.plan.batch.per_process_batch, config.min_micro_batch,
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
-        self.tickers: list[Callable[[], None]] = []  # called every loop tick (e.g. systemd watchdog)
+        self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self._next_thin = time.monotonic() + THIN_EVERY
 
     # --- setup ---------------------------------------------------------------------------------
@@ -278,6 +278,7 @@ class Supervisor:
         while not self.stopping and (left := deadline - time.monotonic()) > 0:
             self.wake.wait(min(left, TICK))
             self.wake.clear()
+            self._tick()
 
     # --- one attempt --------------------------------------------------------------------------
 
@@ -319,7 +320,7 @@ class Supervisor:
             log(f"no memory cgroup ({why}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
         before = self._cgroup.oom_kills() if self._cgroup else vmstat_oom_kills()
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.console,
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo,
                                     self._cgroup.procs if self._cgroup else None)
         self.worker.start(self.wake)
         self.sampler.cgroup = CgroupReader(self._cgroup.path, self._cgroup.version) if self._cgroup else None

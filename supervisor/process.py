@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
@@ -34,14 +33,14 @@ class WorkerProcess:
     """One attempt's worker process group."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path,
-                 on_line: Callable[[str], None], console: BinaryIO | None,
+                 on_line: Callable[[str], None], echo: Callable[[bytes], None] | None,
                  cgroup_procs: Path | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
         self.cwd = cwd
         self.log_path = log_path
         self.on_line = on_line
-        self.console = console
+        self.echo = echo
         self.cgroup_procs = cgroup_procs
         self.exited = threading.Event()
         self.returncode: int | None = None
@@ -79,17 +78,16 @@ class WorkerProcess:
             for raw in self._proc.stdout:
                 self.last_output = time.monotonic()
                 log.write(raw)
-                self._to_console(raw)
+                self._echo(raw)
                 self.on_line(raw.decode("utf-8", "replace").rstrip("\r\n"))
 
-    def _to_console(self, raw: bytes) -> None:
-        if self.console is None:
+    def _echo(self, raw: bytes) -> None:
+        if self.echo is None:
             return
         try:
-            self.console.write(raw)
-            self.console.flush()
+            self.echo(raw)
         except (OSError, ValueError):  # the terminal went away; supervision goes on
-            self.console = None
+            self.echo = None
 
     @property
     def worker_pid(self) -> int | None:

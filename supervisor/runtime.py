@@ -73,6 +73,7 @@ def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files
         protocol.ENV_CHECKPOINT_SIGNAL: config.checkpoint_signal,
     })
     # Output must stream for OOM text to be seen as it happens; a hang dump needs faulthandler.
+    env.pop("NOTIFY_SOCKET", None)  # systemd talks to the supervisor, not to its worker
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")
     if plan.expandable_segments:

@@ -67,7 +67,7 @@ class Tuner:
         if self.store is not None and self.key is not None:
             try:
                 self.store.record(self.key, point)
-            except Exception:  # noqa: BLE001 - the cache is a convenience, never a reason to fail
+            except Exception:
                 self.store = None
 
     def shrink_hint(self, failed_micro: int, sample: MemorySample | None) -> Prediction | None:
@@ -91,6 +91,6 @@ class Tuner:
             return None
         try:
             record = self.store.load(self.key)
-        except Exception:  # noqa: BLE001 - an unreadable cache means starting as asked
+        except Exception:
             return None
         return record.starting_micro(self.per_process_batch, requested) if record else None

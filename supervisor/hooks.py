@@ -1,0 +1,111 @@
+"""What the supervisor tells the world as the run goes: systemd, webhooks, the terminal status line.
+
+Each hook subscribes to ``Supervisor.listeners`` (events) and ``Supervisor.tickers`` (every loop
+tick); none of them can block or stop supervision (the loop catches their errors, webhooks are
+sent from their own thread, sd_notify is one datagram).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from supervisor.notify import NotifyConfig, WebhookNotifier, gave_up, parse_webhook, recovered, succeeded
+from supervisor.sdnotify import Notifier, Watchdog
+from supervisor.statusline import StatusLine
+
+if TYPE_CHECKING:
+    from supervisor.loop import Supervisor
+
+MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
+
+
+def summary(sup: Supervisor) -> str:
+    b = sup.plan.batch
+    return (f"{sup.state.value}, attempt {sup.attempt}, micro-batch {b.micro_batch} × {b.grad_accum} "
+            f"× {b.world_size} = {b.global_batch}")
+
+
+def attach_systemd(sup: Supervisor) -> None:
+    notifier = Notifier.from_env()
+    if not notifier.enabled:
+        return
+    watchdog = Watchdog.from_env(notifier)
+    sup.tickers.append(watchdog.tick)
+    ready = [False]
+
+    def on_event(name: str, data: dict[str, Any]) -> None:
+        if name != "state":
+            return
+        if data["to"] == "running" and not ready[0]:
+            ready[0] = notifier.ready(summary(sup))
+        elif data["to"] in ("succeeded", "failed", "stopped"):
+            notifier.stopping(f"{data['to']}: {data['reason']}")
+        else:
+            notifier.status(summary(sup))
+
+    sup.listeners.append(on_event)
+
+
+def attach_webhooks(sup: Supervisor) -> Callable[[], object] | None:
+    if not sup.config.notify:
+        return None
+    sender = WebhookNotifier(NotifyConfig(webhooks=tuple(parse_webhook(s) for s in sup.config.notify)))
+    run = sup.run_dir.name
+
+    def on_event(name: str, data: dict[str, Any]) -> None:
+        if name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
+            sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
+                                  data["grad_accum"], evidence=data["evidence"], attempt=sup.attempt))
+        elif name == "state" and data["to"] == "failed":
+            sender.send(gave_up(run, data["reason"], attempt=sup.attempt))
+        elif name == "state" and data["to"] == "succeeded":
+            sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
+
+    sup.listeners.append(on_event)
+    return lambda: sender.close(10.0)
+
+
+def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
+    """On a terminal only: a live line beneath the worker's output. Elsewhere the worker's bytes
+    pass straight through and the supervisor's own log lines are the record."""
+    if not sys.stdout.isatty():
+        return None
+    line = StatusLine(sys.stdout)
+
+    def snapshot() -> dict[str, Any]:
+        b = sup.plan.batch
+        progress = sup.journal.meta().get("progress") or {}
+        sample = sup.last_sample
+        return {"state": sup.state.value, "attempt": sup.attempt, "micro_batch": b.micro_batch,
+                "grad_accum": b.grad_accum, "world_size": b.world_size, "global_batch": b.global_batch,
+                "host_bytes": sample.worker_rss_bytes if sample else None,
+                "gpu_bytes": sample.worker_gpu_bytes if sample else None,
+                "gpu_total_bytes": max((g.total_bytes for g in sample.gpus), default=None) if sample else None,
+                "step": progress.get("step"), "total_steps": progress.get("total_steps"),
+                "samples_per_s": progress.get("samples_per_s")}
+
+    sup.echo = lambda raw: line.print_worker_line(raw.decode("utf-8", "replace"))
+    sup.listeners.append(lambda name, data: line.update(snapshot()))
+    sup.tickers.append(_every(1.0, lambda: line.update(snapshot())))
+    return line.close
+
+
+def _every(seconds: float, action: Callable[[], None]) -> Callable[[], None]:
+    import time
+
+    due = [0.0]
+
+    def tick() -> None:
+        if time.monotonic() >= due[0]:
+            due[0] = time.monotonic() + seconds
+            action()
+
+    return tick
+
+
+def attach_all(sup: Supervisor) -> list[Callable[[], object]]:
+    """Attach every hook; returns what to call at the end."""
+    attach_systemd(sup)
+    return [c for c in (attach_webhooks(sup), attach_statusline(sup)) if c is not None]
