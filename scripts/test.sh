@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole check, from a clean clone: install, lint, type-check, test. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh test
+# The dashboard is tested in Debian's chromium driven by Playwright (never a downloaded browser).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Debian chromium for the dashboard tests" >&2
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "test.sh: no chromium and not root: the browser tests will be skipped" >&2
+  fi
+fi
+.venv/bin/ruff check supervisor worker web tests bench examples scripts
+.venv/bin/mypy
+.venv/bin/pytest -q "$@"
