@@ -86,7 +86,10 @@ def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
                 "step": progress.get("step"), "total_steps": progress.get("total_steps"),
                 "samples_per_s": progress.get("samples_per_s")}
 
+    from supervisor import loop
+
     sup.echo = lambda raw: line.print_worker_line(raw.decode("utf-8", "replace"))
+    loop.log_sink[0] = line.log
     sup.listeners.append(lambda name, data: line.update(snapshot()))
     sup.tickers.append(_every(1.0, lambda: line.update(snapshot())))
     return line.close

@@ -45,8 +45,16 @@ REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
 
 
-def log(message: str) -> None:
+def _stderr(message: str) -> None:
     print(f"[oomguard] {message}", file=sys.stderr, flush=True)
+
+
+# Where the supervisor's own messages go: stderr, or the terminal status line when one is shown.
+log_sink: list[Callable[[str], None]] = [_stderr]
+
+
+def log(message: str) -> None:
+    log_sink[0](message)
 
 
 @dataclass

@@ -63,7 +63,7 @@ def test_placeholders_render_and_escape() -> None:
 
 
 def test_every_subcommand_has_working_help() -> None:
-    from conftest import oomguard
+    from support import oomguard
 
     top = oomguard("--help")
     assert top.returncode == 0

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, oomguard
+from support import ROOT, oomguard
 
 PY = sys.executable
 

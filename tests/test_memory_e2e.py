@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from conftest import WORKER, oomguard, status
+from support import WORKER, oomguard, status
 
 from supervisor.journal import Journal
 

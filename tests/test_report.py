@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import oomguard
+from support import oomguard
 
 import supervisor.journal as journal_module
 from supervisor.journal import Journal

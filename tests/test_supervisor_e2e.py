@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, WORKER, oomguard, status
+from support import ROOT, WORKER, oomguard, status
 
 from supervisor.cgroup import own_memory_cgroup
 from supervisor.journal import Journal
