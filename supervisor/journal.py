@@ -117,11 +117,17 @@ class Journal:
             db.execute(f"UPDATE attempts SET ended = ?, {', '.join(f'{c} = ?' for c in cols)} "
                        "WHERE attempt = ?", (time.time(), *(fields[c] for c in cols), attempt))
 
-    def update_attempt_peaks(self, attempt: int, rss: int | None, gpu: int | None, step: int | None) -> None:
+    def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
+                      step: int | None, progress: dict[str, Any] | None) -> None:
+        """One sample, the attempt's peaks and the latest progress, in one transaction (one fsync a
+        second is the supervisor's main steady cost)."""
         with self._write() as db:
+            db.execute("INSERT INTO samples (t, attempt, data) VALUES (?, ?, ?)", (t, attempt, json.dumps(data)))
             db.execute("UPDATE attempts SET peak_rss = max(coalesce(peak_rss, 0), coalesce(?, 0)), "
                        "peak_gpu = max(coalesce(peak_gpu, 0), coalesce(?, 0)), "
                        "last_step = coalesce(?, last_step) WHERE attempt = ?", (rss, gpu, step, attempt))
+            if progress is not None:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)", (json.dumps(progress),))
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
         """Record a checkpoint; True when it is new to the journal."""
@@ -137,11 +143,6 @@ class Journal:
             db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen) VALUES (?, NULL, 0, ?)",
                        (path, time.time()))
             db.execute("UPDATE checkpoints SET bad = 1, reason = ? WHERE path = ?", (reason, path))
-
-    def add_sample(self, attempt: int | None, data: dict[str, Any], t: float | None = None) -> None:
-        with self._write() as db:
-            db.execute("INSERT INTO samples (t, attempt, data) VALUES (?, ?, ?)",
-                       (time.time() if t is None else t, attempt, json.dumps(data)))
 
     def thin_samples(self, now: float | None = None) -> int:
         """Downsample old memory samples (each attempt's peak is kept for ever); rows deleted."""

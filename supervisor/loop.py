@@ -40,7 +40,8 @@ from supervisor.thresholds import Thresholds, evaluate
 from supervisor.tuning import Tuner
 from worker import protocol
 
-TICK = 0.1  # seconds between checks while a worker runs; exits wake the loop at once
+TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
+PROGRESS_EVENT_EVERY = 10.0  # progress records are journaled as events at most this often
 REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
 
@@ -70,6 +71,8 @@ class AttemptWatch:
     stopped_for_memory: str | None = None
     hung: str | None = None
     peak: AttemptPeak | None = None
+    progress: dict[str, Any] | None = None  # the newest progress record, written with the next sample
+    last_progress_event: float = -PROGRESS_EVENT_EVERY
     started: float = field(default_factory=time.monotonic)
     last_request: float = -REQUEST_COOLDOWN
     grow_to: int | None = None  # --grow: restart at this micro-batch once the next checkpoint lands
@@ -366,6 +369,8 @@ class Supervisor:
                 self._ask_for_checkpoint(files, "requested")
             self._check_hang(watch)
         self._read_channel(watch, channel)
+        if watch.progress is not None:
+            self.journal.set_meta(progress=watch.progress)
         self._check_checkpoints(watch, worker_alive=False)
 
     def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
@@ -376,7 +381,10 @@ class Supervisor:
             if kind == protocol.PROGRESS:
                 watch.progress_records += 1
                 watch.last_step = record.get("step", watch.last_step)
-                self.journal.set_meta(progress=record)
+                watch.progress = record
+                if time.monotonic() - watch.last_progress_event < PROGRESS_EVENT_EVERY:
+                    continue  # the meta and the attempt's last step carry it; events stay few
+                watch.last_progress_event = time.monotonic()
             elif kind == protocol.FAILURE:
                 watch.worker_failure = record
             if kind != protocol.HEARTBEAT:
@@ -398,9 +406,9 @@ class Supervisor:
         sample = self.sampler.sample(self.worker.worker_pid or self.worker.pgid)
         self.last_sample = sample
         watch.peak = fold_peak(watch.peak, sample)
-        self.journal.add_sample(self.attempt, sample.as_row(), sample.wall)
-        self.journal.update_attempt_peaks(self.attempt, sample.worker_rss_bytes, sample.worker_gpu_bytes,
-                                          watch.last_step)
+        self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
+                                   sample.worker_gpu_bytes, watch.last_step, watch.progress)
+        watch.progress = None
         pending = files.checkpoint_request.exists() and time.monotonic() - watch.last_request < REQUEST_COOLDOWN
         verdict = evaluate(sample, self.thresholds, pending)
         if verdict.action is MemoryAction.STOP and watch.stopped_for_memory is None:
