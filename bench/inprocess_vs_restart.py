@@ -5,7 +5,7 @@ The demo trains at micro-batch 128 under a generous RLIMIT_AS budget that shrink
 
 * in-process: the worker library frees the step's memory and redoes the same global batch at 64.
 * restart: the same script with ``--no-inprocess`` dies; a supervisor restarts it at 64 from the
-  newest checkpoint (``oomguard run`` when it works here, else a minimal built-in restart loop
+  newest checkpoint (``oomguard run`` when it is installed, else a minimal built-in restart loop
   doing the same: new process, ``OOMGUARD_MICRO_BATCH``, newest checkpoint).
 
 The cost of the OOM = (start of the step after the failed one) - (start of the failed step)

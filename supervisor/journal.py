@@ -178,6 +178,10 @@ class Journal:
         return [dict(r) for r in self._query(
             "SELECT * FROM checkpoints ORDER BY coalesce(step, -1) DESC, mtime DESC")]
 
+    def latest_samples(self, n: int) -> list[dict[str, Any]]:
+        rows = self._query("SELECT t, attempt, data FROM samples ORDER BY id DESC LIMIT ?", (n,))
+        return [{"t": r["t"], "attempt": r["attempt"], **json.loads(r["data"])} for r in reversed(rows)]
+
     def samples(self, start: float | None = None, end: float | None = None,
                 max_points: int = 2000) -> list[dict[str, Any]]:
         rows = self._query("SELECT t, attempt, data FROM samples WHERE t >= ? AND t <= ? ORDER BY t",

@@ -57,6 +57,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "checkpoint": current.get("checkpoint"),
         "newest_checkpoint": checkpoints[0] if checkpoints else None,
         "progress": meta.get("progress"),
+        "memory": latest[-1] if (latest := journal.latest_samples(1)) else None,
         "started": meta.get("started"),
         "updated": meta.get("updated"),
         "failures": failure_records(attempts),

@@ -223,3 +223,22 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     assert out.returncode == 2
     assert needle in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_example_script_hits_a_real_allocator_oom_and_finishes_with_the_same_global_batch(
+        run_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    result = oomguard("run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "32", "--global-batch", "64",
+                      "--checkpoint", f"{out_dir}/checkpoint-*", "--resume-args", "--resume-from {checkpoint}",
+                      "--", PY, str(ROOT / "examples" / "train_argparse.py"), "--batch-size", "{micro_batch}",
+                      "--gradient-accumulation-steps", "{grad_accum}", "--output", str(out_dir),
+                      "--memory-budget-mb", "100", timeout=180)
+    assert result.returncode == 0, result.stderr
+    doc = status(run_dir)
+    assert doc["state"] == "succeeded" and doc["global_batch"] == 64
+    assert doc["micro_batch"] * doc["grad_accum"] == 64 and doc["micro_batch"] < 32
+    assert set(kinds(doc)) == {"host_oom"}
+    assert all("DefaultCPUAllocator: can't allocate memory" in f["evidence"] for f in doc["failures"])
+    assert f"resumed from {out_dir}/checkpoint-4 at step 4" in result.stdout
+    assert (out_dir / "checkpoint-12" / "state.pt").exists()
+    assert doc["memory"] is not None and "NVML" in (doc["memory"]["gpu_unavailable"] or "NVML")
