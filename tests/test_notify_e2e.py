@@ -15,7 +15,7 @@ def test_webhooks_for_recovered_oom_and_success(run_dir: Path) -> None:
     received: list[dict] = []  # type: ignore[type-arg]
 
     class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        def do_POST(self) -> None:
             received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(204)
             self.end_headers()

@@ -30,7 +30,10 @@ _WHERE = {
     "OutOfMemoryAbort": "session", "Session": "session", "SessionConfig": "session", "StepResult": "session",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "CheckpointError", "CheckpointStore", "OutOfMemoryAbort", "ResumableSampler", "Session", "SessionConfig",
+    "StepResult", "Tuner", "classify", "load", "shrink",
+]
 
 
 def __getattr__(name: str) -> Any:
