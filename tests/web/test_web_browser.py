@@ -7,6 +7,7 @@ Skipped, with the reason, where either is missing; the test setup installs them 
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,15 @@ def recovered_run(tmp_path: Path) -> Iterator[Run]:
         run.stop()
 
 
+def _wait_js(page: Any, expression: str, timeout: float) -> None:
+    """Poll an expression from the test side. ``page.wait_for_function`` compiles its predicate
+    inside the page, which the dashboard's CSP (no 'unsafe-eval') rightly forbids."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+        time.sleep(0.1)
+
+
 def test_dashboard_shows_a_recovered_oom_and_follows_the_run(page: Any, recovered_run: Run) -> None:
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
@@ -62,7 +72,7 @@ def test_dashboard_shows_a_recovered_oom_and_follows_the_run(page: Any, recovere
     expect(page.locator("#log")).not_to_be_empty()
     expect(page.locator("#live")).to_have_text("live")
     expect(page.locator("#chart line.marker-oom")).to_have_count(2)
-    page.wait_for_function("Number(document.querySelector('#chart').dataset.points) >= 3", timeout=10_000)
+    _wait_js(page, "Number(document.querySelector('#chart').dataset.points) >= 3", 10)
     assert page.locator("#chart polyline.series").count() >= 1
     assert page.evaluate("document.documentElement.scrollWidth") <= 391  # no sideways scrolling
     _follows_a_restart_and_a_stop(page, recovered_run)
@@ -76,7 +86,7 @@ def _follows_a_restart_and_a_stop(page: Any, run: Run) -> None:
     expect(page.locator("#attempt")).to_have_text("attempt 4", timeout=15_000)
     expect(page.locator("#attempts tbody tr")).to_have_count(4)
     expect(page.locator("#state")).to_have_text("running")
-    page.wait_for_function("Number(document.querySelector('#chart').dataset.markers) >= 4")
+    _wait_js(page, "Number(document.querySelector('#chart').dataset.markers) >= 4", 15)
     before = len(page.context.pages)
     assert run.cli("stop").returncode == 0
     expect(page.locator("#state")).to_have_text("stopped", timeout=15_000)
