@@ -45,6 +45,15 @@ def journal_path(run_dir: Path) -> Path:
     return Path(run_dir) / JOURNAL_NAME
 
 
+def open_existing(run_dir: Path) -> Journal:
+    """A read-only journal of an existing run, or the one-line error that names --run-dir."""
+    from supervisor.errors import UsageError
+
+    if not journal_path(run_dir).exists():
+        raise UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
+    return Journal(run_dir, readonly=True)
+
+
 class Journal:
     """One connection to a run's journal. Thread-safe; each process opens its own."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from supervisor.errors import UsageError
-from supervisor.journal import Journal, journal_path
+from supervisor.journal import Journal, open_existing
 from supervisor.status import supervisor_alive
 
 POLL = 0.2  # seconds between looks at the log and the journal while following
@@ -118,18 +118,11 @@ def _next_attempt(run_dir: Path, current: int | None) -> int | None:
     return current + 1 if log_file(run_dir, current + 1).exists() else None
 
 
-def _open_journal(run_dir: Path) -> Journal:
-    if not journal_path(run_dir).exists():
-        raise UsageError("--run-dir", f"no oomguard run in {run_dir}",
-                         "pass the --run-dir given to oomguard run")
-    return Journal(run_dir, readonly=True)
-
-
 def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
     if command:
         raise UsageError("logs", "takes no command after --", "run: oomguard logs --run-dir DIR [-f]")
     run_dir = Path(args.run_dir)
-    journal = _open_journal(run_dir)
+    journal = open_existing(run_dir)
     try:
         attempt = choose_attempt(run_dir, args.attempt)
         out = sys.stdout.buffer

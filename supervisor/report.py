@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import UsageError
-from supervisor.journal import Journal, journal_path
+from supervisor.journal import Journal, open_existing
 
 TERMINAL = ("succeeded", "failed", "stopped")
 INTERRUPTED = "interrupted"  # an attempt that ended without a recorded exit (stopped, supervisor died)
@@ -270,10 +270,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
 
 
 def read_report(run_dir: Path) -> dict[str, Any]:
-    if not journal_path(run_dir).exists():
-        raise UsageError("--run-dir", f"no oomguard run in {run_dir}",
-                         "pass the --run-dir given to oomguard run")
-    journal = Journal(run_dir, readonly=True)
+    journal = open_existing(run_dir)
     try:
         return build_report(journal)
     finally:

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.journal import Journal, journal_path
+from supervisor.journal import Journal, open_existing
 
 
 def supervisor_alive(meta: dict[str, Any]) -> bool:
@@ -64,10 +64,8 @@ def status_document(journal: Journal) -> dict[str, Any]:
     }
 
 
-def read_status(run_dir: Path) -> dict[str, Any] | None:
-    if not journal_path(run_dir).exists():
-        return None
-    journal = Journal(run_dir, readonly=True)
+def read_status(run_dir: Path) -> dict[str, Any]:
+    journal = open_existing(run_dir)
     try:
         return status_document(journal)
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import UsageError
-from supervisor.journal import Journal, journal_path
+from supervisor.journal import open_existing
 from supervisor.status import read_status, supervisor_alive
 
 TIMEOUT = 5.0
@@ -27,10 +27,7 @@ ACTIONS = {"checkpoint": "ask the running worker to write a checkpoint now",
 
 
 def _meta(run_dir: Path) -> dict[str, Any]:
-    if not journal_path(run_dir).exists():
-        raise UsageError("--run-dir", f"no oomguard run in {run_dir}",
-                         "pass the --run-dir given to oomguard run")
-    journal = Journal(run_dir, readonly=True)
+    journal = open_existing(run_dir)
     try:
         return journal.meta()
     finally:
@@ -46,10 +43,8 @@ def _request(url: str, token: str | None = None, method: str = "GET") -> dict[st
         return result
 
 
-def fetch_status(run_dir: Path) -> dict[str, Any] | None:
+def fetch_status(run_dir: Path) -> dict[str, Any]:
     """The status document from the running supervisor's API, else from the journal."""
-    if not journal_path(run_dir).exists():
-        return None
     meta = _meta(run_dir)
     if meta.get("web_url") and supervisor_alive(meta):
         try:
