@@ -8,6 +8,8 @@ PY=${PYTHON:-python3}
 EXTRAS=${1:-}
 stamp=".venv/.oomguard-installed${EXTRAS:+-$EXTRAS}"
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
+# pip warns about every local index folder this machine's config names but lacks; that is noise.
+pip_install() { .venv/bin/pip install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 if [ ! -x .venv/bin/python ]; then
   if "$PY" -c "import torch" 2>/dev/null; then
     echo "bootstrap: using the torch already installed for $PY" >&2
@@ -18,10 +20,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    .venv/bin/pip install -q torch
+    pip_install torch
   else
-    .venv/bin/pip install -q torch==2.13.0
+    pip_install torch==2.13.0
   fi
 fi
-.venv/bin/pip install -q -e ".[worker${EXTRAS:+,$EXTRAS}]"
+pip_install -e ".[worker${EXTRAS:+,$EXTRAS}]"
 touch "$stamp"

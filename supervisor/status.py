@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from supervisor.config import format_size
 from supervisor.journal import Journal, open_existing
 
 
@@ -85,6 +86,12 @@ def format_status(doc: dict[str, Any]) -> str:
     ]
     if doc["progress"]:
         lines.append(f"progress:   step {doc['progress'].get('step')}")
+    memory = doc.get("memory") or {}
+    if memory.get("worker_rss_bytes") is not None:
+        lines.append(f"memory:     worker RSS {format_size(memory['worker_rss_bytes'])}"
+                     + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
+    if memory.get("gpu_unavailable"):
+        lines.append(f"gpu:        {memory['gpu_unavailable']}")
     for f in doc["failures"]:
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} "
                      f"(exit {f['exit_code']}, signal {f['signal']}): {f['evidence']}")
