@@ -209,7 +209,8 @@ function drawAxes(chart, g) {
   }
   for (let i = 0; i <= 3; i += 1) {
     const t = g.t0 + ((g.t1 - g.t0) * i) / 3;
-    const label = svg("text", { x: Math.min(g.x(t), g.width - 60), y: g.height - 6 });
+    const anchor = i === 0 ? "start" : (i === 3 ? "end" : "middle");
+    const label = svg("text", { x: g.x(t), y: g.height - 6, "text-anchor": anchor });
     label.textContent = clock(t);
     chart.append(label);
   }
@@ -298,10 +299,9 @@ function showError(err) {
   $("detail").textContent = `Could not load: ${err.message}`;
 }
 
-let logTimer = null;
 function startLogPolling() {
   // Output is not a journal event; while a worker runs, re-read the log tail now and then.
-  logTimer = setInterval(() => {
+  setInterval(() => {
     if (view.status && view.status.state === "running" && !document.hidden) refreshLog();
   }, 3000);
 }
