@@ -25,7 +25,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from worker import Session, SessionConfig  # noqa: E402
+from oomguard import Session, SessionConfig  # noqa: E402
 
 
 def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:

@@ -73,7 +73,7 @@ def run_oomguard(args: argparse.Namespace, work: Path) -> str:
     run_dir = work / "run"
     worker = [sys.executable, str(DEMO), *demo_args(args, work), "--no-inprocess"]
     cmd = [
-        sys.executable, "-m", "supervisor", "run", "--run-dir", str(run_dir), "--global-batch", "128",
+        sys.executable, "-m", "oomguard", "run", "--run-dir", str(run_dir), "--global-batch", "128",
         "--micro-batch", "128", "--checkpoint", str(work / "ckpt" / "checkpoint-*"), "--no-web",
         "--", *worker,
     ]  # fmt: skip
@@ -142,7 +142,7 @@ def main() -> int:
 
 def _oomguard_works() -> bool:
     proc = subprocess.run(
-        [sys.executable, "-m", "supervisor", "run", "--help"], capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "oomguard", "run", "--help"], capture_output=True, cwd=ROOT
     )
     return proc.returncode == 0
 

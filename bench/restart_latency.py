@@ -40,7 +40,7 @@ def one_run(tmp: Path, micro: int, web: bool) -> list[float]:
     script.write_text(WORKER)
     web_args = ["--port", "0"] if web else ["--no-web"]
     run_dir = tmp / f"run-{len(list(tmp.iterdir()))}"
-    subprocess.run([sys.executable, "-m", "supervisor", "run", "--run-dir", str(run_dir), *web_args,
+    subprocess.run([sys.executable, "-m", "oomguard", "run", "--run-dir", str(run_dir), *web_args,
                     "--micro-batch", str(micro), "--global-batch", str(micro), "--backoff", "0",
                     "--", sys.executable, "-S", str(script), str(stamps)],
                    check=True, capture_output=True, cwd=ROOT,

@@ -49,7 +49,7 @@ def measure(seconds: float, web: bool) -> dict[str, object]:
         script = Path(tmp) / "worker.py"
         script.write_text(WORKER)
         web_args = ["--port", "0"] if web else ["--no-web"]
-        sup = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--run-dir", f"{tmp}/run", *web_args,
+        sup = subprocess.Popen([sys.executable, "-m", "oomguard", "run", "--run-dir", f"{tmp}/run", *web_args,
                                 "--micro-batch", "8", "--grad-accum", "1", "--checkpoint", f"{tmp}/ck/*",
                                 "--", sys.executable, str(script)],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from worker import Session, SessionConfig
+from oomguard import Session, SessionConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.memmodel import Point, propose_growth, shrink_after_oom
-from supervisor.memory import MemorySample, Sampler
+from oomguard.supervisor.decide.memmodel import Point, propose_growth, shrink_after_oom
+from oomguard.supervisor.observe.memory import MemorySample, Sampler
 
 GIB = 1024**3
 

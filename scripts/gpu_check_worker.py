@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from worker import Session, SessionConfig
+from oomguard import Session, SessionConfig
 
 
 def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:

@@ -12,6 +12,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "test.sh: no chromium and not root: the browser tests will be skipped" >&2
   fi
 fi
-.venv/bin/ruff check supervisor worker web tests bench examples scripts
+.venv/bin/ruff check oomguard supervisor worker web tests bench examples scripts
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 .venv/bin/pytest -q "$@"

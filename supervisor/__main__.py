@@ -1,7 +1,10 @@
+"""``python -m oomguard.supervisor``: kept for scripts written before ``python -m oomguard``."""
+
 from __future__ import annotations
 
 import sys
 
-from supervisor.cli import main
+from oomguard.supervisor.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

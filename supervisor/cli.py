@@ -9,10 +9,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from supervisor import doctor, logs, report, systemd
-from supervisor.config import add_arguments, build_config
-from supervisor.errors import UsageError
-from web.client import register as web_commands
+from oomguard import __version__
+from oomguard.supervisor.config import add_arguments, build_config
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.ops import doctor, systemd
+from oomguard.supervisor.record import logs, report
+from oomguard.web.client import register as web_commands
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,26 +25,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
-    from supervisor.loop import Supervisor
+    from oomguard.supervisor.run.loop import Supervisor
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
     config = build_config(options, command)
     supervisor = Supervisor(config)
     supervisor.open()
     supervisor.install_signal_handlers()
-    from supervisor.hooks import attach_all
+    from oomguard.supervisor.ops.hooks import attach_all
 
     closers = attach_all(supervisor)
     web = None
     try:
         if config.web:
-            from web.server import start_dashboard
+            from oomguard.web.server import start_dashboard
 
             web = start_dashboard(supervisor)
         return supervisor.run()
     finally:
         if web is not None:
-            from web.server import stop_dashboard
+            from oomguard.web.server import stop_dashboard
 
             stop_dashboard(supervisor, web)
         for close in closers:
@@ -51,8 +53,8 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
 
 def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
-    from supervisor.status import format_status
-    from web.client import fetch_status
+    from oomguard.supervisor.record.status import format_status
+    from oomguard.web.client import fetch_status
 
     doc = fetch_status(Path(args.run_dir))  # the API while the supervisor runs, else the journal
     print(json.dumps(doc, indent=2) if args.json else format_status(doc))
@@ -61,6 +63,7 @@ def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="oomguard", description="Keep PyTorch training alive through OOMs.")
+    parser.add_argument("--version", action="version", version=f"oomguard {__version__}")
     sub = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
     add_arguments(run)

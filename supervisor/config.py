@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.batch import BatchPlan, divisors
-from supervisor.errors import UsageError
-from supervisor.placeholders import check_template
+from oomguard.supervisor.decide.batch import BatchPlan, divisors
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.run.placeholders import check_template
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,7 +62,7 @@ def _positive(text: str) -> int:
 
 
 def _fraction(text: str) -> float:
-    from supervisor.thresholds import parse_fraction
+    from oomguard.supervisor.observe.thresholds import parse_fraction
 
     return parse_fraction(str(text))
 
@@ -182,8 +182,8 @@ class RunConfig:
                              f"{per}, so the global batch would not be exact", f"use {fits}")
 
     def _check_memory_options(self) -> None:
-        from supervisor.notify import parse_webhook
-        from supervisor.thresholds import Thresholds
+        from oomguard.supervisor.observe.thresholds import Thresholds
+        from oomguard.supervisor.ops.notify import parse_webhook
 
         try:
             Thresholds(self.soft_threshold, self.psi_threshold, self.memory_limit)

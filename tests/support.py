@@ -16,7 +16,7 @@ WORKER = str(Path(__file__).resolve().parent / "workers" / "behave.py")
 
 def oomguard(*args: str, timeout: float = 60, cwd: Path | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "supervisor", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "oomguard", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
 
 

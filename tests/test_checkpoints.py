@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from supervisor.checkpoints import CheckpointIndex, scan, step_of
+from oomguard.supervisor.observe.checkpoints import CheckpointIndex, scan, step_of
 
 
 def test_step_numbers() -> None:

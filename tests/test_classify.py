@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from supervisor.classify import ExitFacts, FailureKind, OutputScanner, classify
+from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
+from oomguard.supervisor.observe.output import OutputScanner
 
 DEVICE_OOM_LINES = [
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import doctor
-from supervisor.doctor import FAIL, INFO, OK, WARN, DoctorContext, DoctorError
+from oomguard.supervisor.ops import doctor
+from oomguard.supervisor.ops.doctor import FAIL, INFO, OK, WARN, DoctorContext, DoctorError
 
 
 def _run(*argv: str) -> tuple[int, str]:
@@ -120,15 +120,22 @@ def test_alloc_conf(value: str, status: str) -> None:
     assert result.status == status
 
 
-def test_shadowing_supervisor_package_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_old_oomguard_supervisor_package_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (ours,) = doctor.check_shadowing(DoctorContext())
     assert ours.status == OK
-    fake = tmp_path / "supervisor"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("# supervisord\n")
-    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])
+    supervisord = tmp_path / "a" / "supervisor"  # supervisord's own package is no problem any more
+    supervisord.mkdir(parents=True)
+    (supervisord / "__init__.py").write_text("# supervisord\n")
+    (supervisord / "supervisord.py").write_text("")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(supervisord.parent)])
+    assert [r.status for r in doctor.check_shadowing(DoctorContext())] == [OK]
+    old = tmp_path / "b" / "supervisor"  # oomguard 0.1's top-level package, left behind
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text("")
+    (old / "loop.py").write_text("")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(old.parent)])
     results = doctor.check_shadowing(DoctorContext())
-    assert any(r.status == WARN and str(fake) in r.detail for r in results)
+    assert any(r.status == WARN and str(old) in r.detail for r in results)
 
 
 def test_bad_port_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,7 +158,7 @@ def test_a_broken_check_does_not_hide_the_others(monkeypatch: pytest.MonkeyPatch
 
 
 def test_wired_into_the_oomguard_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from supervisor import cli
+    from oomguard.supervisor import cli
 
     monkeypatch.setattr(cli, "EXTRA_COMMANDS", [doctor.add_doctor_command])
     out = io.StringIO()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.fitstore import FitRecord, FitStore, JobKey, default_cache_dir, merge_point
-from supervisor.memmodel import Point
+from oomguard.supervisor.decide.fitstore import FitRecord, FitStore, JobKey, default_cache_dir, merge_point
+from oomguard.supervisor.decide.memmodel import Point
 
 GIB = 1024**3
 H100 = ("NVIDIA H100 80GB HBM3", 80 * GIB)
@@ -86,8 +86,8 @@ def test_starting_micro(
 
 WRITER = """
 import os, sys
-from supervisor.fitstore import FitStore, JobKey
-from supervisor.memmodel import Point
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.memmodel import Point
 gpu = ("NVIDIA H100 80GB HBM3", 80 * 1024**3)
 key = JobKey(("python", "train.py", "--batch_size={micro_batch}"), (gpu,), 1)
 FitStore(sys.argv[1]).record(key, Point(24, 123, True))

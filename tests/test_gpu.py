@@ -10,7 +10,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from supervisor.gpu import GpuMonitor, PyNvml, parse_visible_devices
+from oomguard.supervisor.observe.gpu import GpuMonitor, PyNvml, parse_visible_devices
 
 GIB = 1024**3
 UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000"]

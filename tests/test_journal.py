@@ -10,11 +10,11 @@ from pathlib import Path
 
 from support import ROOT
 
-from supervisor.journal import Journal
+from oomguard.supervisor.record.journal import Journal
 
 WRITER = """
 import sys, time
-from supervisor.journal import Journal
+from oomguard.supervisor.record.journal import Journal
 j = Journal(sys.argv[1])
 j.start_attempt(1, 1, {"micro_batch": 8, "grad_accum": 1, "global_batch": 8, "world_size": 1}, None, ["x"], "l")
 i = 0

@@ -36,7 +36,7 @@ WORKER = textwrap.dedent('''
 def start_run(tmp_path: Path, run_dir: Path) -> tuple[subprocess.Popen[str], Path]:
     worker, go = tmp_path / "worker.py", tmp_path / "go"
     worker.write_text(WORKER)
-    proc = subprocess.Popen([PY, "-m", "supervisor", "run", "--run-dir", str(run_dir), "--no-web",
+    proc = subprocess.Popen([PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), "--no-web",
                              "--backoff", "0.05", "--micro-batch", "8", "--global-batch", "16",
                              "--", PY, str(worker), str(go)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -61,7 +61,7 @@ def test_follow_across_two_attempts_until_the_run_ends(tmp_path: Path, run_dir: 
     follower = None
     try:
         wait_for(lambda: log_has(run_dir, 1, "attempt 1 first line"))
-        follower = subprocess.Popen([PY, "-m", "supervisor", "logs", "--run-dir", str(run_dir), "-f"],
+        follower = subprocess.Popen([PY, "-m", "oomguard", "logs", "--run-dir", str(run_dir), "-f"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
         time.sleep(1.0)  # the follower is attached to attempt 1 before it goes on

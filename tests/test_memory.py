@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.gpu import GpuMonitor
-from supervisor.memory import (
+from oomguard.supervisor.observe.gpu import GpuMonitor
+from oomguard.supervisor.observe.memory import (
     AttemptPeak,
     CgroupReader,
     MemorySample,

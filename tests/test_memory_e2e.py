@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support import WORKER, oomguard, status
 
-from supervisor.journal import Journal
+from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
 FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2", "--sample-interval", "0.2"]

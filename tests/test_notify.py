@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import notify
-from supervisor.notify import NotifyConfig, NotifyConfigError, Webhook, WebhookNotifier
+from oomguard.supervisor.ops import notify
+from oomguard.supervisor.ops.notify import NotifyConfig, NotifyConfigError, Webhook, WebhookNotifier
 
 
 class Receiver(ThreadingHTTPServer):

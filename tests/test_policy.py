@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from supervisor.batch import BatchPlan
-from supervisor.classify import FailureKind
-from supervisor.policy import Action, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 
 OOM, CRASH, HANG, KILLED = FailureKind.CUDA_OOM, FailureKind.CRASH, FailureKind.HANG, FailureKind.KILLED
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from support import oomguard
 
-import supervisor.journal as journal_module
-from supervisor.journal import Journal
-from supervisor.report import build_report, format_duration, format_report
+import oomguard.supervisor.record.journal as journal_module
+from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.report import build_report, format_duration, format_report
 
 KINDS = ["cuda_oom", "crash", "host_oom", "killed", "memory_limit", "hang"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sdnotify import Notifier, Watchdog, watchdog_interval
+from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog, watchdog_interval
 
 
 class Receiver:

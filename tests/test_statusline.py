@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.statusline import EtaEstimator, StatusLine, format_duration, status_parts
+from oomguard.supervisor.ops.statusline import EtaEstimator, StatusLine, format_duration, status_parts
 
 ESC = "\x1b"
 GIB = 1024**3
@@ -35,7 +35,7 @@ SNAPSHOT = {
 # A worker that the status line runs beside: colours, tabs, a progress bar, a long line.
 DEMO = """
 import sys, time
-from supervisor.statusline import StatusLine
+from oomguard.supervisor.ops.statusline import StatusLine
 line = StatusLine()
 line.update({"state": "starting", "attempt": 1, "micro_batch": 8, "grad_accum": 4, "world_size": 2})
 for i in range(12):

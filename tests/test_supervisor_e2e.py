@@ -14,8 +14,8 @@ import psutil
 import pytest
 from support import ROOT, WORKER, oomguard, status
 
-from supervisor.cgroup import own_memory_cgroup
-from supervisor.journal import Journal
+from oomguard.supervisor.observe.cgroup import own_memory_cgroup
+from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
 FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
@@ -78,7 +78,7 @@ def limited_cgroup() -> Iterator[Path]:
 
 
 def test_b_kernel_oom_killer_in_a_memory_cgroup(run_dir: Path, limited_cgroup: Path) -> None:
-    argv = [PY, "-m", "supervisor", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "16",
+    argv = [PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "16",
             "--global-batch", "64", "--", PY, WORKER, "allocate", "--mb-per-sample", "40"]
     joined = " ".join(f"'{a}'" for a in argv)
     out = subprocess.run(["sh", "-c", f"echo $$ > {limited_cgroup}/cgroup.procs && exec {joined}"],
@@ -129,7 +129,7 @@ def wait_for(predicate, timeout: float = 30) -> None:  # type: ignore[no-untyped
 
 
 def start(run_dir: Path, pidfile: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([PY, "-m", "supervisor", "run", "--run-dir", str(run_dir), *FAST,
+    return subprocess.Popen([PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST,
                              "--micro-batch", "8", "--grad-accum", "2", "--grace-period", "2", "--",
                              PY, WORKER, "pidfile", "--pidfile", str(pidfile)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

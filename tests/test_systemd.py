@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import systemd
-from supervisor.systemd import ServiceError, UnitOptions, render_unit
+from oomguard.supervisor.ops import systemd
+from oomguard.supervisor.ops.systemd import ServiceError, UnitOptions, render_unit
 
 NASTY_ARGS = [
     "--resume-args",
@@ -277,7 +277,7 @@ def test_wired_into_the_oomguard_cli(
     oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through cli.main, which splits argv at the first -- itself."""
-    from supervisor import cli
+    from oomguard.supervisor import cli
 
     monkeypatch.setattr(cli, "EXTRA_COMMANDS", [systemd.add_service_command])
     monkeypatch.chdir(tmp_path)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.gpu import GpuMonitor, GpuReading
-from supervisor.memory import CgroupMemory, MemorySample, Pressure, Sampler
-from supervisor.thresholds import Action, Thresholds, evaluate, parse_fraction
+from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
+from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample, Pressure, Sampler
+from oomguard.supervisor.observe.thresholds import Action, Thresholds, evaluate, parse_fraction
 
 GIB = 1024**3
 MIB = 1024**2

@@ -37,7 +37,7 @@ def session() -> Iterator[str]:
 
 def test_status_line_in_tmux_and_stop_from_another_pane(session: str, tmp_path: Path) -> None:
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    command = (f"cd {ROOT} && PYTHONPATH={ROOT} OOMGUARD_CACHE_DIR={tmp_path}/cache {sys.executable} -m supervisor "
+    command = (f"cd {ROOT} && PYTHONPATH={ROOT} OOMGUARD_CACHE_DIR={tmp_path}/cache {sys.executable} -m oomguard "
                f"run --run-dir {run_dir} --port 0 --global-batch 64 --micro-batch 64 --grace-period 20 "
                f"--checkpoint '{ckpt}/checkpoint-*' -- {sys.executable} examples/train_worker_demo.py "
                f"--checkpoint-dir {ckpt} --checkpoint-every 100000 --steps 1000000; sleep 30")
@@ -55,7 +55,7 @@ def test_status_line_in_tmux_and_stop_from_another_pane(session: str, tmp_path: 
     assert len(status_lines) == 1  # one status line, redrawn in place
     assert not list(ckpt.glob("checkpoint-*"))
 
-    tmux("split-window", "-t", session, f"cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} -m supervisor stop "
+    tmux("split-window", "-t", session, f"cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} -m oomguard stop "
          f"--run-dir {run_dir} > {tmp_path}/stop.out 2>&1; sleep 30")
     wait_for(lambda: status(run_dir)["state"] == "stopped")
     assert list(ckpt.glob("checkpoint-*")), "the worker wrote a final checkpoint when stopped"

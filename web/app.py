@@ -21,14 +21,14 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from supervisor.status import supervisor_alive
-from web import models
-from web.journals import JournalPool, JournalUnavailable, StatusCache
-from web.logtail import log_path, tail
-from web.markers import MarkerScan
-from web.metrics import make_registry
-from web.sse import ChangeBroker, TooManyStreams, stream
-from web.timeline import chart_point, downsample
+from oomguard.supervisor.record.status import supervisor_alive
+from oomguard.web import models
+from oomguard.web.journals import JournalPool, JournalUnavailable, StatusCache
+from oomguard.web.logtail import log_path, tail
+from oomguard.web.markers import MarkerScan
+from oomguard.web.metrics import make_registry
+from oomguard.web.sse import ChangeBroker, TooManyStreams, stream
+from oomguard.web.timeline import chart_point, downsample
 
 STATIC = Path(__file__).parent / "static"
 MAX_ATTEMPT = 1_000_000

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import UsageError
-from supervisor.journal import open_existing
-from supervisor.status import read_status, supervisor_alive
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.journal import open_existing
+from oomguard.supervisor.record.status import read_status, supervisor_alive
 
 TIMEOUT = 5.0
 ACTIONS = {"checkpoint": "ask the running worker to write a checkpoint now",

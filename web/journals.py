@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from supervisor.journal import Journal, journal_path
-from supervisor.status import status_document
+from oomguard.supervisor.record.journal import Journal, journal_path
+from oomguard.supervisor.record.status import status_document
 
 
 class JournalUnavailable(RuntimeError):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from supervisor.journal import Journal
-from web.timeline import attempt_markers, checkpoint_markers, event_marker
+from oomguard.supervisor.record.journal import Journal
+from oomguard.web.timeline import attempt_markers, checkpoint_markers, event_marker
 
 PAGE = 1000
 MAX_EVENT_MARKERS = 10_000

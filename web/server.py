@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from supervisor.errors import UsageError
-from web.app import Control, create_app
-from web.files import write_private
-from web.sse import ChangeBroker
+from oomguard.supervisor.errors import UsageError
+from oomguard.web.app import Control, create_app
+from oomguard.web.files import write_private
+from oomguard.web.sse import ChangeBroker
 
 if TYPE_CHECKING:
-    from supervisor.loop import Supervisor
+    from oomguard.supervisor.run.loop import Supervisor
 
 DEFAULT_PORT = 8765
 TOKEN_NAME = "token"

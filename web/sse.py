@@ -20,9 +20,9 @@ from typing import Any
 
 from anyio import to_thread
 
-from supervisor.status import status_document
-from web.journals import JournalPool, last_event_id
-from web.timeline import chart_point
+from oomguard.supervisor.record.status import status_document
+from oomguard.web.journals import JournalPool, last_event_id
+from oomguard.web.timeline import chart_point
 
 POLL_S = 1.0  # samples are not announced by the loop; look for them this often
 KEEPALIVE_S = 15.0  # a comment line so proxies do not close an idle stream

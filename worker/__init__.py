@@ -1,6 +1,6 @@
 """oomguard's worker library: a training session that survives OOMs inside the process.
 
-    from worker import Session, SessionConfig
+    from oomguard import Session, SessionConfig
     with Session(model, optimizer, loss_fn, SessionConfig(global_batch=256, checkpoint_dir="ckpt")) as s:
         for batch in s.batches(dataset):
             s.step(batch)
@@ -17,11 +17,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.batching import Tuner, shrink
-    from worker.checkpoint import CheckpointError, CheckpointStore, load
-    from worker.oom import classify
-    from worker.sampler import ResumableSampler
-    from worker.session import OutOfMemoryAbort, Session, SessionConfig, StepResult
+    from oomguard.worker.batching import Tuner, shrink
+    from oomguard.worker.checkpoint import CheckpointError, CheckpointStore, load
+    from oomguard.worker.oom import classify
+    from oomguard.worker.sampler import ResumableSampler
+    from oomguard.worker.session import OutOfMemoryAbort, Session, SessionConfig, StepResult
 
 _WHERE = {
     "Tuner": "batching", "shrink": "batching",
@@ -39,4 +39,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'worker' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"worker.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(f"oomguard.worker.{_WHERE[name]}"), name)

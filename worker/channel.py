@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from worker import protocol
+from oomguard.worker import protocol
 
 
 class Channel:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from worker.sampler import ResumableSampler
+from oomguard.worker.sampler import ResumableSampler
 
 
 def batch_size(batch: Any) -> int:

@@ -17,7 +17,7 @@ from types import TracebackType
 
 import torch
 
-from worker import protocol
+from oomguard.worker import protocol
 
 CUDA_OOM = "cuda_oom"
 HOST_OOM = "host_oom"

@@ -34,12 +34,12 @@ import torch
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 from torch.utils.data import Dataset
 
-from worker import checkpoint, oom, protocol, rng
-from worker.batching import Decision, Tuner, divisors, split_sizes
-from worker.channel import Channel, Requests
-from worker.data import batch_size, draw, slice_batch
-from worker.memory import MemoryProbe
-from worker.sampler import ResumableSampler
+from oomguard.worker import checkpoint, oom, protocol, rng
+from oomguard.worker.batching import Decision, Tuner, divisors, split_sizes
+from oomguard.worker.channel import Channel, Requests
+from oomguard.worker.data import batch_size, draw, slice_batch
+from oomguard.worker.memory import MemoryProbe
+from oomguard.worker.sampler import ResumableSampler
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 

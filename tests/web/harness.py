@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 
-from supervisor.journal import Journal, journal_path
+from oomguard.supervisor.record.journal import Journal, journal_path
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).parent / "workers" / "oom_worker.py"
-OOMGUARD = [sys.executable, "-m", "supervisor"]
+OOMGUARD = [sys.executable, "-m", "oomguard"]
 
 
 @dataclass

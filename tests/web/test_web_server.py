@@ -14,9 +14,9 @@ import httpx
 import pytest
 from harness import REPO, WORKER
 
-from supervisor.errors import UsageError
-from supervisor.journal import Journal
-from web.server import check_exposure, start_server
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.journal import Journal
+from oomguard.web.server import check_exposure, start_server
 
 
 @pytest.fixture()
@@ -102,7 +102,7 @@ def test_default_port_in_use_falls_back_to_a_free_one(run_dir: Path, busy_port: 
 
 
 def test_cli_port_in_use_is_one_line_exit_2(tmp_path: Path, busy_port: int) -> None:
-    result = subprocess.run([sys.executable, "-m", "supervisor", "run", "--run-dir", str(tmp_path / "r"),
+    result = subprocess.run([sys.executable, "-m", "oomguard", "run", "--run-dir", str(tmp_path / "r"),
                              "--micro-batch", "1", "--grad-accum", "1", "--port", str(busy_port), "--",
                              sys.executable, str(WORKER)], cwd=REPO, capture_output=True, text=True,
                             timeout=30, check=False)
@@ -123,7 +123,7 @@ def test_no_token_on_a_public_address_is_refused() -> None:
 def test_without_a_token_control_is_disabled(run_dir: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from web.app import create_app
+    from oomguard.web.app import create_app
 
     control = FakeControl()
     client = TestClient(create_app(run_dir, control, None))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from web.timeline import attempt_markers, chart_point, downsample
+from oomguard.web.timeline import attempt_markers, chart_point, downsample
 
 
 def _point(t: float, rss: int, attempt: int = 1) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def test_cuda_fatal_error_exits_with_a_structured_record(tmp_path: Path) -> None
         textwrap.dedent(
             """
             import torch
-            from worker import Session, SessionConfig
+            from oomguard import Session, SessionConfig
 
             def loss_fn(model, batch):
                 if session.step_count == 2:  # what a poisoned CUDA context raises

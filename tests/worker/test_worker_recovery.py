@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from worker import OutOfMemoryAbort, Session, SessionConfig, classify
-from worker.memory import MemoryProbe
-from worker.oom import release_memory
+from oomguard.worker import OutOfMemoryAbort, Session, SessionConfig, classify
+from oomguard.worker.memory import MemoryProbe
+from oomguard.worker.oom import release_memory
 
 IMPOSSIBLE = 2**60
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from worker import (
+from oomguard.worker import (
     CheckpointError,
     CheckpointStore,
     ResumableSampler,
@@ -23,10 +23,10 @@ from worker import (
     load,
     shrink,
 )
-from worker import rng as rng_state
-from worker.batching import grow, split_sizes
-from worker.channel import Requests
-from worker.data import batch_size, slice_batch
+from oomguard.worker import rng as rng_state
+from oomguard.worker.batching import grow, split_sizes
+from oomguard.worker.channel import Requests
+from oomguard.worker.data import batch_size, slice_batch
 
 
 def test_shrink_takes_the_largest_divisor_at_most_half() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import psutil
 
-from supervisor.config import format_size
-from supervisor.journal import Journal, open_existing
+from oomguard.supervisor.config import format_size
+from oomguard.supervisor.record.journal import Journal, open_existing
 
 
 def supervisor_alive(meta: dict[str, Any]) -> bool:

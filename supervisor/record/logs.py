@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from supervisor.errors import UsageError
-from supervisor.journal import Journal, open_existing
-from supervisor.status import supervisor_alive
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.journal import Journal, open_existing
+from oomguard.supervisor.record.status import supervisor_alive
 
 POLL = 0.2  # seconds between looks at the log and the journal while following
 TERMINAL = ("succeeded", "failed", "stopped")

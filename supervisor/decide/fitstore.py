@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from supervisor.memmodel import Point, divisors
+from oomguard.supervisor.decide.memmodel import Point, divisors
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS fits (

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.fitstore import FitStore, JobKey
-from supervisor.memmodel import Point, Prediction, propose_growth, shrink_after_oom
-from supervisor.memory import AttemptPeak, MemorySample
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.memmodel import Point, Prediction, propose_growth, shrink_after_oom
+from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 from collections.abc import Mapping
 
-from supervisor.errors import UsageError
+from oomguard.supervisor.errors import UsageError
 
 NAMES = ("micro_batch", "grad_accum", "global_batch", "world_size", "checkpoint", "checkpoint_step",
          "attempt", "run_dir")

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoints import Checkpoint
-from supervisor.config import RunConfig
-from supervisor.placeholders import render
-from supervisor.policy import Plan
-from worker import protocol
+from oomguard.supervisor.config import RunConfig
+from oomguard.supervisor.decide.policy import Plan
+from oomguard.supervisor.observe.checkpoints import Checkpoint
+from oomguard.supervisor.run.placeholders import render
+from oomguard.worker import protocol
 
 
 @dataclass(frozen=True)

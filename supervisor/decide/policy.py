@@ -7,11 +7,12 @@ feed it scripted histories.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from supervisor.batch import BatchPlan, largest_divisor_at_most
-from supervisor.classify import FailureKind
+from oomguard.supervisor.decide.batch import BatchPlan, largest_divisor_at_most
+from oomguard.supervisor.decide.classify import FailureKind
 
 CRASH_LOOP_REPEATS = 3  # the same failure this many times in a row, with no new checkpoint: give up
 
@@ -23,6 +24,22 @@ class Plan:
     batch: BatchPlan
     expandable_segments: bool = False  # set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     fallbacks_applied: int = 0  # how many of --fallback-args are in use
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as the journal keeps it (and a restarted supervisor reads it back)."""
+        b = self.batch
+        return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
+                "world_size": b.world_size, "expandable_segments": self.expandable_segments,
+                "fallbacks_applied": self.fallbacks_applied}
+
+    def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
+        """The plan an earlier supervisor saved for this run, if it is for the same job (same
+        global batch and world size); None when there is none to continue."""
+        b = self.batch
+        if not saved or saved["global_batch"] != b.global_batch or saved["world_size"] != b.world_size:
+            return None
+        return Plan(b.with_micro_batch(saved["micro_batch"]), saved["expandable_segments"],
+                    saved["fallbacks_applied"])
 
 
 @dataclass(frozen=True)

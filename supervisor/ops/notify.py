@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from supervisor.errors import UsageError
+from oomguard.supervisor.errors import UsageError
 
 log = logging.getLogger(__name__)
 

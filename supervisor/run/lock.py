@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from supervisor.errors import UsageError
+from oomguard.supervisor.errors import UsageError
 
 
 class RunLock:

@@ -8,6 +8,7 @@ appended to the attempt's log file and handed to the loop's line callback.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,3 +133,43 @@ class WorkerProcess:
         self.exited.wait(timeout)
         if self._reader is not None:
             self._reader.join(timeout)
+
+    def send_if_handled(self, sig: signal.Signals) -> bool:
+        """Signal the training process only if it installed a handler: the default action of
+        SIGUSR1 is to terminate, and a script that ignores requests must lose nothing."""
+        pid = self.worker_pid
+        return pid is not None and catches(pid, sig) and _kill(pid, sig)
+
+    def dump_stack(self) -> None:
+        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a dump of
+        every thread's stack (PYTHONFAULTHANDLER is set for it)."""
+        pid = self.worker_pid
+        if pid is None:
+            return
+        if shutil.which("py-spy"):
+            out = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                 timeout=30, check=False)
+            with open(self.log_path, "a") as fh:
+                fh.write(out.stdout + out.stderr)
+        else:
+            _kill(pid, signal.SIGABRT)
+            self.exited.wait(3.0)
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Does the process have a handler for ``sig``? (the SigCgt mask in /proc/PID/status)"""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _kill(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

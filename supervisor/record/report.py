@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import UsageError
-from supervisor.journal import Journal, open_existing
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.journal import Journal, open_existing
 
 TERMINAL = ("succeeded", "failed", "stopped")
 INTERRUPTED = "interrupted"  # an attempt that ended without a recorded exit (stopped, supervisor died)

@@ -7,42 +7,37 @@ The loop owns all mutable state and is the only code that changes the run's stat
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO
 
 import psutil
 
-from supervisor.cgroup import MemoryCgroup, make_worker_cgroup, vmstat_oom_kills
-from supervisor.channel import ChannelReader
-from supervisor.checkpoints import Checkpoint, CheckpointIndex
-from supervisor.classify import ExitFacts, OutputScanner, Verdict, classify
-from supervisor.config import RunConfig
-from supervisor.errors import UsageError
-from supervisor.fitstore import FitStore, JobKey
-from supervisor.journal import Journal
-from supervisor.lock import RunLock
-from supervisor.memory import AttemptPeak, CgroupReader, MemorySample, Sampler, fold_peak
-from supervisor.policy import Decision, Failure, Plan, PolicyConfig, decide
-from supervisor.process import WorkerProcess
-from supervisor.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
-from supervisor.states import RunState, check_transition
-from supervisor.thresholds import Action as MemoryAction
-from supervisor.thresholds import Thresholds, evaluate
-from supervisor.tuning import Tuner
-from worker import protocol
+from oomguard.supervisor.config import RunConfig
+from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.decide.tuning import Tuner
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.observe.channel import ChannelReader
+from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
+from oomguard.supervisor.observe.memory import MemorySample, Sampler, fold_peak
+from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.thresholds import Action as MemoryAction
+from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
+from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.run.containment import Containment
+from oomguard.supervisor.run.lock import RunLock
+from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
+from oomguard.supervisor.run.states import RunState, check_transition
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
-PROGRESS_EVENT_EVERY = 10.0  # progress records are journaled as events at most this often
-REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
 
 
@@ -56,31 +51,6 @@ log_sink: list[Callable[[str], None]] = [_stderr]
 
 def log(message: str) -> None:
     log_sink[0](message)
-
-
-@dataclass
-class AttemptWatch:
-    """What the loop learns while one attempt runs."""
-
-    scanner: OutputScanner = field(default_factory=OutputScanner)
-    last_progress: float = field(default_factory=time.monotonic)
-    progress_records: int = 0
-    last_step: int | None = None
-    new_checkpoint: bool = False
-    worker_failure: dict[str, Any] | None = None
-    stopped_for_memory: str | None = None
-    hung: str | None = None
-    peak: AttemptPeak | None = None
-    progress: dict[str, Any] | None = None  # the newest progress record, written with the next sample
-    last_progress_event: float = -PROGRESS_EVENT_EVERY
-    started: float = field(default_factory=time.monotonic)
-    last_request: float = -REQUEST_COOLDOWN
-    grow_to: int | None = None  # --grow: restart at this micro-batch once the next checkpoint lands
-    growing: bool = False  # the worker was stopped to grow
-
-    @property
-    def peak_rss(self) -> int:
-        return self.peak.worker_rss_bytes if self.peak else 0
 
 
 class Supervisor:
@@ -103,7 +73,7 @@ class Supervisor:
         self.worker: WorkerProcess | None = None
         self.journal: Journal
         self._lock = RunLock(self.run_dir)
-        self._cgroup: MemoryCgroup | None = None
+        self._containment: Containment | None = None
         self.index = CheckpointIndex(config.checkpoints, self.cwd)
         self.sampler = Sampler()
         self.last_sample: MemorySample | None = None
@@ -137,12 +107,10 @@ class Supervisor:
 
     def _restore(self) -> None:
         meta = self.journal.meta()
-        saved = meta.get("plan")
-        batch = self.plan.batch
-        if saved and saved["global_batch"] == batch.global_batch and saved["world_size"] == batch.world_size:
-            self.plan = Plan(batch.with_micro_batch(saved["micro_batch"]),
-                             saved["expandable_segments"], saved["fallbacks_applied"])
-            log(f"continuing run in {self.run_dir} at micro-batch {saved['micro_batch']} "
+        resumed = self.plan.resumed(meta.get("plan"))
+        if resumed is not None:
+            self.plan = resumed
+            log(f"continuing run in {self.run_dir} at micro-batch {resumed.batch.micro_batch} "
                 f"(attempt {meta.get('attempt', 0)} so far)")
         self.attempt = int(meta.get("attempt", 0))
         self.failures = [_failure_from_row(row) for row in self.journal.attempts() if row["kind"]]
@@ -165,11 +133,7 @@ class Supervisor:
             log(f"an earlier run of this job fitted micro-batch {start}: starting there")
 
     def _save_plan(self) -> None:
-        b = self.plan.batch
-        self.journal.set_meta(attempt=self.attempt, plan={
-            "micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
-            "world_size": b.world_size, "expandable_segments": self.plan.expandable_segments,
-            "fallbacks_applied": self.plan.fallbacks_applied})
+        self.journal.set_meta(attempt=self.attempt, plan=self.plan.as_dict())
 
     # --- the one place the state changes ------------------------------------------------------
 
@@ -233,8 +197,8 @@ class Supervisor:
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
             self.index.stop()
             self.sampler.close()
-            if self._cgroup is not None:
-                self._cgroup.remove()
+            if self._containment is not None:
+                self._containment.remove()
             self.journal.set_meta(worker_pid=None)
             self._lock.release()
 
@@ -306,9 +270,9 @@ class Supervisor:
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
         watch = AttemptWatch()
-        oom_before = self._start_worker(argv, env, files, watch)
+        box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
-        self.journal.start_attempt(self.attempt, self.worker.pgid, _plan_dict(self.plan),
+        self.journal.start_attempt(self.attempt, self.worker.pgid, self.plan.as_dict(),
                                    checkpoint.path if checkpoint else None, argv, str(files.log))
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {self.plan.batch.micro_batch}"
                          f" × accumulation {self.plan.batch.grad_accum} × world {self.plan.batch.world_size}"
@@ -316,37 +280,24 @@ class Supervisor:
                          + (f", resuming from {checkpoint.path}" if checkpoint else ""))
         self._watch(watch, ChannelReader(files.events), files)
         self.worker.reap()
-        facts = self._exit_facts(watch, oom_before)
+        assert self.worker.returncode is not None
+        facts = box.exit_facts(self.worker.returncode, watch)
         return classify(facts, watch.scanner), watch, checkpoint
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
-                      watch: AttemptWatch) -> int | None:
-        """Start the worker in a fresh memory cgroup; returns the OOM-kill counter before it ran."""
-        if self._cgroup is not None:
-            self._cgroup.remove()
-        self._cgroup, why = make_worker_cgroup(f"oomguard-{os.getpid()}-worker")
-        if self._cgroup is not None and self.config.memory_limit:
-            self._cgroup.set_limit(self.config.memory_limit)
-        elif self._cgroup is None and self.attempt == 1:
-            log(f"no memory cgroup ({why}); --memory-limit is enforced by watching RSS")
+                      watch: AttemptWatch) -> Containment:
+        """Start the worker in a fresh memory cgroup (the last attempt's is removed first)."""
+        if self._containment is not None:
+            self._containment.remove()
+        self._containment = box = Containment.create(f"oomguard-{os.getpid()}-worker", self.config.memory_limit)
+        if box.cgroup is None and self.attempt == 1:
+            log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        before = self._cgroup.oom_kills() if self._cgroup else vmstat_oom_kills()
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo,
-                                    self._cgroup.procs if self._cgroup else None)
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo, box.procs)
         self.worker.start(self.wake)
-        self.sampler.cgroup = CgroupReader(self._cgroup.path, self._cgroup.version) if self._cgroup else None
+        self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
-        return before
-
-    def _exit_facts(self, watch: AttemptWatch, oom_before: int | None) -> ExitFacts:
-        assert self.worker is not None and self.worker.returncode is not None
-        cgroup = self._cgroup
-        after = cgroup.oom_kills() if cgroup else vmstat_oom_kills()
-        return ExitFacts(self.worker.returncode, oom_before, after,
-                         f"cgroup {cgroup.path}" if cgroup else "/proc/vmstat",
-                         limit_hit=cgroup.limit_hit() if cgroup else False,
-                         stopped_for_memory=watch.stopped_for_memory, hung=watch.hung,
-                         worker_failure=watch.worker_failure)
+        return box
 
     def _watch(self, watch: AttemptWatch, channel: ChannelReader, files: AttemptFiles) -> None:
         assert self.worker is not None
@@ -375,20 +326,8 @@ class Supervisor:
 
     def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
         for record in channel.read():
-            kind = record["type"]
-            if kind in (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH):
-                watch.last_progress = time.monotonic()
-            if kind == protocol.PROGRESS:
-                watch.progress_records += 1
-                watch.last_step = record.get("step", watch.last_step)
-                watch.progress = record
-                if time.monotonic() - watch.last_progress_event < PROGRESS_EVENT_EVERY:
-                    continue  # the meta and the attempt's last step carry it; events stay few
-                watch.last_progress_event = time.monotonic()
-            elif kind == protocol.FAILURE:
-                watch.worker_failure = record
-            if kind != protocol.HEARTBEAT:
-                self._event(f"worker_{kind}", **{k: v for k, v in record.items() if k != "type"})
+            if watch.take(record, time.monotonic()):
+                self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
 
     def _tick(self) -> None:
         for ticker in self.tickers:
@@ -409,7 +348,7 @@ class Supervisor:
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
                                    sample.worker_gpu_bytes, watch.last_step, watch.progress)
         watch.progress = None
-        pending = files.checkpoint_request.exists() and time.monotonic() - watch.last_request < REQUEST_COOLDOWN
+        pending = watch.request_pending(files.checkpoint_request.exists(), time.monotonic())
         verdict = evaluate(sample, self.thresholds, pending)
         if verdict.action is MemoryAction.STOP and watch.stopped_for_memory is None:
             watch.stopped_for_memory = verdict.evidence or verdict.reason
@@ -451,41 +390,23 @@ class Supervisor:
                     self.worker.stop(self.config.grace_period)
 
     def _ask_for_checkpoint(self, files: AttemptFiles, why: str) -> None:
-        """Create the request file, and signal the worker only if it handles the signal: the
-        default action of SIGUSR1 is to terminate, and scripts that ignore requests lose nothing."""
+        """The request file is always written (scripts poll it); the signal only goes to a worker
+        that handles it."""
         assert self.worker is not None
         files.checkpoint_request.write_text(f"{time.time()} {why}\n")
         sig = signal.Signals[self.config.checkpoint_signal]
-        pid = self.worker.worker_pid
-        sent = pid is not None and _catches(pid, sig) and _kill(pid, sig)
+        sent = self.worker.send_if_handled(sig)
         self._event("checkpoint_request", reason=why, signal=sig.name if sent else None)
 
     def _check_hang(self, watch: AttemptWatch) -> None:
         assert self.worker is not None
-        timeout = self.config.hang_timeout
-        quiet = time.monotonic() - max(self.worker.last_output, watch.last_progress)
-        if timeout <= 0 or quiet < timeout or watch.hung:
+        hung = watch.hang_reason(self.worker.last_output, self.config.hang_timeout, time.monotonic())
+        if hung is None:
             return
-        watch.hung = f"no output or progress for {quiet:.0f} s (--hang-timeout {timeout:g})"
-        log(f"worker hung: {watch.hung}; dumping its stack")
-        self._dump_stack()
+        watch.hung = hung
+        log(f"worker hung: {hung}; dumping its stack")
+        self.worker.dump_stack()
         self.worker.stop(min(self.config.grace_period, 10.0))
-
-    def _dump_stack(self) -> None:
-        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a dump of
-        every thread's stack (PYTHONFAULTHANDLER is set for it)."""
-        assert self.worker is not None
-        pid = self.worker.worker_pid
-        if pid is None:
-            return
-        if shutil.which("py-spy"):
-            out = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                 timeout=30, check=False)
-            with open(self.worker.log_path, "a") as fh:
-                fh.write(out.stdout + out.stderr)
-        else:
-            _kill(pid, signal.SIGABRT)
-            self.worker.exited.wait(3.0)
 
     # --- after an attempt ---------------------------------------------------------------------
 
@@ -524,38 +445,10 @@ class Supervisor:
         self.journal.close()
 
 
-def _plan_dict(plan: Plan) -> dict[str, Any]:
-    b = plan.batch
-    return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
-            "world_size": b.world_size, "expandable_segments": plan.expandable_segments,
-            "fallbacks_applied": plan.fallbacks_applied}
-
-
 def _policy_config(config: RunConfig) -> PolicyConfig:
     return PolicyConfig(config.min_micro_batch, config.max_restarts, config.backoff, config.max_backoff,
                         len(config.fallback_args))
 
 
 def _failure_from_row(row: dict[str, Any]) -> Failure:
-    from supervisor.classify import FailureKind
-
     return Failure(row["attempt"], FailureKind(row["kind"]), row["micro_batch"], row["evidence"] or "")
-
-
-def _catches(pid: int, sig: signal.Signals) -> bool:
-    """Does the process have a handler for ``sig``? (the SigCgt mask in /proc/PID/status)"""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except OSError:
-        pass
-    return False
-
-
-def _kill(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False

@@ -8,7 +8,6 @@ the machine except a probe cgroup that is removed at once. The exit code is 1 wh
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from supervisor.errors import UsageError
+from oomguard.supervisor.errors import UsageError
 
 OK = "ok"
 WARN = "warn"
@@ -277,24 +276,16 @@ def check_alloc_conf(ctx: DoctorContext) -> list[Check]:
 
 
 def check_shadowing(ctx: DoctorContext) -> list[Check]:
-    """supervisord's distribution is also imported as ``supervisor``; both in one env collide."""
-    ours = Path(__file__).resolve().parent
-    checks: list[Check] = []
-    try:
-        dist = importlib.metadata.distribution("supervisor")
-    except importlib.metadata.PackageNotFoundError:
-        dist = None
-    if dist is not None:
-        fix = "install oomguard in its own virtualenv (or pip uninstall supervisor there)"
-        detail = (
-            f"supervisord's distribution 'supervisor' {dist.version} is installed and shares our import name"
-        )
-        checks.append(Check("import-name", FAIL, detail, fix))
-    others = [str(p) for p in _supervisor_packages_on_path() if p != ours]
-    if others:
-        fix = "remove them from PYTHONPATH or use a separate virtualenv"
-        checks.append(Check("import-name", WARN, f"other 'supervisor' packages on sys.path: {others}", fix))
-    return checks or [Check("import-name", OK, f"'supervisor' is oomguard's ({ours})")]
+    """oomguard 0.1 installed top-level ``supervisor``/``worker``/``web`` packages; a leftover copy
+    shadows supervisord's ``supervisor`` (its ``supervisord`` then fails to start)."""
+    ours = Path(__file__).resolve().parents[1]
+    stale = [p for p in _supervisor_packages_on_path() if (p / "launch.py").is_file() or (p / "loop.py").is_file()
+             or (p / "run" / "loop.py").is_file()]
+    stale = [p for p in stale if p != ours]
+    if stale:
+        fix = "remove the old copy (pip uninstall oomguard, then install it again): it shadows supervisord"
+        return [Check("import-name", WARN, f"an old oomguard 'supervisor' package is on sys.path: {stale}", fix)]
+    return [Check("import-name", OK, f"oomguard imports as 'oomguard' ({ours.parent})")]
 
 
 def _supervisor_packages_on_path() -> list[Path]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.gpu import GpuMonitor, GpuReading
+from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
 
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this big
 # is no limit, whatever the page size.

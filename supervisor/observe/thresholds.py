@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from supervisor.memory import MemorySample
+from oomguard.supervisor.observe.memory import MemorySample
 
 _GIB = 1024**3
 

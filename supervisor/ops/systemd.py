@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.errors import UsageError
+from oomguard.supervisor.errors import UsageError
 
 USER = "user"
 SYSTEM = "system"

@@ -11,12 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from supervisor.notify import NotifyConfig, WebhookNotifier, gave_up, parse_webhook, recovered, succeeded
-from supervisor.sdnotify import Notifier, Watchdog
-from supervisor.statusline import StatusLine
+from oomguard.supervisor.ops.notify import NotifyConfig, WebhookNotifier, gave_up, parse_webhook, recovered, succeeded
+from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog
+from oomguard.supervisor.ops.statusline import StatusLine
 
 if TYPE_CHECKING:
-    from supervisor.loop import Supervisor
+    from oomguard.supervisor.run.loop import Supervisor
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
 
@@ -86,7 +86,7 @@ def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
                 "step": progress.get("step"), "total_steps": progress.get("total_steps"),
                 "samples_per_s": progress.get("samples_per_s")}
 
-    from supervisor import loop
+    from oomguard.supervisor.run import loop
 
     sup.echo = lambda raw: line.print_worker_line(raw.decode("utf-8", "replace"))
     loop.log_sink[0] = line.log

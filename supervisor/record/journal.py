@@ -47,7 +47,7 @@ def journal_path(run_dir: Path) -> Path:
 
 def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
-    from supervisor.errors import UsageError
+    from oomguard.supervisor.errors import UsageError
 
     if not journal_path(run_dir).exists():
         raise UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
@@ -155,7 +155,7 @@ class Journal:
 
     def thin_samples(self, now: float | None = None) -> int:
         """Downsample old memory samples (each attempt's peak is kept for ever); rows deleted."""
-        from supervisor.downsample import SampleRow, rows_to_drop
+        from oomguard.supervisor.record.downsample import SampleRow, rows_to_drop
 
         rows = [SampleRow(r["id"], r["attempt"] or 0, r["t"], d.get("worker_rss_bytes"), d.get("gpu_worker_bytes"))
                 for r in self._query("SELECT id, attempt, t, data FROM samples")

@@ -1,0 +1,77 @@
+"""The worker's output, read as it streams: the lines that are evidence of how an attempt ends.
+
+``OutputScanner`` keeps the first line of each kind of evidence (a device OOM, a host allocator
+failure, a checkpoint that would not load) and the allocator's own figures, so ``decide.classify``
+can name the failure without re-reading the log. It is fed one line at a time by the output thread.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# The texts by which PyTorch, CUDA, cuBLAS, cuDNN and HIP report an allocation failure on the device.
+_DEVICE_OOM = re.compile(
+    r"(torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"
+    r"|CUDA driver error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
+    r"|cuDNN error: CUDNN_STATUS_NOT_ALLOC|HIP out of memory|hipErrorOutOfMemory"
+    r"|HIP error: out of memory|MPS backend out of memory)"
+)
+# PyTorch's host allocator failure (seen under RLIMIT_AS or a full machine) and Python's own.
+_HOST_OOM = re.compile(r"(DefaultCPUAllocator: can't allocate memory|^MemoryError\b|\bMemoryError: )")
+# A worker that cannot read its checkpoint dies with one of these before making progress.
+_LOAD_ERROR = re.compile(
+    r"(PytorchStreamReader failed|failed finding central directory|Error\(s\) in loading state_dict"
+    r"|UnpicklingError|invalid load key|Ran out of input|BadZipFile|unexpected EOF|EOFError"
+    r"|SafetensorError|HeaderTooLarge|checkpoint is (?:corrupt|incomplete|invalid))",
+    re.IGNORECASE,
+)
+_TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ([KMGT]?i?B)")
+_RESERVED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) is reserved by PyTorch but unallocated")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6,
+          "GB": 10**9}
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS.get(unit, 1))
+
+
+@dataclass
+class OutputScanner:
+    """Keeps the first line of each kind of evidence seen in the worker's output, as it streams."""
+
+    device_oom: str | None = None
+    host_oom: str | None = None
+    load_error: str | None = None
+    tried_bytes: int | None = None
+    reserved_unallocated: int | None = None
+    tail: list[str] = field(default_factory=list)
+    lines: int = 0
+
+    def feed(self, line: str) -> None:
+        self.lines += 1
+        self.tail = (self.tail + [line])[-20:]
+        self.device_oom = _keep(self.device_oom, line, _DEVICE_OOM)
+        self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
+        self.load_error = _keep(self.load_error, line, _LOAD_ERROR)
+        if (m := _TRIED.search(line)) and self.tried_bytes is None:
+            self.tried_bytes = _bytes(*m.groups())
+        if (m := _RESERVED.search(line)) and self.reserved_unallocated is None:
+            self.reserved_unallocated = _bytes(*m.groups())
+
+    @property
+    def fragmented(self) -> bool:
+        """More memory reserved-but-unallocated than the failed request: a fragmentation OOM."""
+        return (self.device_oom is not None and self.tried_bytes is not None
+                and self.reserved_unallocated is not None and self.reserved_unallocated > self.tried_bytes)
+
+
+def _keep(current: str | None, line: str, pattern: re.Pattern[str]) -> str | None:
+    """The evidence line to keep: the first match, but an exception message beats the indented
+    source line a traceback quotes before it (``raise torch.OutOfMemoryError(...)``)."""
+    if not pattern.search(line):
+        return current
+    quoted = line[:1].isspace()
+    if current is None or (current.startswith(" ") and not quoted):
+        return (" " + line.strip()) if quoted else line.strip()
+    return current

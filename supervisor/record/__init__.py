@@ -1,0 +1,1 @@
+"""What a run keeps: the durable journal and what is read from it (status, report, logs)."""

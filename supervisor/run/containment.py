@@ -1,0 +1,58 @@
+"""Where one attempt's worker lives: its own memory cgroup, or the whole machine when none can be made.
+
+The cgroup is what turns a kernel OOM kill into evidence: its ``oom_kill`` counter rises only for
+the worker's tree, and ``--memory-limit`` is enforced by the kernel there. Without one (no
+controller, not root) the machine-wide counter in /proc/vmstat is the fallback and the limit is
+enforced by watching RSS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from oomguard.supervisor.decide.classify import ExitFacts
+from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, vmstat_oom_kills
+from oomguard.supervisor.observe.memory import CgroupReader
+from oomguard.supervisor.observe.progress import AttemptWatch
+
+
+@dataclass
+class Containment:
+    cgroup: MemoryCgroup | None
+    why_none: str = ""
+    oom_kills_before: int | None = None
+
+    @classmethod
+    def create(cls, name: str, memory_limit: int | None) -> Containment:
+        """A fresh cgroup for the next attempt; the OOM-kill counter is read before it starts."""
+        cgroup, why = make_worker_cgroup(name)
+        if cgroup is not None and memory_limit:
+            cgroup.set_limit(memory_limit)
+        made = cls(cgroup, why)
+        made.oom_kills_before = made.oom_kills()
+        return made
+
+    def oom_kills(self) -> int | None:
+        return self.cgroup.oom_kills() if self.cgroup else vmstat_oom_kills()
+
+    @property
+    def procs(self) -> Path | None:
+        """The file a process writes its pid to, to join the cgroup (the launcher does)."""
+        return self.cgroup.procs if self.cgroup else None
+
+    def reader(self) -> CgroupReader | None:
+        return CgroupReader(self.cgroup.path, self.cgroup.version) if self.cgroup else None
+
+    def exit_facts(self, returncode: int, watch: AttemptWatch) -> ExitFacts:
+        """Everything classification needs about how the attempt ended."""
+        cgroup = self.cgroup
+        return ExitFacts(returncode, self.oom_kills_before, self.oom_kills(),
+                         f"cgroup {cgroup.path}" if cgroup else "/proc/vmstat",
+                         limit_hit=cgroup.limit_hit() if cgroup else False,
+                         stopped_for_memory=watch.stopped_for_memory, hung=watch.hung,
+                         worker_failure=watch.worker_failure)
+
+    def remove(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
