@@ -80,7 +80,7 @@ class RunConfig:
 
     command: tuple[str, ...] = ()
     micro_batch: int = field(default=0, metadata=_opt(
-        "--micro-batch", "micro-batch per process to start with", _positive, metavar="N"))
+        "--micro-batch", "micro-batch per process to start with", _positive, metavar="N", required=True))
     global_batch: int | None = field(default=None, metadata=_opt(
         "--global-batch", "global (effective) batch, kept exact: micro × accum × world", _positive,
         metavar="N"))
@@ -236,8 +236,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         parser.add_argument(meta["flag"], dest=f.name, metavar=meta.get("metavar"),
                             action="append" if meta.get("repeat") else "store", default=argparse.SUPPRESS,
-                            help=f"{meta['help']} (default: {f.default})" if f.default not in (None, (), "")
-                            else meta["help"])
+                            help=_help_with_default(meta, f.default))
+
+
+def _help_with_default(meta: Mapping[str, Any], default: Any) -> str:
+    if meta.get("required"):  # its default only marks "not given"; validation asks for it
+        return f"{meta['help']} (required)"
+    return f"{meta['help']} (default: {default})" if default not in (None, (), "") else str(meta["help"])
 
 
 def _convert(f: dataclasses.Field[Any], value: Any, source: str) -> Any:
