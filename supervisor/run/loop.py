@@ -220,7 +220,7 @@ class Supervisor:
             verdict, watch, checkpoint = self._run_attempt()
             if self.stopping:
                 return self._stopped()
-            if self.trend.restarting and verdict.kind is not None:
+            if self.trend.restarting:  # stopped on purpose: whatever it exited with, it resumes
                 self._planned_restart(watch)
                 continue
             if watch.growing and watch.grow_to is not None:
@@ -357,6 +357,16 @@ class Supervisor:
         for record in channel.read():
             if watch.take(record, time.monotonic()):
                 self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
+            if record["type"] == "checkpoint" and self.trend.restart_reason:
+                self._restart_now()  # the worker says it saved: sooner than the file settling
+
+    def _restart_now(self) -> None:
+        """Carry out the planned restart: stop the worker (a SIGTERM a preemption-aware script
+        answers by saving) right after a checkpoint."""
+        if self.trend.restarting or self.worker is None or self.worker.exited.is_set():
+            return
+        self.trend.restarting = True
+        self.worker.stop(self.config.grace_period)
 
     def _tick(self) -> None:
         for ticker in self.tickers:
@@ -449,9 +459,8 @@ class Supervisor:
                 watch.last_progress = time.monotonic()
                 self._event("checkpoint", path=ckpt.path, step=ckpt.step)
                 self.trend.checkpoint_seen(time.monotonic())
-                if self.trend.restart_reason and not self.trend.restarting and worker_alive and self.worker:
-                    self.trend.restarting = True
-                    self.worker.stop(self.config.grace_period)
+                if self.trend.restart_reason and worker_alive:
+                    self._restart_now()
                 if watch.grow_to is not None and not watch.growing and self.worker is not None:
                     watch.growing = True
                     self.worker.stop(self.config.grace_period)
