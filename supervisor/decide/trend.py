@@ -51,6 +51,7 @@ class Trend:
     steps: int | None  # training steps covered by the fit
     first: int  # fitted bytes at the start and end of the stretch
     last: int
+    steps_r2: float | None = None  # how steadily the steps advanced (R² of step against time)
 
     @property
     def rise(self) -> int:
@@ -62,7 +63,9 @@ class Trend:
             return False
         if self.rise < max(MIN_RISE_BYTES, MIN_RISE_FRACTION * self.last):
             return False
-        return self.steps is None or self.steps >= MIN_STEPS
+        # "Trained steadily at its size": memory that rises while the steps stand still is a phase
+        # (a long evaluation, a load), not a leak per step.
+        return self.steps is None or (self.steps >= MIN_STEPS and (self.steps_r2 or 0.0) >= MIN_R2)
 
     def describe(self, what: str) -> str:
         """``worker RSS grew 4.0 MB/step, 39 MB/s (R² 0.99 over 42 samples, 12 s)``."""
@@ -98,13 +101,14 @@ def steady_rise(readings: Sequence[Reading]) -> Trend | None:
     slope, intercept = statistics.linear_regression(ts, ys)
     r2 = _r_squared(ts, ys)
     steps = [r.step for r in points if r.step is not None]
-    per_step = None
+    per_step = steps_r2 = None
     covered = None
     if len(steps) == len(points) and steps[-1] > steps[0]:
         covered = steps[-1] - steps[0]
         per_step = statistics.linear_regression([float(s) for s in steps], ys)[0]
+        steps_r2 = _r_squared(ts, [float(s) for s in steps])
     return Trend(slope, per_step, r2, len(points), ts[-1] - ts[0], covered,
-                 int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept))
+                 int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept), steps_r2)
 
 
 def _r_squared(xs: Sequence[float], ys: Sequence[float]) -> float:
