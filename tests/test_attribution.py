@@ -64,6 +64,13 @@ def test_too_few_readings_or_too_short_a_stretch_is_no_trend() -> None:
     assert steady_rise(leak_series(n=40, every=0.02)) is None  # under 2 s of readings
 
 
+def test_readings_taken_as_the_worker_dies_do_not_bend_the_line() -> None:
+    series = leak_series(n=20)
+    series.append(Reading(20.0, 50 * MB, 200))  # the OOM killer freed its memory before the exit was seen
+    trend = steady_rise(series)
+    assert trend is not None and trend.steady() and trend.per_step == pytest.approx(4 * MB, rel=0.01)
+
+
 def test_a_tiny_creep_is_not_a_leak() -> None:
     """Allocator caches creep: a perfect line of a few MB over the attempt does not matter."""
     creep = [Reading(float(i), 2000 * MB + i * 100_000, i * 10) for i in range(60)]

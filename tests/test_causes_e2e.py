@@ -110,6 +110,20 @@ def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
           f"{steps_redone(run_dir)}, attempts {doc['attempt']}")
 
 
+def test_a_leak_faster_than_checkpoints_gives_up_with_one_line(cgroup_of, tmp_path: Path, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """No --checkpoint: nothing to restart from, so the forecast can only warn; the kernel kills it,
+    the leak is attributed from the samples, and the second kill with no progress gives up."""
+    out = run_in(cgroup_of(300), run_dir, "--micro-batch", "16", "--global-batch", "64", "--",
+                 PY, CAUSES, "leak", "--ckpt-dir", str(tmp_path / "ck"), "--steps", "1000", "--step-time", "0.1")
+    assert out.returncode == 1, out.stderr
+    doc = status(run_dir)
+    assert doc["state"] == "failed" and [f["micro_batch"] for f in doc["failures"]] == [16, 16]
+    assert [f["kind"] for f in doc["failures"]] == ["host_oom", "host_oom"]
+    assert all(f["cause"]["cause"] == "leak" for f in doc["failures"])
+    assert "leak: worker RSS grew" in doc["reason"] and "MB/step" in doc["reason"]
+    assert "no progress between restarts" in doc["reason"] and "\n" not in doc["reason"]
+
+
 def test_b_memory_that_grows_with_the_micro_batch_still_halves(cgroup_of, tmp_path: Path, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
     ck = tmp_path / "ck"
     out = run_in(cgroup_of(300), run_dir, "--micro-batch", "16", "--global-batch", "64",

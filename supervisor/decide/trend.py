@@ -27,6 +27,7 @@ MIN_R2 = 0.9
 # over the fitted stretch; allocator caches creep by a few MiB and are no leak.
 MIN_RISE_FRACTION = 0.10
 MIN_RISE_BYTES = 16 * MIB
+FALL_FRACTION = 0.8  # a reading below this share of the highest one before it: the worker is dying
 MIN_STEPS = 3  # with steps, memory must keep rising over at least this many training steps
 
 
@@ -93,7 +94,7 @@ def after_warmup(readings: Sequence[Reading]) -> list[Reading]:
 
 def steady_rise(readings: Sequence[Reading]) -> Trend | None:
     """The line through the readings after warm-up, or None when there are too few to fit."""
-    points = after_warmup(readings)
+    points = _until_the_fall(after_warmup(readings))
     if len(points) < MIN_READINGS or points[-1].t - points[0].t < MIN_SPAN_S:
         return None
     ts = [r.t for r in points]
@@ -109,6 +110,17 @@ def steady_rise(readings: Sequence[Reading]) -> Trend | None:
         steps_r2 = _r_squared(ts, [float(s) for s in steps])
     return Trend(slope, per_step, r2, len(points), ts[-1] - ts[0], covered,
                  int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept), steps_r2)
+
+
+def _until_the_fall(points: list[Reading]) -> list[Reading]:
+    """Without the readings taken as the worker was dying: the OOM killer (or an allocator error
+    unwinding) frees memory before the exit is seen, and one such reading would bend the line."""
+    peak = 0
+    for i, r in enumerate(points):
+        if r.used < FALL_FRACTION * peak:
+            return points[:i]
+        peak = max(peak, r.used)
+    return points
 
 
 def _r_squared(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -382,7 +382,10 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("planned_restarts"):
         count = len(report["planned_restarts"])
         lines.append(f"planned restarts (before the limit, right after a checkpoint): {count}")
-        lines += [f"  attempt {r['attempt']}: {r['reason']}" for r in report["planned_restarts"]]
+        for r in report["planned_restarts"]:
+            lines.append(f"  attempt {r['attempt']}: {r['reason']}")
+            if r["cause"]:
+                lines.append(f"    cause:    {r['cause']['summary']}")
     lines += _checkpoint_lines(report["checkpoints"])
     if report["progress"]:
         lines.append(f"last progress: step {report['progress'].get('step')}")
