@@ -276,3 +276,22 @@ def test_placeholder_options_are_checked_at_start() -> None:
     config = RunConfig(command=("python", "t.py", "--eval-bs", "{eval_micro_batch}"), **base)  # type: ignore[arg-type]
     assert config.initial_eval_micro_batch == 8  # defaults to --micro-batch
     assert RunConfig(command=("python", "t.py"), **base).initial_eval_micro_batch is None  # type: ignore[arg-type]
+
+
+# --- display -------------------------------------------------------------------------------------
+
+
+def test_the_forecast_and_the_cause_are_shown_in_the_status_line_and_status_text() -> None:
+    from oomguard.supervisor.ops.statusline import status_parts
+    from oomguard.supervisor.record.status import format_status
+
+    text = "cgroup limit in ~12 min at this rate (+39.0 MB/s)"
+    assert (text, "yellow") in status_parts({"state": "running", "forecast": text}, None)
+    doc = {"state": "running", "supervisor_alive": True, "reason": "r", "attempt": 2, "micro_batch": 16,
+           "grad_accum": 4, "world_size": 1, "global_batch": 64, "worker_pid": 1, "checkpoint": None,
+           "progress": None, "memory": None, "forecast": {"text": text},
+           "failures": [{"attempt": 1, "kind": "host_oom", "micro_batch": 16, "exit_code": None, "signal": 9,
+                         "evidence": "killed",
+                         "cause": {"cause": "leak", "summary": "leak: worker RSS grew 4.0 MB/step"}}]}
+    shown = format_status(doc)
+    assert f"forecast:   {text}" in shown and "cause: leak: worker RSS grew 4.0 MB/step" in shown
