@@ -147,6 +147,14 @@ def test_attribution_order_dataloader_then_leak_then_phase_then_per_sample() -> 
     assert attribute([], Evidence(), 16).cause is Cause.PER_SAMPLE
 
 
+def test_per_sample_names_the_plateau_and_the_models_scaling() -> None:
+    from oomguard.supervisor.decide.memmodel import Fit
+
+    per = attribute(plateau_series(), Evidence(), 16, model=Fit(100 * MIB, 40 * MIB, 2))
+    assert per.cause is Cause.PER_SAMPLE and "40.0 MiB a sample" in per.summary
+    assert per.figures["per_sample_bytes"] == 40 * MIB and "plateau" in per.summary
+
+
 def test_leaks_and_phase_spikes_stay_out_of_the_fit() -> None:
     assert not Cause.LEAK.fits_model and not Cause.EVALUATION.fits_model and not Cause.SAVING.fits_model
     assert Cause.PER_SAMPLE.fits_model

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomguard.supervisor.decide.trend import Reading, Trend, steady_rise
+from oomguard.supervisor.decide.memmodel import Fit
+from oomguard.supervisor.decide.trend import MIB, Reading, Trend, steady_rise
 from oomguard.supervisor.observe.phase import Phase, phase_of
 
 
@@ -66,8 +67,9 @@ class Attribution:
 
 
 def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
-              what: str = "worker RSS") -> Attribution:
-    """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are of."""
+              what: str = "worker RSS", model: Fit | None = None) -> Attribution:
+    """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are
+    of; ``model`` is the memory model's line through this job's successful sizes, if it has one."""
     trend = steady_rise(readings)
     figures = _trend_figures(trend)
     phase = phase_of(evidence.frames, evidence.tail)
@@ -83,6 +85,12 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
                            {**figures, "evidence": phase[1]})
     why = ("too few samples after warm-up to see a trend" if trend is None
            else f"no steady rise after warm-up (slope {trend.per_s / 1e6:.1f} MB/s, R² {trend.r2:.2f})")
+    if readings:
+        figures["plateau_bytes"] = max(r.used for r in readings)
+        why += f", plateau {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch}"
+    if model is not None and model.points >= 2:  # a line through two sizes or more: the scaling is measured
+        figures["per_sample_bytes"] = round(model.per_sample_bytes)
+        why += f"; the memory model measured {model.per_sample_bytes / MIB:.1f} MiB a sample"
     return Attribution(Cause.PER_SAMPLE, f"per-sample: {why}; memory follows the micro-batch", figures)
 
 

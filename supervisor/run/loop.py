@@ -24,6 +24,7 @@ from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
 from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Forecast, Move
+from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.tuning import Tuner
 from oomguard.supervisor.errors import UsageError
@@ -530,7 +531,7 @@ class Supervisor:
             return None
         scan = watch.scanner
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader),
-                                           self.plan.batch.micro_batch)
+                                           self.plan.batch.micro_batch, fit(self.tuner.points))
         if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):
             self.trend.prior_per_s = float(rate)
         self._event("attribution", **attribution.as_dict())

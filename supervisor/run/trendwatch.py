@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from oomguard.supervisor.decide.attribution import Attribution, Evidence, attribute
 from oomguard.supervisor.decide.forecast import Forecast, budgets, forecast, soonest
+from oomguard.supervisor.decide.memmodel import Fit
 from oomguard.supervisor.decide.trend import Reading, steady_rise
 from oomguard.supervisor.observe.memory import MemorySample
 
@@ -71,11 +72,11 @@ class TrendWatch:
         anchor = times[-1] if times else self.started
         return max(0.0, anchor + period - now), period
 
-    def attribute(self, evidence: Evidence, micro_batch: int) -> Attribution:
+    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None) -> Attribution:
         """The cause of this attempt's memory failure, from the series that matters: the GPU's when
         there is one, else the worker tree's RSS."""
         name = "GPU memory" if "GPU memory" in self.series else HOST
-        return attribute(self.series.get(name, []), evidence, micro_batch, name)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model)
 
     def leaking(self) -> bool:
         """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
