@@ -154,13 +154,14 @@ def test_c_a_dataloader_worker_killed_by_the_oom_killer_halves_the_workers_first
 def test_d_an_oom_in_evaluation_halves_only_the_eval_batch(run_dir: Path) -> None:
     pytest.importorskip("torch")
     out = run_plain(run_dir, "--micro-batch", "16", "--global-batch", "64", "--eval-micro-batch", "16",
-                    "--", PY, CAUSES, "eval_spike", "--eval-batch", "{eval_micro_batch}", "--per-sample-mb", "8",
-                    "--budget-mb", "100")
+                    "--", PY, CAUSES, "eval_spike", "--eval-batch", "{eval_micro_batch}", "--per-sample-mb", "16",
+                    "--budget-mb", "200")
     assert out.returncode == 0, out.stderr
     doc = status(run_dir)
     assert doc["state"] == "succeeded" and doc["micro_batch"] == 16 and doc["grad_accum"] == 4
-    assert "done micro=16 eval_batch=8" in out.stdout
-    (failure,) = doc["failures"]
+    assert "done micro=16 eval_batch=8" in out.stdout  # 16 × 16 MiB is over the 200 MiB budget, 8 × 16 is not
+    failure = doc["failures"][0]
+    assert all(f["cause"]["cause"] == "evaluation" and f["micro_batch"] == 16 for f in doc["failures"])
     assert "DefaultCPUAllocator: can't allocate memory" in failure["evidence"]
     assert failure["cause"]["cause"] == "evaluation" and "evaluate()" in failure["cause"]["summary"]
     assert "eval micro-batch 16 -> 8; training micro-batch stays 16" in failure["decision"]

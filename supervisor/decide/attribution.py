@@ -74,8 +74,8 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
     figures = _trend_figures(trend)
     phase = phase_of(evidence.frames, evidence.tail)
     if evidence.dataloader:
-        return Attribution(Cause.DATA_LOADER, f"a DataLoader worker died: {evidence.dataloader.strip()}",
-                           {**figures, "evidence": evidence.dataloader.strip()})
+        line = evidence.dataloader.strip().rstrip(".")
+        return Attribution(Cause.DATA_LOADER, f"a DataLoader worker died ({line})", {**figures, "evidence": line})
     if trend is not None and trend.steady():
         where = f"; it failed in {phase[0].value} ({phase[1]})" if phase else ""
         return Attribution(Cause.LEAK, f"leak: {trend.describe(what)} at micro-batch {micro_batch}{where}",
