@@ -89,7 +89,7 @@ class Supervisor:
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self.trend = TrendWatch()  # this attempt's memory trend and forecast (a new one per attempt)
         self._forecast_written = 0.0
-        self.journal_forecast_shown = False
+        self._forecast_shown = False
         self._next_thin = time.monotonic() + THIN_EVERY
 
     # --- setup ---------------------------------------------------------------------------------
@@ -421,13 +421,13 @@ class Supervisor:
     def _publish_forecast(self, forecast: Forecast | None) -> None:
         """The forecast in the meta (status, dashboard); rewritten at most every few seconds."""
         now = time.monotonic()
-        shown = self.journal_forecast_shown
+        shown = self._forecast_shown
         if forecast is None and not shown:
             return
         if forecast is not None and shown and now - self._forecast_written < 5.0:
             return
         self._forecast_written = now
-        self.journal_forecast_shown = forecast is not None
+        self._forecast_shown = forecast is not None
         self.journal.set_meta(forecast=None if forecast is None else {
             "text": forecast.text, "seconds_to_limit": round(forecast.seconds_to_limit, 1),
             "bytes_per_s": round(forecast.per_s), "budget": forecast.budget, "limit": forecast.limit,
