@@ -79,20 +79,32 @@ def steps_redone(run_dir: Path) -> int:
     return redone
 
 
-def leak_run(cgroup_of, tmp_path: Path, run_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[no-untyped-def, type-arg]
-    ck = tmp_path / "ck"
-    out = run_in(cgroup_of(400), run_dir, "--micro-batch", "16", "--global-batch", "64",
-                 "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "leak", "--ckpt-dir", str(ck), "--steps", "120",
-                 "--step-time", "0.1", "--leak-mb", "4", "--per-sample-mb", "2")
-    return out, status(run_dir)
-
-
 def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
         cgroup_of, tmp_path: Path, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
-    out, doc = leak_run(cgroup_of, tmp_path, run_dir)
-    assert out.returncode == 0, out.stderr
+    ck = tmp_path / "ck"
+    cmd = [PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "16", "--global-batch",
+           "64", "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "leak", "--ckpt-dir", str(ck), "--steps", "120",
+           "--step-time", "0.1", "--leak-mb", "4", "--per-sample-mb", "2"]
+    joined = " ".join(f"'{a}'" for a in cmd)
+    proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cgroup_of(400)}/cgroup.procs && exec {joined}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    forecasts = set()  # what `oomguard status` showed while it ran
+    while proc.poll() is None:
+        time.sleep(0.5)
+        if (run_dir / "journal.sqlite").exists():
+            journal = Journal(run_dir, readonly=True)
+            if shown := journal.meta().get("forecast"):
+                forecasts.add(shown["text"])
+            journal.close()
+    stdout, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert any("limit in ~" in text and "at this rate" in text for text in forecasts), forecasts
+    doc = status(run_dir)
+
+
     assert doc["state"] == "succeeded" and doc["micro_batch"] == 16 and doc["grad_accum"] == 4
-    assert "done micro=16 steps=120" in out.stdout
+    assert "done micro=16 steps=120" in stdout
     kills = [f for f in doc["failures"] if f["kind"] == "host_oom"]
     assert len(kills) <= 1, doc["failures"]  # at most one kernel kill, and only before the rate is known
     assert all(f["attempt"] == 1 for f in kills)
