@@ -303,3 +303,38 @@ def test_the_forecast_and_the_cause_are_shown_in_the_status_line_and_status_text
                          "cause": {"cause": "leak", "summary": "leak: worker RSS grew 4.0 MB/step"}}]}
     shown = format_status(doc)
     assert f"forecast:   {text}" in shown and "cause: leak: worker RSS grew 4.0 MB/step" in shown
+
+
+def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
+    """attach_webhooks against a real HTTP receiver on 127.0.0.1."""
+    import threading
+    import time
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from test_notify import Receiver
+
+    from oomguard.supervisor.ops.hooks import attach_webhooks
+
+    server = Receiver()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        sup = SimpleNamespace(config=SimpleNamespace(notify=(server.url + "/hook",)), run_dir=Path("/tmp/run"),
+                              listeners=[], plan=PLAN, attempt=3)
+        close = attach_webhooks(sup)  # type: ignore[arg-type]
+        (listener,) = sup.listeners
+        leak = {"action": "restart", "kind": "host_oom", "cause": "leak", "reason": "leak: worker RSS grew 4.0 MB/step",
+                "micro_batch": 16, "grad_accum": 4, "evidence": "killed"}
+        listener("planned_restart", {"reason": "planned restart after the next checkpoint: cgroup limit in ~5 s"})
+        listener("decision", leak)
+        listener("decision", leak)
+        listener("decision", {**leak, "cause": "per_sample", "micro_batch": 8})  # a per-sample OOM is still told
+        server.wait_for(2)
+        time.sleep(0.3)
+        assert close is not None
+        close()
+        titles = [body.get("title", "") for _, body in server.requests]
+        assert len(server.requests) == 2 and "memory leak" in titles[0], server.requests
+    finally:
+        server.shutdown()
+        server.server_close()
