@@ -338,3 +338,33 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- the loop's trend watch ------------------------------------------------------------------------
+
+
+def _sample(t: float, rss: int, working_set: int, limit: int) -> object:
+    from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample
+
+    return MemorySample(t, t, 1, rss, (1,), 64 * 2**30, 32 * 2**30,
+                        CgroupMemory("/cg", 1, working_set, working_set, limit, 0), None)
+
+
+def test_the_watch_plans_a_restart_for_a_leak_but_not_for_page_cache() -> None:
+    from oomguard.supervisor.run.trendwatch import TrendWatch
+
+    limit = 800 * MB  # 760 MB at --soft-threshold 0.95: reached 8.5 s after the last sample
+    leak, cache = TrendWatch(), TrendWatch()
+    for watch in (leak, cache):
+        for t in (0.0, 10.0):
+            watch.checkpoint_seen(t)  # a checkpoint every 10 s
+    for i in range(40):
+        t = 10.0 + i * 0.5
+        # 20 MB/s in both cgroups; only the leaking worker's own RSS rises with it
+        leak.add(_sample(t, 100 * MB + i * 10 * MB, 200 * MB + i * 10 * MB, limit), i * 5, None, 0.95)  # type: ignore[arg-type]
+        cache.add(_sample(t, 100 * MB, 200 * MB + i * 10 * MB, limit), i * 5, None, 0.95)  # type: ignore[arg-type]
+    assert leak.forecast is not None and leak.forecast.move is Move.RESTART_AT_NEXT
+    assert leak.forecast.budget == "cgroup" and leak.forecast.per_s == pytest.approx(20 * MB, rel=0.01)
+    assert cache.forecast is not None and cache.forecast.move is Move.WATCH  # shown, not acted on
+    assert leak.attribute(Evidence(), 16).cause is Cause.LEAK
+    assert cache.attribute(Evidence(), 16).cause is Cause.PER_SAMPLE

@@ -9,10 +9,10 @@ forecast is acted on once per attempt.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oomguard.supervisor.decide.attribution import Attribution, Evidence, attribute
-from oomguard.supervisor.decide.forecast import Forecast, budgets, forecast, soonest
+from oomguard.supervisor.decide.forecast import Forecast, Move, budgets, forecast, soonest
 from oomguard.supervisor.decide.memmodel import Fit
 from oomguard.supervisor.decide.trend import Reading, steady_rise
 from oomguard.supervisor.observe.memory import MemorySample
@@ -45,8 +45,14 @@ class TrendWatch:
         for budget in found:
             self._keep(budget.name, Reading(t, budget.used, step))
         next_in, period = self.checkpoint_rhythm(t)
-        self.forecast = soonest([forecast(self.series[b.name], b, next_in, period, self.prior_per_s)
-                                 for b in found])
+        found_forecast = soonest([forecast(self.series[b.name], b, next_in, period, self.prior_per_s)
+                                  for b in found])
+        if found_forecast is not None and found_forecast.measured and found_forecast.move is not Move.WATCH \
+                and not self.leaking():
+            # A cgroup's working set also grows with page cache the kernel reclaims before any OOM
+            # kill (a dataset read once): act only when the worker's own memory rises too.
+            found_forecast = replace(found_forecast, move=Move.WATCH)
+        self.forecast = found_forecast
         return self.forecast
 
     def _keep(self, name: str, reading: Reading) -> None:
