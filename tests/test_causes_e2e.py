@@ -179,6 +179,18 @@ def test_d_an_oom_in_evaluation_halves_only_the_eval_batch(run_dir: Path) -> Non
     assert "eval micro-batch 16 -> 8; training micro-batch stays 16" in failure["decision"]
 
 
+def test_d_an_oom_while_saving_keeps_the_batch_and_gives_up_when_it_repeats(run_dir: Path) -> None:
+    pytest.importorskip("torch")
+    out = run_plain(run_dir, "--micro-batch", "16", "--global-batch", "64", "--", PY, CAUSES, "save_spike",
+                    "--per-sample-mb", "16", "--budget-mb", "200")
+    assert out.returncode == 1, out.stderr
+    doc = status(run_dir)
+    assert doc["state"] == "failed" and [f["micro_batch"] for f in doc["failures"]] == [16, 16]
+    assert all(f["cause"]["cause"] == "checkpoint_saving" for f in doc["failures"])
+    assert "save_checkpoint()" in doc["failures"][0]["cause"]["summary"]
+    assert "does not follow the micro-batch" in doc["reason"] and "\n" not in doc["reason"]
+
+
 @pytest.mark.skipif(not os.environ.get("OOMGUARD_GPU_TESTS"), reason="set OOMGUARD_GPU_TESTS=1 on a CUDA machine")
 def test_e_cuda_leak_under_a_memory_fraction(run_dir: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")

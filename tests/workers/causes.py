@@ -90,9 +90,8 @@ def evaluate(model: object, eval_batch: int, mib_per_sample: int) -> int:
     return int(out.numel())
 
 
-def eval_spike(args: argparse.Namespace, micro: int) -> None:
-    """Training steps that fit; evaluation at --eval-batch that may not (RLIMIT_AS: the real
-    DefaultCPUAllocator error)."""
+def budget(mib: int) -> None:
+    """RLIMIT_AS at the address space in use now plus ``mib``: beyond it PyTorch's real allocator fails."""
     import resource
 
     import torch
@@ -100,8 +99,16 @@ def eval_spike(args: argparse.Namespace, micro: int) -> None:
     torch.set_num_threads(1)  # thread pools and their malloc arenas are mapped before the budget starts
     torch.ones(MIB).sum()
     vm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
-    limit = vm_kb * 1024 + args.budget_mb * MIB
+    limit = vm_kb * 1024 + mib * MIB
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def eval_spike(args: argparse.Namespace, micro: int) -> None:
+    """Training steps that fit; evaluation at --eval-batch that may not (RLIMIT_AS: the real
+    DefaultCPUAllocator error)."""
+    import torch
+
+    budget(args.budget_mb)
     for step in range(1, 4):
         x = torch.ones(micro * MIB // 4)  # 1 MiB a sample: training fits
         emit("progress", step=step)
@@ -109,6 +116,28 @@ def eval_spike(args: argparse.Namespace, micro: int) -> None:
     print(f"evaluating at eval batch {args.eval_batch}", flush=True)
     evaluate(None, args.eval_batch, args.per_sample_mb)
     print(f"done micro={micro} eval_batch={args.eval_batch}", flush=True)
+
+
+def save_checkpoint(weights: object, staging_mib: int) -> None:
+    """Saving gathers the state into one staging buffer first: its memory is the model's, not the batch's."""
+    import torch
+
+    staging = torch.empty(staging_mib * MIB // 4)
+    del staging, weights
+
+
+def save_spike(args: argparse.Namespace, micro: int) -> None:
+    """Training fits at any micro-batch; saving needs --per-sample-mb × 16 MiB whatever the batch."""
+    import torch
+
+    budget(args.budget_mb)
+    for step in range(1, 4):
+        x = torch.ones(micro * MIB // 4)
+        emit("progress", step=step)
+        del x
+    print("saving checkpoint", flush=True)
+    save_checkpoint(None, args.per_sample_mb * 16)
+    print(f"done micro={micro}", flush=True)
 
 
 class ShardedCache:
@@ -147,7 +176,7 @@ def dataloader(args: argparse.Namespace, micro: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["leak", "per_sample", "eval_spike", "dataloader"])
+    p.add_argument("mode", choices=["leak", "per_sample", "eval_spike", "save_spike", "dataloader"])
     p.add_argument("--micro", type=int, default=0, help="micro-batch (default: OOMGUARD_MICRO_BATCH)")
     p.add_argument("--ckpt-dir", type=Path, default=Path("ck"))
     p.add_argument("--steps", type=int, default=100)
