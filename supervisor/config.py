@@ -18,7 +18,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.batch import BatchPlan, divisors
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.run.placeholders import check_template
+from oomguard.supervisor.run.placeholders import check_template, used
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,6 +61,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
 def _fraction(text: str) -> float:
     from oomguard.supervisor.observe.thresholds import parse_fraction
 
@@ -97,6 +104,12 @@ class RunConfig:
     resume_args: str = field(default="", metadata=_opt(
         "--resume-args", "arguments appended when a checkpoint exists, e.g. '--resume-from {checkpoint}'",
         str, metavar="ARGS"))
+    eval_micro_batch: int | None = field(default=None, metadata=_opt(
+        "--eval-micro-batch", "evaluation batch to start with, for a command that passes {eval_micro_batch}: "
+        "after an evaluation-time OOM only it is halved (default: --micro-batch)", _positive, metavar="N"))
+    num_workers: int | None = field(default=None, metadata=_opt(
+        "--num-workers", "DataLoader workers to start with, for a command that passes {num_workers}: "
+        "after a data-loader OOM they are halved before the batch", _count, metavar="N"))
     fallback_args: tuple[str, ...] = field(default=(), metadata=_opt(
         "--fallback-args", "arguments to add, in turn, once the micro-batch is at its floor, "
         "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True))
@@ -165,6 +178,26 @@ class RunConfig:
         self._check_memory_options()
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
+        self._check_placeholder_options()
+
+    def _check_placeholder_options(self) -> None:
+        """--num-workers and --eval-micro-batch only act through their placeholders."""
+        names = used((*self.command, self.resume_args, *self.fallback_args))
+        if "num_workers" in names and self.num_workers is None:
+            raise UsageError("--num-workers", "the command uses {num_workers} but no starting value is given",
+                             "pass --num-workers N (the DataLoader workers to start with)")
+        for option, name, value in (("--num-workers", "num_workers", self.num_workers),
+                                    ("--eval-micro-batch", "eval_micro_batch", self.eval_micro_batch)):
+            if value is not None and name not in names:
+                flag = name.replace("_", "-")
+                raise UsageError(option, f"is given but the command does not use {{{name}}}",
+                                 f"put {{{name}}} where the script takes it, e.g. --{flag} {{{name}}}")
+
+    @property
+    def initial_eval_micro_batch(self) -> int | None:
+        """The evaluation batch the plan starts with; None when the command has no {eval_micro_batch}."""
+        names = used((*self.command, self.resume_args, *self.fallback_args))
+        return (self.eval_micro_batch or self.micro_batch) if "eval_micro_batch" in names else None
 
     def _check_batch(self) -> None:
         if self.global_batch is None:

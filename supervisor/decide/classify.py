@@ -80,6 +80,10 @@ def classify(facts: ExitFacts, scan: OutputScanner) -> Verdict:
         if facts.limit_hit:
             return verdict(FailureKind.MEMORY_LIMIT, f"{counter} at oomguard's --memory-limit")
         return verdict(FailureKind.HOST_OOM, f"killed by the kernel OOM killer ({counter})")
+    if scan.dataloader and _counter_rose(facts):  # the main process lives on to report its worker's death
+        counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
+        return verdict(FailureKind.MEMORY_LIMIT if facts.limit_hit else FailureKind.HOST_OOM,
+                       f"{scan.dataloader.strip()} (killed by the kernel OOM killer: {counter})")
     if facts.worker_failure and (kind := _worker_kind(facts.worker_failure)):
         return verdict(kind, str(facts.worker_failure.get("message", "")))
     if scan.device_oom:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from oomguard.supervisor.decide.attribution import Attribution, Cause
 from oomguard.supervisor.decide.batch import BatchPlan, largest_divisor_at_most
 from oomguard.supervisor.decide.classify import FailureKind
 
@@ -24,13 +25,16 @@ class Plan:
     batch: BatchPlan
     expandable_segments: bool = False  # set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     fallbacks_applied: int = 0  # how many of --fallback-args are in use
+    eval_micro_batch: int | None = None  # {eval_micro_batch}: the script's own evaluation batch
+    num_workers: int | None = None  # {num_workers}: the script's DataLoader workers
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as the journal keeps it (and a restarted supervisor reads it back)."""
         b = self.batch
         return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
                 "world_size": b.world_size, "expandable_segments": self.expandable_segments,
-                "fallbacks_applied": self.fallbacks_applied}
+                "fallbacks_applied": self.fallbacks_applied, "eval_micro_batch": self.eval_micro_batch,
+                "num_workers": self.num_workers}
 
     def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
         """The plan an earlier supervisor saved for this run, if it is for the same job (same
@@ -39,7 +43,8 @@ class Plan:
         if not saved or saved["global_batch"] != b.global_batch or saved["world_size"] != b.world_size:
             return None
         return Plan(b.with_micro_batch(saved["micro_batch"]), saved["expandable_segments"],
-                    saved["fallbacks_applied"])
+                    saved["fallbacks_applied"], saved.get("eval_micro_batch", self.eval_micro_batch),
+                    saved.get("num_workers", self.num_workers))
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Failure:
     new_checkpoint: bool = False  # a newer checkpoint appeared during the attempt
     checkpoint: str | None = None  # the checkpoint it was started from
     load_error: bool = False  # it died before progress with an error reading that checkpoint
+    attribution: Attribution | None = None  # the cause of a memory failure (attribution.py)
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: Pol
         return Decision(Action.RESTART, plan, f"checkpoint {failure.checkpoint} could not be loaded; "
                         "resuming from the previous one", bad_checkpoint=failure.checkpoint)
     if failure.kind.is_memory:
-        return _after_memory_failure(failure, plan, config, fit_hint)
+        return _after_attributed(failure, history, plan, config, fit_hint)
     return _after_other_failure(failure, history, plan, config)
 
 
@@ -167,3 +173,68 @@ def _crash_loop(failure: Failure, history: Sequence[Failure]) -> bool:
         return False
     same = all(f.kind is failure.kind and f.evidence == failure.evidence for f in recent)
     return same and not any(f.new_checkpoint for f in recent)
+
+
+# --- the remedy for each cause of a memory failure (attribution.py) ------------------------------
+
+
+def _after_attributed(failure: Failure, history: Sequence[Failure], plan: Plan, config: PolicyConfig,
+                      fit_hint: int | None) -> Decision:
+    """Blame the batch only for what the batch did. Fragmentation's remedy wins whatever the
+    cause; per-sample failures, and causes whose own remedy is used up, take the batch path."""
+    batch_path = _after_memory_failure(failure, plan, config, fit_hint)
+    cause = failure.attribution.cause if failure.attribution else Cause.PER_SAMPLE
+    if failure.fragmented or failure.attribution is None or cause is Cause.PER_SAMPLE:
+        return batch_path
+    summary = failure.attribution.summary
+    if cause is Cause.LEAK:
+        return _after_leak(failure, history, plan, summary)
+    if cause in (Cause.SAVING, Cause.LOADING):
+        return _after_fixed_phase(failure, history, plan, cause, summary)
+    if cause is Cause.EVALUATION and plan.eval_micro_batch is not None and plan.eval_micro_batch > 1:
+        smaller = plan.eval_micro_batch // 2
+        return Decision(Action.RESTART, replace(plan, eval_micro_batch=smaller),
+                        f"{summary}: eval micro-batch {plan.eval_micro_batch} -> {smaller}; "
+                        f"training micro-batch stays {plan.batch.micro_batch}")
+    if cause is Cause.DATA_LOADER and plan.num_workers:
+        fewer = plan.num_workers // 2
+        return Decision(Action.RESTART, replace(plan, num_workers=fewer),
+                        f"{summary}: DataLoader workers {plan.num_workers} -> {fewer} before the batch; "
+                        f"micro-batch stays {plan.batch.micro_batch}")
+    # Evaluation at the training batch follows the micro-batch; a data loader with no workers left
+    # to cut (or no {num_workers}) loads less with a smaller batch.
+    return replace(batch_path, reason=f"{summary}; {batch_path.reason}")
+
+
+def _repeated_without_progress(failure: Failure, history: Sequence[Failure], cause: Cause) -> bool:
+    previous = history[-1] if history else None
+    return (previous is not None and previous.attribution is not None and previous.attribution.cause is cause
+            and not failure.new_checkpoint)
+
+
+def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str) -> Decision:
+    """A leak grows with time, not with the batch: restart at the same size from the newest
+    checkpoint. If it brings the worker down before it writes one, restarts cannot finish the run."""
+    if _repeated_without_progress(failure, history, Cause.LEAK):
+        return Decision(Action.GIVE_UP, plan, f"{summary}: it brings the worker down before it writes a "
+                        "checkpoint (no progress between restarts), so restarting cannot finish the run; "
+                        "fix the leak or checkpoint more often")
+    return Decision(Action.RESTART, plan, f"{summary}: restarting at the same micro-batch "
+                    f"{plan.batch.micro_batch} from the newest checkpoint (the batch is not to blame)")
+
+
+_PHASE_HINT = {
+    Cause.SAVING: "save from the model's state without extra copies (or offload it to CPU first)",
+    Cause.LOADING: "load the checkpoint with map_location='cpu' and free it once the state is copied",
+}
+
+
+def _after_fixed_phase(failure: Failure, history: Sequence[Failure], plan: Plan, cause: Cause,
+                       summary: str) -> Decision:
+    """Saving and loading a checkpoint take the same memory at any micro-batch: halving would cost
+    throughput for the rest of the run and fix nothing. Retry once; again with no progress: give up."""
+    if _repeated_without_progress(failure, history, cause):
+        return Decision(Action.GIVE_UP, plan, f"{summary} again with no progress since, at micro-batch "
+                        f"{plan.batch.micro_batch}; its memory does not follow the micro-batch: {_PHASE_HINT[cause]}")
+    return Decision(Action.RESTART, plan, f"{summary}: its memory does not follow the micro-batch; restarting "
+                    f"at micro-batch {plan.batch.micro_batch} from the newest good checkpoint")

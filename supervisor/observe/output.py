@@ -26,6 +26,11 @@ _LOAD_ERROR = re.compile(
     r"|SafetensorError|HeaderTooLarge|checkpoint is (?:corrupt|incomplete|invalid))",
     re.IGNORECASE,
 )
+# A DataLoader worker that died (the kernel's OOM killer picks it: it is the biggest process).
+_DATALOADER = re.compile(r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:exited unexpectedly|is killed by signal)")
+# A traceback's frames (``File "x.py", line 3, in evaluate``): which phase the failure happened in.
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\S+)')
+_TRACEBACK = "Traceback (most recent call last)"
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ([KMGT]?i?B)")
 _RESERVED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) is reserved by PyTorch but unallocated")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6,
@@ -47,6 +52,8 @@ class OutputScanner:
     reserved_unallocated: int | None = None
     tail: list[str] = field(default_factory=list)
     lines: int = 0
+    dataloader: str | None = None  # a DataLoader worker died
+    frames: list[str] = field(default_factory=list)  # function names of the newest traceback, outermost first
 
     def feed(self, line: str) -> None:
         self.lines += 1
@@ -54,6 +61,11 @@ class OutputScanner:
         self.device_oom = _keep(self.device_oom, line, _DEVICE_OOM)
         self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
         self.load_error = _keep(self.load_error, line, _LOAD_ERROR)
+        self.dataloader = _keep(self.dataloader, line, _DATALOADER)
+        if line.startswith(_TRACEBACK):
+            self.frames = []
+        elif (m := _FRAME.match(line)) and len(self.frames) < 200:
+            self.frames.append(m.group(1))
         if (m := _TRIED.search(line)) and self.tried_bytes is None:
             self.tried_bytes = _bytes(*m.groups())
         if (m := _RESERVED.search(line)) and self.reserved_unallocated is None:

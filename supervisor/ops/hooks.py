@@ -11,7 +11,16 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from oomguard.supervisor.ops.notify import NotifyConfig, WebhookNotifier, gave_up, parse_webhook, recovered, succeeded
+from oomguard.supervisor.ops.notify import (
+    RECOVERED,
+    Notification,
+    NotifyConfig,
+    WebhookNotifier,
+    gave_up,
+    parse_webhook,
+    recovered,
+    succeeded,
+)
 from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog
 from oomguard.supervisor.ops.statusline import StatusLine
 
@@ -53,9 +62,16 @@ def attach_webhooks(sup: Supervisor) -> Callable[[], object] | None:
         return None
     sender = WebhookNotifier(NotifyConfig(webhooks=tuple(parse_webhook(s) for s in sup.config.notify)))
     run = sup.run_dir.name
+    told_leak = [False]  # a leak is told once: every restart it causes would say the same
 
     def on_event(name: str, data: dict[str, Any]) -> None:
-        if name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
+        leak = data.get("cause") == "leak" or name == "planned_restart"
+        if leak and name in ("decision", "planned_restart") and data.get("action", "restart") == "restart":
+            if not told_leak[0]:
+                told_leak[0] = True
+                sender.send(Notification(RECOVERED, run, f"oomguard: {run} has a memory leak", data["reason"],
+                                         {"attempt": sup.attempt}))
+        elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
             sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
                                   data["grad_accum"], evidence=data["evidence"], attempt=sup.attempt))
         elif name == "state" and data["to"] == "failed":
@@ -84,7 +100,8 @@ def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
                 "gpu_bytes": sample.worker_gpu_bytes if sample else None,
                 "gpu_total_bytes": max((g.total_bytes for g in sample.gpus), default=None) if sample else None,
                 "step": progress.get("step"), "total_steps": progress.get("total_steps"),
-                "samples_per_s": progress.get("samples_per_s")}
+                "samples_per_s": progress.get("samples_per_s"),
+                "forecast": sup.trend.forecast.text if sup.trend.forecast else None}
 
     from oomguard.supervisor.run import loop
 

@@ -71,6 +71,8 @@ def status_parts(snapshot: Mapping[str, Any], eta_s: float | None, times: str = 
     if memory:
         parts.append((memory, ""))
     parts += _progress_parts(snapshot, eta_s)
+    if snapshot.get("forecast"):
+        parts.append((str(snapshot["forecast"]), "yellow"))
     return parts
 
 

@@ -183,6 +183,12 @@ class Journal:
         rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
         return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
 
+    def event_data(self, kind: str) -> dict[int, dict[str, Any]]:
+        """The data of the newest event of ``kind`` for each attempt."""
+        rows = self._query("SELECT attempt, data FROM events WHERE kind = ? AND attempt IS NOT NULL ORDER BY id",
+                           (kind,))
+        return {r["attempt"]: json.loads(r["data"]) for r in rows}
+
     def checkpoints(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._query(
             "SELECT * FROM checkpoints ORDER BY coalesce(step, -1) DESC, mtime DESC")]

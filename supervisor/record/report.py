@@ -148,6 +148,7 @@ def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str,
         "evidence": attempt["evidence"] or ("" if attempt["kind"] else "no exit recorded: the run was "
                                             "stopped or its supervisor ended during this attempt"),
         "decision": _decision_record(decision, attempt),
+        "cause": ctx["causes"].get(n),
         "last_step": last_step, "last_step_source": source,
         "resumed_from": None if resume is None else {"path": resume["path"], "step": resume["step"]},
         "steps_lost": steps_lost,
@@ -245,8 +246,9 @@ def build_report(journal: Journal) -> dict[str, Any]:
     events, steps, last_t = _scan_events(journal)
     checkpoints = journal.checkpoints()
     decisions = _decisions(events)
+    causes = {e["attempt"]: e["data"] for e in events if e["kind"] == "attribution" and e["attempt"] is not None}
     ctx = {"checkpoints": checkpoints, "by_path": _checkpoint_by_path(checkpoints), "steps": steps,
-           "last_t": last_t, "decisions": decisions}
+           "last_t": last_t, "decisions": decisions, "causes": causes}
     failures = _failures(attempts, ctx)
     start, end, last = _span(meta, events, attempts)
     finish = end if end is not None else last
@@ -266,6 +268,9 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "steps_lost_unknown": len(unknown),
         "checkpoints": _checkpoint_summary(checkpoints),
         "progress": meta.get("progress"),
+        "planned_restarts": [{"attempt": a["attempt"], "reason": a["decision"], "cause": causes.get(a["attempt"])}
+                             for a in attempts if a["decision"] and not a["kind"]
+                             and str(a["decision"]).startswith("planned restart")],
     }
 
 
@@ -329,6 +334,8 @@ def _failure_lines(failure: dict[str, Any]) -> list[str]:
     lines = [f"  attempt {failure['attempt']} at {_clock(failure['ended'])}: {failure['kind']} "
              f"at micro-batch {failure['micro_batch']} × accum {failure['grad_accum']} ({how})",
              f"    evidence: {failure['evidence'] or '-'}"]
+    if failure.get("cause"):
+        lines.append(f"    cause:    {failure['cause']['summary']}")
     decision = failure["decision"]
     if decision:
         action = f"{decision['action']}: " if decision["action"] else ""
@@ -372,6 +379,13 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("failures:" if report["failures"] else "failures:    none")
     for failure in report["failures"]:
         lines += _failure_lines(failure)
+    if report.get("planned_restarts"):
+        count = len(report["planned_restarts"])
+        lines.append(f"planned restarts (before the limit, right after a checkpoint): {count}")
+        for r in report["planned_restarts"]:
+            lines.append(f"  attempt {r['attempt']}: {r['reason']}")
+            if r["cause"]:
+                lines.append(f"    cause:    {r['cause']['summary']}")
     lines += _checkpoint_lines(report["checkpoints"])
     if report["progress"]:
         lines.append(f"last progress: step {report['progress'].get('step')}")

@@ -61,8 +61,14 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "memory": latest[-1] if (latest := journal.latest_samples(1)) else None,
         "started": meta.get("started"),
         "updated": meta.get("updated"),
-        "failures": failure_records(attempts),
+        "failures": _with_causes(failure_records(attempts), journal.event_data("attribution")),
+        "forecast": meta.get("forecast") if alive else None,
     }
+
+
+def _with_causes(failures: list[dict[str, Any]], causes: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each memory failure's cause (attribution.py) with the figures that decided it."""
+    return [{**f, "cause": causes.get(f["attempt"])} for f in failures]
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:
@@ -92,7 +98,11 @@ def format_status(doc: dict[str, Any]) -> str:
                      + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
     if memory.get("gpu_unavailable"):
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
+    if doc.get("forecast"):
+        lines.append(f"forecast:   {doc['forecast']['text']}")
     for f in doc["failures"]:
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} "
                      f"(exit {f['exit_code']}, signal {f['signal']}): {f['evidence']}")
+        if f.get("cause"):
+            lines.append(f"    cause: {f['cause']['summary']}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO
@@ -19,8 +20,11 @@ from typing import Any, BinaryIO
 import psutil
 
 from oomguard.supervisor.config import RunConfig
+from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
 from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.forecast import Forecast, Move
+from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.tuning import Tuner
 from oomguard.supervisor.errors import UsageError
@@ -36,6 +40,7 @@ from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
 from oomguard.supervisor.run.states import RunState, check_transition
+from oomguard.supervisor.run.trendwatch import TrendWatch
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
@@ -61,7 +66,8 @@ class Supervisor:
         out = console if console is not None else sys.stdout.buffer
         self.echo: Callable[[bytes], None] = lambda raw: (out.write(raw), out.flush()) and None
         self.state = RunState.STARTING
-        self.plan = Plan(config.initial_plan)
+        self.plan = Plan(config.initial_plan, eval_micro_batch=config.initial_eval_micro_batch,
+                         num_workers=config.num_workers)
         self.attempt = 0
         self.failures: list[Failure] = []
         self.wake = threading.Event()
@@ -81,6 +87,9 @@ class Supervisor:
         self.tuner = Tuner(self.plan.batch.per_process_batch, config.min_micro_batch,
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
+        self.trend = TrendWatch()  # this attempt's memory trend and forecast (a new one per attempt)
+        self._forecast_written = 0.0
+        self._forecast_shown = False
         self._next_thin = time.monotonic() + THIN_EVERY
 
     # --- setup ---------------------------------------------------------------------------------
@@ -119,7 +128,9 @@ class Supervisor:
 
     def _learn(self, fresh: bool) -> None:
         """Load what this run, and earlier runs of the same job, learned about memory."""
-        self.tuner.points = Tuner.points_from_attempts(self.journal.attempts())
+        unfit = {n for n, d in self.journal.event_data("attribution").items() if not Cause(d["cause"]).fits_model}
+        rows = [a for a in self.journal.attempts() if a["attempt"] not in unfit]
+        self.tuner.points = Tuner.points_from_attempts(rows)
         self.last_sample = self.sampler.sample(None)
         gpus = tuple((g.name, g.total_bytes) for g in self.last_sample.gpus)
         if self.last_sample.gpu_unavailable:
@@ -128,7 +139,7 @@ class Supervisor:
         self.tuner.key = JobKey(self.config.command, gpus, self.config.world_size)
         start = self.tuner.starting_micro(self.plan.batch.micro_batch) if fresh else None
         if start is not None:
-            self.plan = Plan(self.plan.batch.with_micro_batch(start), self.plan.expandable_segments)
+            self.plan = replace(self.plan, batch=self.plan.batch.with_micro_batch(start))
             self.journal.event("fit_store", None, micro_batch=start, job=self.tuner.key.describe())
             log(f"an earlier run of this job fitted micro-batch {start}: starting there")
 
@@ -210,11 +221,15 @@ class Supervisor:
             verdict, watch, checkpoint = self._run_attempt()
             if self.stopping:
                 return self._stopped()
+            if self.trend.restarting:  # stopped on purpose: whatever it exited with, it resumes
+                self._planned_restart(watch)
+                continue
             if watch.growing and watch.grow_to is not None:
                 self._grow(watch.grow_to, watch)
                 continue
             if verdict.kind is None:
-                self.tuner.record(self.plan.batch.micro_batch, self._peak(watch), memory_failed=False)
+                if not self.trend.leaking():  # a leaking attempt's peak is where the leak got to
+                    self.tuner.record(self.plan.batch.micro_batch, self._peak(watch), memory_failed=False)
                 self.journal.end_attempt(self.attempt, returncode=0, exit_code=0, decision="finished",
                                          last_step=watch.last_step, peak_rss=watch.peak_rss)
                 self._transition(RunState.SUCCEEDED, f"worker finished (attempt {self.attempt})")
@@ -232,13 +247,26 @@ class Supervisor:
     def _grow(self, micro: int, watch: AttemptWatch) -> None:
         self.tuner.record(self.plan.batch.micro_batch, self._peak(watch), memory_failed=False)
         old = self.plan.batch.micro_batch
-        self.plan = Plan(self.plan.batch.with_micro_batch(micro), self.plan.expandable_segments,
-                         self.plan.fallbacks_applied)
+        self.plan = replace(self.plan, batch=self.plan.batch.with_micro_batch(micro))
         reason = f"grow: micro-batch {old} -> {micro} × accumulation {self.plan.batch.grad_accum}"
         self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
                                  decision=reason, last_step=watch.last_step, peak_rss=watch.peak_rss)
         self._save_plan()
         self._transition(RunState.STARTING, reason)
+
+    def _planned_restart(self, watch: AttemptWatch) -> None:
+        """The worker was stopped right after a checkpoint because the forecast put the limit
+        before the checkpoint after it: restart at the same size, no failure, nothing redone."""
+        reason = self.trend.restart_reason or "planned restart"
+        per_s = self.trend.forecast.per_s if self.trend.forecast else self.trend.prior_per_s
+        attribution = self.trend.attribute(Evidence(), self.plan.batch.micro_batch)
+        if attribution.cause is Cause.LEAK:
+            self._event("attribution", **attribution.as_dict(), planned=True)
+        self.trend.prior_per_s = per_s
+        self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
+                                 decision=reason, last_step=watch.last_step, peak_rss=watch.peak_rss)
+        self._save_plan()
+        self._transition(RunState.STARTING, f"{reason}; restarting at micro-batch {self.plan.batch.micro_batch}")
 
     def _peak(self, watch: AttemptWatch) -> int | None:
         return self.tuner.peak_bytes(watch.peak, self.last_sample)
@@ -268,8 +296,9 @@ class Supervisor:
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
         env = build_env(self.config, self.plan, values, files)
         if not self.plan.expandable_segments and expandable_already(env):
-            self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
+            self.plan = replace(self.plan, expandable_segments=True)
         watch = AttemptWatch()
+        self.trend = TrendWatch(self.trend.prior_per_s, self.trend.checkpoint_rhythm(0.0)[1], time.monotonic())
         box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
         self.journal.start_attempt(self.attempt, self.worker.pgid, self.plan.as_dict(),
@@ -320,6 +349,7 @@ class Supervisor:
                 self._ask_for_checkpoint(files, "requested")
             self._check_hang(watch)
         self._read_channel(watch, channel)
+        self.journal.set_meta(forecast=None)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
         self._check_checkpoints(watch, worker_alive=False)
@@ -328,6 +358,16 @@ class Supervisor:
         for record in channel.read():
             if watch.take(record, time.monotonic()):
                 self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
+            if record["type"] == "checkpoint" and self.trend.restart_reason:
+                self._restart_now()  # the worker says it saved: sooner than the file settling
+
+    def _restart_now(self) -> None:
+        """Carry out the planned restart: stop the worker (a SIGTERM a preemption-aware script
+        answers by saving) right after a checkpoint."""
+        if self.trend.restarting or self.worker is None or self.worker.exited.is_set():
+            return
+        self.trend.restarting = True
+        self.worker.stop(self.config.grace_period)
 
     def _tick(self) -> None:
         for ticker in self.tickers:
@@ -357,7 +397,41 @@ class Supervisor:
         elif verdict.action is MemoryAction.CHECKPOINT:
             watch.last_request = time.monotonic()
             self._ask_for_checkpoint(files, f"{verdict.reason} ({verdict.evidence})")
+        self._foresee(sample, watch, files)
         self._consider_growth(watch)
+
+    def _foresee(self, sample: MemorySample, watch: AttemptWatch, files: AttemptFiles) -> None:
+        """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
+        after next, restart right after the next one (asking for it when the limit is nearer)."""
+        forecast = self.trend.add(sample, watch.last_step, self.config.memory_limit, self.config.soft_threshold)
+        self._publish_forecast(forecast)
+        if forecast is None or forecast.move is Move.WATCH or not self.config.checkpoints:
+            return  # without checkpoints a restart would redo everything: the forecast is only shown
+        if self.trend.restart_reason is None:
+            self.trend.restart_reason = f"planned restart after the next checkpoint: {forecast.text}"
+            self._event("planned_restart", reason=self.trend.restart_reason, budget=forecast.budget,
+                        seconds_to_limit=round(forecast.seconds_to_limit, 1), bytes_per_s=round(forecast.per_s),
+                        limit=forecast.limit, move=forecast.move.value)
+            log(self.trend.restart_reason)
+        if forecast.move is Move.CHECKPOINT_NOW and not self.trend.asked:
+            self.trend.asked = True
+            watch.last_request = time.monotonic()
+            self._ask_for_checkpoint(files, f"memory forecast: {forecast.text}")
+
+    def _publish_forecast(self, forecast: Forecast | None) -> None:
+        """The forecast in the meta (status, dashboard); rewritten at most every few seconds."""
+        now = time.monotonic()
+        shown = self._forecast_shown
+        if forecast is None and not shown:
+            return
+        if forecast is not None and shown and now - self._forecast_written < 5.0:
+            return
+        self._forecast_written = now
+        self._forecast_shown = forecast is not None
+        self.journal.set_meta(forecast=None if forecast is None else {
+            "text": forecast.text, "seconds_to_limit": round(forecast.seconds_to_limit, 1),
+            "bytes_per_s": round(forecast.per_s), "budget": forecast.budget, "limit": forecast.limit,
+            "move": forecast.move.value, "t": time.time()})
 
     def _consider_growth(self, watch: AttemptWatch) -> None:
         """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
@@ -385,6 +459,9 @@ class Supervisor:
                 watch.new_checkpoint = True
                 watch.last_progress = time.monotonic()
                 self._event("checkpoint", path=ckpt.path, step=ckpt.step)
+                self.trend.checkpoint_seen(time.monotonic())
+                if self.trend.restart_reason and worker_alive:
+                    self._restart_now()
                 if watch.grow_to is not None and not watch.growing and self.worker is not None:
                     watch.growing = True
                     self.worker.stop(self.config.grace_period)
@@ -419,8 +496,14 @@ class Supervisor:
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           watch.scanner.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error)
-        self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
-        hint = self.tuner.shrink_hint(failure.micro_batch, self.last_sample) if verdict.kind.is_memory else None
+        attribution = self._attribute(verdict, watch)
+        if attribution is not None:
+            failure = replace(failure, attribution=attribution)
+        fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
+        if fits:
+            self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
+        hint = (self.tuner.shrink_hint(failure.micro_batch, self.last_sample)
+                if verdict.kind.is_memory and fits else None)
         if hint is not None:
             self._event("memory_model", micro_batch=hint.micro_batch, predicted_bytes=hint.predicted_peak,
                         why=hint.reason)
@@ -436,10 +519,24 @@ class Supervisor:
             self._event("checkpoint_bad", path=decision.bad_checkpoint, evidence=watch.scanner.load_error)
         self._event("decision", action=decision.action.value, reason=decision.reason,
                     micro_batch=decision.plan.batch.micro_batch, grad_accum=decision.plan.batch.grad_accum,
-                    kind=verdict.kind.value, evidence=verdict.evidence)
+                    kind=verdict.kind.value, evidence=verdict.evidence,
+                    cause=attribution.cause.value if attribution else None)
         self.plan = decision.plan
         self._save_plan()
         return decision
+
+    def _attribute(self, verdict: Verdict, watch: AttemptWatch) -> Attribution | None:
+        """The cause of a memory failure, journaled with the figures that decided it."""
+        if verdict.kind is None or not verdict.kind.is_memory:
+            return None
+        scan = watch.scanner
+        attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader),
+                                           self.plan.batch.micro_batch, fit(self.tuner.points))
+        if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):
+            self.trend.prior_per_s = float(rate)
+        self._event("attribution", **attribution.as_dict())
+        log(f"cause: {attribution.summary}")
+        return attribution
 
     def close(self) -> None:
         self.journal.close()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from oomguard.supervisor.errors import UsageError
 
 NAMES = ("micro_batch", "grad_accum", "global_batch", "world_size", "checkpoint", "checkpoint_step",
-         "attempt", "run_dir")
+         "attempt", "run_dir", "eval_micro_batch", "num_workers")
 
 _FORMATTER = string.Formatter()
 
@@ -24,6 +24,11 @@ def check_template(text: str) -> None:
         if name not in NAMES:
             raise UsageError("COMMAND", f"unknown placeholder {{{name}}} in {text!r}",
                              "use one of " + ", ".join("{" + n + "}" for n in NAMES))
+
+
+def used(texts: Iterable[str]) -> set[str]:
+    """The placeholder names that occur in ``texts`` (checked templates)."""
+    return {name for text in texts for _, name, _, _ in _FORMATTER.parse(text) if name}
 
 
 def render(text: str, values: Mapping[str, object]) -> str:

@@ -37,6 +37,7 @@ def placeholder_values(config: RunConfig, plan: Plan, attempt: int,
         "checkpoint": checkpoint.path if checkpoint else "",
         "checkpoint_step": checkpoint.step if checkpoint and checkpoint.step is not None else "",
         "attempt": attempt, "run_dir": str(config.run_dir.resolve()),
+        "eval_micro_batch": plan.eval_micro_batch, "num_workers": plan.num_workers,
     }
 
 

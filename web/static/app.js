@@ -91,7 +91,10 @@ function renderStatus(doc) {
   $("attempt").textContent = `attempt ${doc.attempt}`;
   $("reason").textContent = plainReason(doc);
   const progress = doc.progress && doc.progress.step !== undefined ? ` · step ${doc.progress.step}` : "";
-  $("detail").textContent = `${doc.reason}${progress} · updated ${clock(doc.updated)}`;
+  const forecast = doc.forecast ? ` · ${doc.forecast.text}` : "";
+  const last = doc.failures.length ? doc.failures[doc.failures.length - 1] : null;
+  const cause = last && last.cause ? ` · cause: ${last.cause.summary}` : "";
+  $("detail").textContent = `${doc.reason}${progress}${forecast}${cause} · updated ${clock(doc.updated)}`;
   $("batch").textContent = batchText(doc.micro_batch, doc.grad_accum, doc.world_size, doc.global_batch);
   document.title = `oomguard · ${doc.state}`;
 }

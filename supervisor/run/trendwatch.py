@@ -1,0 +1,90 @@
+"""The loop's memory of one attempt's trend: its readings per budget, its checkpoint rhythm, the
+newest forecast and the restart planned from it.
+
+The decisions are pure (``decide.forecast``, ``decide.attribution``); this object only keeps what
+they are fed and what the loop has already done about them (planned, asked, stopping), so a
+forecast is acted on once per attempt.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+from oomguard.supervisor.decide.attribution import Attribution, Evidence, attribute
+from oomguard.supervisor.decide.forecast import Forecast, Move, budgets, forecast, soonest
+from oomguard.supervisor.decide.memmodel import Fit
+from oomguard.supervisor.decide.trend import Reading, steady_rise
+from oomguard.supervisor.observe.memory import MemorySample
+
+MAX_READINGS = 600  # per budget; past this, every other reading is dropped (the whole attempt stays in view)
+HOST = "worker RSS"
+
+
+@dataclass
+class TrendWatch:
+    prior_per_s: float | None = None  # a leak rate measured earlier in this run
+    prior_period: float | None = None  # the checkpoint period seen in earlier attempts
+    started: float = 0.0  # monotonic start of the attempt
+    series: dict[str, list[Reading]] = field(default_factory=dict)
+    checkpoint_times: list[float] = field(default_factory=list)  # monotonic, new checkpoints of this attempt
+    forecast: Forecast | None = None
+    restart_reason: str | None = None  # planned: restart right after the next checkpoint lands
+    asked: bool = False  # a checkpoint was asked for because of the forecast
+    restarting: bool = False  # the worker was stopped for the planned restart
+
+    def add(self, sample: MemorySample, step: int | None, memory_limit: int | None,
+            fraction: float) -> Forecast | None:
+        """Fold one sample in and return the forecast for the budget whose limit comes first."""
+        t = sample.monotonic
+        if sample.worker_rss_bytes is not None:
+            self._keep(HOST, Reading(t, sample.worker_rss_bytes, step))
+        if sample.gpus:
+            self._keep("GPU memory", Reading(t, sample.worker_gpu_bytes or 0, step))
+        found = budgets(sample, memory_limit, fraction)
+        for budget in found:
+            self._keep(budget.name, Reading(t, budget.used, step))
+        next_in, period = self.checkpoint_rhythm(t)
+        found_forecast = soonest([forecast(self.series[b.name], b, next_in, period, self.prior_per_s)
+                                  for b in found])
+        if found_forecast is not None and found_forecast.measured and found_forecast.move is not Move.WATCH \
+                and not self.leaking():
+            # A cgroup's working set also grows with page cache the kernel reclaims before any OOM
+            # kill (a dataset read once): act only when the worker's own memory rises too.
+            found_forecast = replace(found_forecast, move=Move.WATCH)
+        self.forecast = found_forecast
+        return self.forecast
+
+    def _keep(self, name: str, reading: Reading) -> None:
+        readings = self.series.setdefault(name, [])
+        readings.append(reading)
+        if len(readings) > MAX_READINGS:
+            self.series[name] = readings[::2]
+
+    def checkpoint_seen(self, now: float) -> None:
+        self.checkpoint_times.append(now)
+
+    def checkpoint_rhythm(self, now: float) -> tuple[float | None, float | None]:
+        """(seconds until the next checkpoint is due, seconds between checkpoints), from the
+        checkpoints this attempt wrote, else those of earlier attempts; (None, None) when unknown."""
+        times = self.checkpoint_times
+        if len(times) >= 2:
+            recent = times[-6:]
+            period: float | None = statistics.median([b - a for a, b in zip(recent, recent[1:], strict=False)])
+        else:
+            period = self.prior_period
+        if period is None:
+            return None, None
+        anchor = times[-1] if times else self.started
+        return max(0.0, anchor + period - now), period
+
+    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None) -> Attribution:
+        """The cause of this attempt's memory failure, from the series that matters: the GPU's when
+        there is one, else the worker tree's RSS."""
+        name = "GPU memory" if "GPU memory" in self.series else HOST
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model)
+
+    def leaking(self) -> bool:
+        """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
+        trend = steady_rise(self.series.get("GPU memory") or self.series.get(HOST, []))
+        return trend is not None and trend.steady()
