@@ -96,10 +96,10 @@ class RunConfig:
         metavar="GLOB", repeat=True))
     resume_args: str = field(default="", metadata=_opt(
         "--resume-args", "arguments appended when a checkpoint exists, e.g. '--resume-from {checkpoint}'",
-        str, metavar="ARGS"))
+        str, metavar="ARGS", fragment=True))
     fallback_args: tuple[str, ...] = field(default=(), metadata=_opt(
         "--fallback-args", "arguments to add, in turn, once the micro-batch is at its floor, "
-        "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True))
+        "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True, fragment=True))
     max_restarts: int = field(default=10, metadata=_opt(
         "--max-restarts", "restarts allowed after crashes, kills and hangs", int, metavar="N"))
     memory_limit: int | None = field(default=None, metadata=_opt(
@@ -221,6 +221,30 @@ class RunConfig:
 def options() -> list[dataclasses.Field[Any]]:
     """The fields that are options (all but the command), in declaration order."""
     return [f for f in dataclasses.fields(RunConfig) if "flag" in f.metadata]
+
+
+def fragment_flags() -> frozenset[str]:
+    """Options whose value is a piece of the training command (``--resume-args '--init_from=resume'``)."""
+    return frozenset(f.metadata["flag"] for f in options() if f.metadata.get("fragment"))
+
+
+def join_fragments(argv: Sequence[str], flags: frozenset[str]) -> list[str]:
+    """``--opt VALUE`` -> ``--opt=VALUE`` for the fragment-taking options: argparse reads a separate
+    value that starts with ``-`` as an option of its own, but never an explicit ``=VALUE``."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":  # the training command follows: not ours to touch
+            return out + args[i:]
+        if token in flags and i + 1 < len(args):
+            out.append(f"{token}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
