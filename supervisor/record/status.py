@@ -54,6 +54,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "world_size": plan.get("world_size", config.get("world_size")),
         "expandable_segments": plan.get("expandable_segments", False),
         "fallbacks_applied": plan.get("fallbacks_applied", 0),
+        "alloc_conf": meta.get("alloc_conf") or {},  # the allocator variables the worker got
         "worker_pid": meta.get("worker_pid") if alive else None,
         "checkpoint": current.get("checkpoint"),
         "newest_checkpoint": checkpoints[0] if checkpoints else None,
@@ -84,6 +85,8 @@ def format_status(doc: dict[str, Any]) -> str:
         f"worker pid: {doc['worker_pid'] or '-'}",
         f"checkpoint: {doc['checkpoint'] or '-'}",
     ]
+    if doc.get("alloc_conf"):
+        lines.append("allocator:  " + ", ".join(f"{k}={v}" for k, v in doc["alloc_conf"].items()))
     if doc["progress"]:
         lines.append(f"progress:   step {doc['progress'].get('step')}")
     memory = doc.get("memory") or {}

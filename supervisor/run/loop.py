@@ -21,6 +21,7 @@ import psutil
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.fragmentation import judge
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.tuning import Tuner
 from oomguard.supervisor.errors import UsageError
@@ -34,7 +35,14 @@ from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
-from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
+from oomguard.supervisor.run.runtime import (
+    AttemptFiles,
+    alloc_conf,
+    build_argv,
+    build_env,
+    expandable_already,
+    placeholder_values,
+)
 from oomguard.supervisor.run.states import RunState, check_transition
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
@@ -269,6 +277,7 @@ class Supervisor:
         env = build_env(self.config, self.plan, values, files)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
+        self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
         watch = AttemptWatch()
         box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
@@ -416,8 +425,13 @@ class Supervisor:
                          f" ({verdict.evidence})")
         load_error = (checkpoint is not None and watch.scanner.load_error is not None
                       and not watch.new_checkpoint and watch.progress_records == 0)
+        scan = watch.scanner
+        fragmentation = judge(scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
+                              self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
+        if verdict.kind is FailureKind.CUDA_OOM and scan.tried_bytes is not None:
+            self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
-                          watch.scanner.fragmented, watch.new_checkpoint,
+                          fragmentation.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error)
         self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
         hint = self.tuner.shrink_hint(failure.micro_batch, self.last_sample) if verdict.kind.is_memory else None
