@@ -100,6 +100,10 @@ class RunConfig:
     fallback_args: tuple[str, ...] = field(default=(), metadata=_opt(
         "--fallback-args", "arguments to add, in turn, once the micro-batch is at its floor, "
         "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True, fragment=True))
+    progress_pattern: str = field(default="", metadata=_opt(
+        "--progress-pattern", "regular expression for the step in the worker's output, with a named "
+        "group 'step' and optionally 'total', e.g. 'it (?P<step>\\d+)/(?P<total>\\d+)' (built in: nanoGPT, "
+        "Hugging Face, Lightning, tqdm, 'step N')", str, metavar="REGEX", fragment=True))
     max_restarts: int = field(default=10, metadata=_opt(
         "--max-restarts", "restarts allowed after crashes, kills and hangs", int, metavar="N"))
     memory_limit: int | None = field(default=None, metadata=_opt(
@@ -165,6 +169,7 @@ class RunConfig:
         self._check_memory_options()
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
+        self._check_progress_pattern()
 
     def _check_batch(self) -> None:
         if self.global_batch is None:
@@ -193,6 +198,15 @@ class RunConfig:
             text = str(exc)
             option = text.split()[0] if text.startswith("--") else "--notify"
             raise UsageError(option, text.removeprefix(option).strip(" :"), "see oomguard run --help") from None
+
+    def _check_progress_pattern(self) -> None:
+        from oomguard.supervisor.observe.steps import compile_pattern
+
+        if self.progress_pattern:
+            try:
+                compile_pattern(self.progress_pattern)
+            except ValueError as exc:
+                raise UsageError("--progress-pattern", str(exc), "see oomguard run --help") from None
 
     def _check_signal(self) -> None:
         import signal

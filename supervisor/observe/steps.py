@@ -15,8 +15,11 @@ from dataclasses import dataclass
 BUILTIN: tuple[tuple[str, re.Pattern[str]], ...] = (
     # nanoGPT: "iter 120: loss 3.2100, time 41.23ms, mfu 12.34%" and "step 250: train loss 2.9, val loss 3.0"
     ("nanogpt", re.compile(r"^\s*(?:iter|step) (?P<step>\d+): ")),
+    # Lightning's bar counts batches within the epoch: "Epoch 2:  45%|███▌ | 45/100 [00:03<00:04, ...]"
+    # is step 2 * 100 + 45 (the number of epochs, hence the total, is not shown).
+    ("lightning", re.compile(r"Epoch (?P<epoch>\d+):.*?\|\s*(?P<step>\d+)/(?P<total>\d+) \[")),
     # Hugging Face Trainer logs dicts with the epoch, not the step; its tqdm bar carries the step:
-    # " 40%|████      | 40/100 [00:12<00:18,  3.30it/s]"; Lightning: "Epoch 0:  45%|███▌ | 45/100 [...]".
+    # " 40%|████      | 40/100 [00:12<00:18,  3.30it/s]".
     ("progress bar", re.compile(r"\|\s*(?P<step>\d+)/(?P<total>\d+) \[")),
     # "step 120/1000", "Step: 120 / 1000", "global_step=120", "step 120" (nanochat: "step 00120/01000 (12.00%)")
     ("step N/M", re.compile(r"\b(?:global_)?step[\s:=]+(?P<step>\d+)\s*/\s*(?P<total>\d+)\b", re.IGNORECASE)),
@@ -59,6 +62,9 @@ class StepMatcher:
             try:
                 step = int(m.group("step"))
                 total = m.groupdict().get("total")
+                epoch = m.groupdict().get("epoch")
+                if epoch is not None and total:  # per-epoch batches -> a global step
+                    return StepSeen(int(epoch) * int(total) + step, None)
                 return StepSeen(step, int(total) if total else None)
             except (TypeError, ValueError):  # a custom pattern whose group matched no number
                 continue

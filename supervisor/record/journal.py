@@ -139,12 +139,15 @@ class Journal:
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)", (json.dumps(progress),))
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
-        """Record a checkpoint; True when it is new to the journal."""
+        """Record a checkpoint; True when it is new to the journal or was rewritten since (a script
+        that keeps one file, like nanoGPT's ``ckpt.pt``, makes progress by rewriting it)."""
         with self._write() as db:
             cur = db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen, attempt) "
                              "VALUES (?, ?, ?, ?, ?)", (path, step, mtime, time.time(), attempt))
             if cur.rowcount == 0:
-                db.execute("UPDATE checkpoints SET mtime = ? WHERE path = ?", (mtime, path))
+                cur = db.execute("UPDATE checkpoints SET mtime = ?, step = coalesce(?, step), "
+                                 "attempt = coalesce(?, attempt) WHERE path = ? AND mtime < ?",
+                                 (mtime, step, attempt, path, mtime))
             return cur.rowcount > 0
 
     def mark_bad(self, path: str, reason: str) -> None:

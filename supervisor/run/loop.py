@@ -29,6 +29,7 @@ from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.memory import MemorySample, Sampler, fold_peak
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
 from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.journal import Journal
@@ -278,11 +279,13 @@ class Supervisor:
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
         self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
-        watch = AttemptWatch()
+        watch = AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None))
         box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
         self.journal.start_attempt(self.attempt, self.worker.pgid, self.plan.as_dict(),
                                    checkpoint.path if checkpoint else None, argv, str(files.log))
+        if checkpoint is not None:
+            self._event("resume_point", path=checkpoint.path, step=self._checkpoint_step(checkpoint))
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {self.plan.batch.micro_batch}"
                          f" × accumulation {self.plan.batch.grad_accum} × world {self.plan.batch.world_size}"
                          f" = {self.plan.batch.global_batch}"
@@ -293,6 +296,12 @@ class Supervisor:
         facts = box.exit_facts(self.worker.returncode, watch)
         return classify(facts, watch.scanner), watch, checkpoint
 
+    def _checkpoint_step(self, checkpoint: Checkpoint) -> int | None:
+        """Its step: from its name, else the step the output showed when it was written."""
+        if checkpoint.step is not None:
+            return checkpoint.step
+        return next((c["step"] for c in self.journal.checkpoints() if c["path"] == checkpoint.path), None)
+
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
         """Start the worker in a fresh memory cgroup (the last attempt's is removed first)."""
@@ -302,7 +311,7 @@ class Supervisor:
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo, box.procs)
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.feed_line, self.echo, box.procs)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
@@ -371,7 +380,7 @@ class Supervisor:
     def _consider_growth(self, watch: AttemptWatch) -> None:
         """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
         restart waits for the next checkpoint so no work is lost."""
-        stable = time.monotonic() - watch.started >= self.config.grow_after
+        stable = time.monotonic() - watch.running_since() >= self.config.grow_after
         if not (self.config.grow and self.config.checkpoints and stable) or watch.grow_to is not None:
             return
         current = self.plan.batch.micro_batch
@@ -390,10 +399,11 @@ class Supervisor:
         found = self.index.settled(bad) if worker_alive else [
             c for c in self.index.refresh(force=True) if c.path not in bad]
         for ckpt in found:
-            if self.journal.checkpoint_seen(ckpt.path, ckpt.step, ckpt.mtime, self.attempt):
+            step = ckpt.step if ckpt.step is not None else watch.step_at(ckpt.mtime)
+            if self.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.attempt):
                 watch.new_checkpoint = True
                 watch.last_progress = time.monotonic()
-                self._event("checkpoint", path=ckpt.path, step=ckpt.step)
+                self._event("checkpoint", path=ckpt.path, step=step)
                 if watch.grow_to is not None and not watch.growing and self.worker is not None:
                     watch.growing = True
                     self.worker.stop(self.config.grace_period)
@@ -423,8 +433,7 @@ class Supervisor:
         assert verdict.kind is not None
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
-        load_error = (checkpoint is not None and watch.scanner.load_error is not None
-                      and not watch.new_checkpoint and watch.progress_records == 0)
+        load_error = checkpoint is not None and watch.scanner.load_error is not None and not watch.progressed
         scan = watch.scanner
         fragmentation = judge(scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
                               self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
