@@ -104,6 +104,10 @@ class RunConfig:
         "--progress-pattern", "regular expression for the step in the worker's output, with a named "
         "group 'step' and optionally 'total', e.g. 'it (?P<step>\\d+)/(?P<total>\\d+)' (built in: nanoGPT, "
         "Hugging Face, Lightning, tqdm, 'step N')", str, metavar="REGEX", fragment=True))
+    edits: tuple[str, ...] = field(default=(), metadata=_opt(
+        "--edit", "set a key in a config file the command names, in a per-attempt copy (repeatable; "
+        "dotted keys, placeholders), e.g. 'configs/x.yaml:train.micro_batch_size={micro_batch}'", str,
+        metavar="FILE:KEY=VALUE", repeat=True))
     max_restarts: int = field(default=10, metadata=_opt(
         "--max-restarts", "restarts allowed after crashes, kills and hangs", int, metavar="N"))
     memory_limit: int | None = field(default=None, metadata=_opt(
@@ -170,6 +174,10 @@ class RunConfig:
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
         self._check_progress_pattern()
+        from oomguard.supervisor.run.configedit import parse_edit
+
+        for spec in self.edits:
+            check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
 
     def _check_batch(self) -> None:
         if self.global_batch is None:

@@ -33,6 +33,7 @@ from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
 from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
@@ -89,6 +90,7 @@ class Supervisor:
         self.thresholds = Thresholds(config.soft_threshold, config.psi_threshold, config.memory_limit)
         self.tuner = Tuner(self.plan.batch.per_process_batch, config.min_micro_batch,
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
+        self.edits: list[Edit] = []  # --edit, checked when the run opens
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self._next_thin = time.monotonic() + THIN_EVERY
 
@@ -104,6 +106,7 @@ class Supervisor:
         except OSError as exc:
             raise UsageError("--run-dir", f"cannot write {self.run_dir}: {exc.strerror}",
                              "choose a directory you can write") from None
+        self.edits = check_edits(self.config.edits, self.config.command, self.cwd)  # exit 2 before anything runs
         self._lock.acquire()
         self.journal = Journal(self.run_dir)
         fresh = not self.journal.meta().get("plan")
@@ -275,6 +278,8 @@ class Supervisor:
         files = AttemptFiles.of(self.run_dir, self.attempt)
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
+        if self.edits:  # --edit: this attempt's copies of the config files, and the argv pointed at them
+            argv = apply_edits(self.edits, argv, values, self.cwd, self.run_dir / "edits" / f"attempt-{self.attempt}")
         env = build_env(self.config, self.plan, values, files)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
