@@ -71,4 +71,4 @@ def test_eta_and_the_step_a_checkpoint_was_written_at() -> None:
     watch.note_step(StepSeen(100, 1000), now=10.0, wall=1000.0)
     watch.note_step(StepSeen(200, 1000), now=20.0, wall=1010.0)
     assert watch.progress is not None and watch.progress["eta_s"] == pytest.approx(80.0)
-    assert watch.step_at(1005.0) == 100 and watch.step_at(1010.0) == 200 and watch.step_at(999.0) is None
+    assert watch.step_at(1005.0) == 100 and watch.step_at(1009.9) == 200 and watch.step_at(999.0) is None

@@ -18,6 +18,7 @@ from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
 from oomguard.worker import protocol
 
 PROGRESS_EVENT_EVERY = 10.0  # progress records are journaled as events at most this often
+STAMP_SLACK = 0.25  # seconds: see AttemptWatch.step_at
 REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH)
 
@@ -83,7 +84,10 @@ class AttemptWatch:
     def step_at(self, wall: float) -> int | None:
         """The last step the output showed at or before ``wall`` (a checkpoint file's mtime): the
         step of a checkpoint whose name carries none, such as nanoGPT's ``ckpt.pt``."""
-        before = [step for t, step in self.steps_at if t <= wall]
+        # A line is stamped when read, a beat after it was printed (and a file's mtime comes from
+        # the kernel's coarse clock), so a step printed just before the save can be stamped after
+        # it: allow a quarter second, less than the two iterations a later step would take.
+        before = [step for t, step in self.steps_at if t <= wall + STAMP_SLACK]
         return before[-1] if before else None
 
     @property
