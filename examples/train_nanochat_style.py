@@ -10,7 +10,7 @@ allocator after a checkpoint exists.
     oomguard run --micro-batch 16 --global-batch 32 --checkpoint 'out/model_*.pt' \\
         --resume-args '--resume_from_step={checkpoint_step}' -- \\
         python examples/train_nanochat_style.py --device_batch_size={micro_batch} --total_batch_size=4096 \\
-        --checkpoint_dir=out --memory_budget_mb=60
+        --checkpoint_dir=out --memory_budget_mb=75
 """
 
 from __future__ import annotations

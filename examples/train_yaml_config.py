@@ -9,7 +9,7 @@ at the copy. Checkpoints are ``OUTPUT/step_N.pt``; ``--resume PATH`` continues f
         --resume-args '--resume {checkpoint}' \\
         --edit 'examples/configs/tiny.yaml:train.micro_batch_size={micro_batch}' \\
         --edit 'examples/configs/tiny.yaml:train.gradient_accumulation_steps={grad_accum}' -- \\
-        python examples/train_yaml_config.py --config examples/configs/tiny.yaml --memory-budget-mb 60
+        python examples/train_yaml_config.py --config examples/configs/tiny.yaml --memory-budget-mb 75
 """
 
 from __future__ import annotations
