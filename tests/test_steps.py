@@ -72,3 +72,12 @@ def test_eta_and_the_step_a_checkpoint_was_written_at() -> None:
     watch.note_step(StepSeen(200, 1000), now=20.0, wall=1010.0)
     assert watch.progress is not None and watch.progress["eta_s"] == pytest.approx(80.0)
     assert watch.step_at(1005.0) == 100 and watch.step_at(1009.9) == 200 and watch.step_at(999.0) is None
+
+
+def test_the_total_outlives_the_journaled_progress_record() -> None:
+    watch = AttemptWatch()
+    watch.feed_line(" 10%|█         | 10/100 [00:01<00:09, 9.8it/s]")
+    watch.progress = None  # the loop journals it with the next sample and clears it
+    watch.feed_line("100%|██████████| 5/5 [00:00<00:00, 30.1it/s]")  # evaluation: still ignored
+    watch.feed_line(" 11%|█         | 11/100 [00:01<00:09, 9.8it/s]")
+    assert watch.last_step == 11 and watch.progress is not None and watch.progress["total_steps"] == 100

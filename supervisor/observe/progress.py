@@ -46,6 +46,7 @@ class AttemptWatch:
     output_steps: int = 0  # step increases read from the output (scripts without the worker library)
     first_progress: float | None = None  # monotonic time of the first step seen
     first_step: int = 0
+    total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
 
     def feed_line(self, line: str) -> None:
@@ -58,7 +59,7 @@ class AttemptWatch:
     def note_step(self, seen: StepSeen, now: float, wall: float) -> None:
         """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
         at training step 400 is not a step back, and output without a new step is not progress."""
-        current_total = (self.progress or {}).get("total_steps")
+        current_total = self.total_steps  # kept here: ``progress`` is cleared once journaled
         if seen.total and current_total and seen.total != current_total:
             # Another bar: a longer one is the training loop (after "Loading shards 2/2"), a
             # shorter one an evaluation inside it.
@@ -67,7 +68,7 @@ class AttemptWatch:
             self.first_progress = None
         elif self.last_step is not None and seen.step <= self.last_step:
             return
-        total = seen.total or current_total
+        total = self.total_steps = seen.total or current_total
         self.output_steps += 1
         self.last_step = seen.step
         self.last_progress = now
