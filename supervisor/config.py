@@ -114,7 +114,8 @@ class RunConfig:
         "--memory-limit", "host memory budget of the worker's process tree, e.g. 16G", parse_size,
         metavar="SIZE"))
     hang_timeout: float = field(default=1800.0, metadata=_opt(
-        "--hang-timeout", "seconds without output or progress before the worker counts as hung",
+        "--hang-timeout", "seconds without output or progress before the worker counts as hung (once steps "
+        "are known, output without a new step is not progress)",
         _non_negative, metavar="SECONDS"))
     grace_period: float = field(default=30.0, metadata=_opt(
         "--grace-period", "seconds between SIGTERM and SIGKILL when stopping the worker",
@@ -138,7 +139,8 @@ class RunConfig:
         "--grow", "after a stable period, restart at the next checkpoint with a larger micro-batch "
         "that the memory model predicts fits", None))
     grow_after: float = field(default=600.0, metadata=_opt(
-        "--grow-after", "seconds of stable running before --grow tries a larger micro-batch",
+        "--grow-after", "seconds of stable running (from the first step, where steps are known) before "
+        "--grow tries a larger micro-batch",
         _non_negative, metavar="SECONDS"))
     notify: tuple[str, ...] = field(default=(), metadata=_opt(
         "--notify", "webhook for failure, success and recovered OOMs: URL, slack=URL or ntfy=URL "

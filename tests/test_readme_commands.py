@@ -3,6 +3,7 @@ README cannot drift from the CLI: a form the README shows must parse (and, for `
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -15,7 +16,13 @@ from oomguard.supervisor.ops import systemd
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
-_SUBCOMMANDS = ("run", "status", "report", "logs", "checkpoint", "restart", "stop", "service", "doctor")
+_WORD = re.compile(r"^[a-z][a-z-]*$")
+
+
+def _subcommands() -> set[str]:
+    """The subcommands the real parser has (others add theirs to cli.EXTRA_COMMANDS)."""
+    return {name for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices}
 
 
 def _logical_lines(block: str) -> list[str]:
@@ -37,6 +44,7 @@ def _commands(text: str) -> list[list[str]]:
     oomguard status ...``). A usage synopsis (``[--opt N]``) is not a command; ``...`` stands for
     "more of the user's own arguments" and is dropped."""
     found: list[list[str]] = []
+    known = _subcommands()
     for block in _FENCE.findall(text):
         for line in _logical_lines(block):
             try:
@@ -44,7 +52,10 @@ def _commands(text: str) -> list[list[str]]:
             except ValueError:
                 continue
             for i, token in enumerate(tokens[:-1]):
-                if token == "oomguard" and tokens[i + 1] in _SUBCOMMANDS:
+                # a line that starts with oomguard is a command (an unknown subcommand must fail);
+                # inside a line (docker exec train oomguard status) only a known subcommand is one
+                nxt = tokens[i + 1]
+                if token == "oomguard" and (nxt in known or i == 0 and _WORD.match(nxt)):
                     argv = [t for t in tokens[i + 1:] if t != "..."]
                     if not any(t.startswith("[") for t in argv):
                         found.append(argv)
@@ -63,8 +74,20 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _parse(argv: list[str]) -> argparse.Namespace | None:
+    """The real parser's reading; None for ``--help`` (which prints and exits 0)."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0 and ("--help" in argv or "-h" in argv):
+            return None
+        raise AssertionError(f"oomguard {' '.join(argv)} does not parse (exit {exc.code})") from None
+
+
 def _check_run(argv: list[str], command: list[str]) -> None:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
+    if args is None:
+        return
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
     if not options.get("config"):  # a TOML file the README only names cannot be read here
         build_config(options, command)
@@ -80,15 +103,15 @@ def test_the_readme_has_the_forms_users_copy() -> None:
 def test_readme_command_parses(argv: list[str]) -> None:
     options, command = _split(argv)
     if options[0] == "service":  # oomguard service [opts] -- RUN OPTIONS -- COMMAND
-        args = build_parser().parse_args(options)
-        assert args.func is not None
+        args = _parse(options)
+        assert args is None or args.func is not None
         run_options, run_command = _split(systemd.run_args(command))
         _check_run(["run", *run_options], run_command)
         return
     if options[0] == "run":
         _check_run(options, command)
         return
-    build_parser().parse_args(options)
+    _parse(options)
 
 
 @pytest.mark.parametrize("form", [
