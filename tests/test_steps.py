@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from oomguard.supervisor.observe.progress import AttemptWatch
@@ -81,3 +83,16 @@ def test_the_total_outlives_the_journaled_progress_record() -> None:
     watch.feed_line("100%|██████████| 5/5 [00:00<00:00, 30.1it/s]")  # evaluation: still ignored
     watch.feed_line(" 11%|█         | 11/100 [00:01<00:09, 9.8it/s]")
     assert watch.last_step == 11 and watch.progress is not None and watch.progress["total_steps"] == 100
+
+
+def test_a_checkpoint_rewritten_at_a_later_step_is_progress_the_same_step_is_not(tmp_path: Path) -> None:
+    from oomguard.supervisor.record.journal import Journal
+
+    journal = Journal(tmp_path)
+    ckpt = str(tmp_path / "out" / "ckpt.pt")
+    assert journal.checkpoint_seen(ckpt, 3, 100.0, 1)
+    assert not journal.checkpoint_seen(ckpt, None, 100.0, None)  # seen again, unchanged
+    assert not journal.checkpoint_seen(ckpt, 3, 110.0, 2)  # nanoGPT re-saves at once after resuming
+    assert journal.checkpoint_seen(ckpt, 6, 120.0, 2)  # a later step: progress
+    assert [(c["step"], c["mtime"]) for c in journal.checkpoints()] == [(6, 120.0)]
+    journal.close()
