@@ -96,3 +96,10 @@ def test_a_checkpoint_rewritten_at_a_later_step_is_progress_the_same_step_is_not
     assert journal.checkpoint_seen(ckpt, 6, 120.0, 2)  # a later step: progress
     assert [(c["step"], c["mtime"]) for c in journal.checkpoints()] == [(6, 120.0)]
     journal.close()
+
+
+def test_stable_running_for_grow_after_counts_from_the_first_step() -> None:
+    watch = AttemptWatch()
+    assert watch.running_since() == watch.started  # no steps known: from the start
+    watch.note_step(StepSeen(1, None), now=watch.started + 40.0, wall=0.0)  # 40 s loading the model
+    assert watch.running_since() == watch.started + 40.0
