@@ -2,12 +2,15 @@
 
 Run on a machine with an NVIDIA GPU and torch built with CUDA:
 
-    .venv/bin/python scripts/gpu_check_memory.py [--capacity-gib 6] [--batch 96] [--json OUT.json]
+    .venv/bin/python scripts/gpu_check_memory.py [--capacity-gib G] [--batch 96] [--json OUT.json]
+
+It sizes itself from the GPU it finds: two short uncapped probe runs measure the fixed memory and
+the memory per sample, and the simulated capacity leaves room for about 3/8 of the batch.
 
 What it does:
 
 1. Starts a training child (an MLP on CUDA, Adam) capped with
-   ``torch.cuda.set_per_process_memory_fraction`` so that only part of the device is usable, at
+   ``torch.cuda.set_per_process_memory_fraction`` so that only that capacity is usable, at
    micro-batch = the whole per-process batch (96): it hits a real ``torch.OutOfMemoryError``.
 2. While each child trains, the parent samples it once a second with ``supervisor.memory.Sampler``
    (real NVML: device total/used/free, utilization, the child's own GPU memory by PID).
@@ -22,9 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from oomguard.supervisor.decide.memmodel import Point, propose_growth, shrink_af
 from oomguard.supervisor.observe.memory import MemorySample, Sampler
 
 GIB = 1024**3
+PROBE = 4  # micro-batch of the first probe; the second is twice as large
 
 
 def train_child(micro: int, fraction: float, steps: int) -> int:
@@ -43,8 +47,8 @@ def train_child(micro: int, fraction: float, steps: int) -> int:
 
     torch.cuda.set_per_process_memory_fraction(fraction, 0)
     torch.manual_seed(0)
-    # ~1.6 GiB fixed (weights, grads, Adam) + ~120 MiB of activations per sample: under a 6 GiB
-    # cap about 36 samples fit, so 96 and 48 OOM like the issue's scenario.
+    # ~1.6 GiB fixed (weights, grads, Adam) + ~120 MiB of activations per sample (the parent
+    # measures both first and sizes the cap so that about 3/8 of the batch fits).
     width, seq = 4096, 512
     layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(6)]
     model = torch.nn.Sequential(*layers).cuda()
@@ -74,17 +78,18 @@ def run_attempt(micro: int, fraction: float, steps: int, sampler: Sampler) -> di
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     samples: list[MemorySample] = []
     next_sample = time.monotonic()
-    assert child.stdout is not None
-    os.set_blocking(child.stdout.fileno(), False)
-    out = ""
+    # A thread drains the pipe with blocking reads: a non-blocking text stream's read() can raise
+    # (TextIOWrapper over a BufferedReader that returned None), which crashed this parent on an H100.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(child.stdout or ()), daemon=True)
+    reader.start()
     while child.poll() is None:
         if time.monotonic() >= next_sample:
             samples.append(sampler.sample(child.pid))
             next_sample += 1.0
-        out += child.stdout.read() or ""
         time.sleep(0.05)
-    out += child.stdout.read() or ""
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    reader.join(10)
+    records = [json.loads(line) for line in lines if line.startswith("{")]
     oom = next((r["oom"] for r in records if "oom" in r), None)
     worker_gpu = [s.worker_gpu_bytes for s in samples if s.worker_gpu_bytes is not None]
     return {
@@ -111,13 +116,34 @@ def _brief(sample: MemorySample) -> dict[str, Any]:
     }
 
 
-def check(capacity_gib: float, batch: int, steps: int) -> dict[str, Any]:
+def measure(sampler: Sampler) -> tuple[int, int]:
+    """(fixed bytes, bytes per sample) of the child's training step, from two uncapped probe runs."""
+    peaks = {}
+    for micro in (PROBE, 2 * PROBE):
+        result = run_attempt(micro, 0.95, 2, sampler)
+        if result["oom"] or not result["peak_reserved"]:
+            raise SystemExit(f"the probe at micro-batch {micro} did not train: {result['oom'] or result}")
+        peaks[micro] = result["peak_reserved"]
+    per_sample = max(1, (peaks[2 * PROBE] - peaks[PROBE]) // PROBE)
+    return max(0, peaks[PROBE] - per_sample * PROBE), per_sample
+
+
+def capacity_for(fixed: int, per_sample: int, batch: int, total: int, capacity_gib: float | None) -> int:
+    """The usable memory to simulate: room for about 3/8 of the batch, so the full batch and half of
+    it OOM and a smaller micro-batch trains, on any GPU from 16 GB to 140 GB."""
+    if capacity_gib is not None:
+        return int(min(0.95 * total, capacity_gib * GIB))
+    return int(min(0.9 * total, fixed + per_sample * batch * 3 // 8 + 512 * 2**20))
+
+
+def check(capacity_gib: float | None, batch: int, steps: int) -> dict[str, Any]:
     import torch
 
     total = torch.cuda.get_device_properties(0).total_memory
-    fraction = min(0.95, capacity_gib * GIB / total)
-    capacity = int(fraction * total)
     sampler = Sampler()
+    fixed, per_sample = measure(sampler)
+    capacity = capacity_for(fixed, per_sample, batch, total, capacity_gib)
+    fraction = capacity / total
     points: list[Point] = []
     attempts: list[dict[str, Any]] = []
     micro: int | None = batch
@@ -139,6 +165,8 @@ def check(capacity_gib: float, batch: int, steps: int) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(0),
         "total_bytes": total,
         "fraction": fraction,
+        "fixed_bytes": fixed,
+        "per_sample_bytes": per_sample,
         "capacity_bytes": capacity,
         "attempts": attempts,
         "ooms": sum(1 for a in attempts if a["oom"]),
@@ -148,7 +176,9 @@ def check(capacity_gib: float, batch: int, steps: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--capacity-gib", type=float, default=6.0, help="usable GPU memory to simulate")
+    parser.add_argument("--capacity-gib", type=float, default=None,
+                        help="usable GPU memory to simulate (default: sized from the GPU and the memory "
+                             "per sample measured first)")
     parser.add_argument("--batch", type=int, default=96, help="per-process batch (first micro-batch)")
     parser.add_argument("--steps", type=int, default=8, help="training steps per attempt")
     parser.add_argument("--json", type=Path, help="also write the result here")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from oomguard import __version__
-from oomguard.supervisor.config import add_arguments, build_config
+from oomguard.supervisor.config import add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.ops import doctor, systemd
 from oomguard.supervisor.record import logs, report
@@ -22,6 +22,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"oomguard: error: {message}; see '{self.prog} --help'\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """The README's forms of the fragment options (``--resume-args '--init_from=resume'``) reach
+        argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
+        flags = fragment_flags() & self._option_string_actions.keys()
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
 
 
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:

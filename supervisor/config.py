@@ -103,7 +103,7 @@ class RunConfig:
         metavar="GLOB", repeat=True))
     resume_args: str = field(default="", metadata=_opt(
         "--resume-args", "arguments appended when a checkpoint exists, e.g. '--resume-from {checkpoint}'",
-        str, metavar="ARGS"))
+        str, metavar="ARGS", fragment=True))
     eval_micro_batch: int | None = field(default=None, metadata=_opt(
         "--eval-micro-batch", "evaluation batch to start with, for a command that passes {eval_micro_batch}: "
         "after an evaluation-time OOM only it is halved (default: --micro-batch)", _positive, metavar="N"))
@@ -112,14 +112,23 @@ class RunConfig:
         "after a data-loader OOM they are halved before the batch", _count, metavar="N"))
     fallback_args: tuple[str, ...] = field(default=(), metadata=_opt(
         "--fallback-args", "arguments to add, in turn, once the micro-batch is at its floor, "
-        "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True))
+        "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True, fragment=True))
+    progress_pattern: str = field(default="", metadata=_opt(
+        "--progress-pattern", "regular expression for the step in the worker's output, with a named "
+        "group 'step' and optionally 'total', e.g. 'it (?P<step>\\d+)/(?P<total>\\d+)' (built in: nanoGPT, "
+        "Hugging Face, Lightning, tqdm, 'step N')", str, metavar="REGEX", fragment=True))
+    edits: tuple[str, ...] = field(default=(), metadata=_opt(
+        "--edit", "set a key in a config file the command names, in a per-attempt copy (repeatable; "
+        "dotted keys, placeholders), e.g. 'configs/x.yaml:train.micro_batch_size={micro_batch}'", str,
+        metavar="FILE:KEY=VALUE", repeat=True))
     max_restarts: int = field(default=10, metadata=_opt(
         "--max-restarts", "restarts allowed after crashes, kills and hangs", int, metavar="N"))
     memory_limit: int | None = field(default=None, metadata=_opt(
         "--memory-limit", "host memory budget of the worker's process tree, e.g. 16G", parse_size,
         metavar="SIZE"))
     hang_timeout: float = field(default=1800.0, metadata=_opt(
-        "--hang-timeout", "seconds without output or progress before the worker counts as hung",
+        "--hang-timeout", "seconds without output or progress before the worker counts as hung (once steps "
+        "are known, output without a new step is not progress)",
         _non_negative, metavar="SECONDS"))
     grace_period: float = field(default=30.0, metadata=_opt(
         "--grace-period", "seconds between SIGTERM and SIGKILL when stopping the worker",
@@ -143,7 +152,8 @@ class RunConfig:
         "--grow", "after a stable period, restart at the next checkpoint with a larger micro-batch "
         "that the memory model predicts fits", None))
     grow_after: float = field(default=600.0, metadata=_opt(
-        "--grow-after", "seconds of stable running before --grow tries a larger micro-batch",
+        "--grow-after", "seconds of stable running (from the first step, where steps are known) before "
+        "--grow tries a larger micro-batch",
         _non_negative, metavar="SECONDS"))
     notify: tuple[str, ...] = field(default=(), metadata=_opt(
         "--notify", "webhook for failure, success and recovered OOMs: URL, slack=URL or ntfy=URL "
@@ -178,6 +188,11 @@ class RunConfig:
         self._check_memory_options()
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
+        self._check_progress_pattern()
+        from oomguard.supervisor.run.configedit import parse_edit
+
+        for spec in self.edits:
+            check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
         self._check_placeholder_options()
 
     def _check_placeholder_options(self) -> None:
@@ -227,6 +242,15 @@ class RunConfig:
             option = text.split()[0] if text.startswith("--") else "--notify"
             raise UsageError(option, text.removeprefix(option).strip(" :"), "see oomguard run --help") from None
 
+    def _check_progress_pattern(self) -> None:
+        from oomguard.supervisor.observe.steps import compile_pattern
+
+        if self.progress_pattern:
+            try:
+                compile_pattern(self.progress_pattern)
+            except ValueError as exc:
+                raise UsageError("--progress-pattern", str(exc), "see oomguard run --help") from None
+
     def _check_signal(self) -> None:
         import signal
 
@@ -254,6 +278,30 @@ class RunConfig:
 def options() -> list[dataclasses.Field[Any]]:
     """The fields that are options (all but the command), in declaration order."""
     return [f for f in dataclasses.fields(RunConfig) if "flag" in f.metadata]
+
+
+def fragment_flags() -> frozenset[str]:
+    """Options whose value is a piece of the training command (``--resume-args '--init_from=resume'``)."""
+    return frozenset(f.metadata["flag"] for f in options() if f.metadata.get("fragment"))
+
+
+def join_fragments(argv: Sequence[str], flags: frozenset[str]) -> list[str]:
+    """``--opt VALUE`` -> ``--opt=VALUE`` for the fragment-taking options: argparse reads a separate
+    value that starts with ``-`` as an option of its own, but never an explicit ``=VALUE``."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":  # the training command follows: not ours to touch
+            return out + args[i:]
+        if token in flags and i + 1 < len(args):
+            out.append(f"{token}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ def test_floor_then_fallbacks_then_give_up() -> None:
     assert steps[1] == (8, 8, "restart") and steps[2] == (8, 8, "restart")
     assert steps[3][2] == "give_up"
     history = [Failure(1, OOM, 16)]
-    d = decide(Failure(2, OOM, 8), history, Plan(BatchPlan(8, 64), fallbacks_applied=2), config)
+    d = decide(Failure(2, OOM, 8), history, Plan(BatchPlan(8, 64), True, fallbacks_applied=2), config)
     assert d.action is Action.GIVE_UP and "does not fit" in d.reason
 
 

@@ -55,6 +55,7 @@ class Status(_Open):
     world_size: int | None = None
     expandable_segments: bool = False
     fallbacks_applied: int = 0
+    alloc_conf: dict[str, str] | None = None  # PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the worker got them
     worker_pid: int | None = None
     checkpoint: str | None = None
     newest_checkpoint: Checkpoint | None = None

@@ -23,7 +23,7 @@ class Plan:
     """How the next attempt runs: its batch shape and the remedies applied so far."""
 
     batch: BatchPlan
-    expandable_segments: bool = False  # set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    expandable_segments: bool = False  # merge expandable_segments:True into the allocator settings
     fallbacks_applied: int = 0  # how many of --fallback-args are in use
     eval_micro_batch: int | None = None  # {eval_micro_batch}: the script's own evaluation batch
     num_workers: int | None = None  # {num_workers}: the script's DataLoader workers
@@ -55,7 +55,7 @@ class Failure:
     kind: FailureKind
     micro_batch: int
     evidence: str = ""
-    fragmented: bool = False  # the OOM text shows more reserved-unallocated memory than requested
+    fragmented: bool = False  # decide.fragmentation judged the OOM's allocator figures fragmentation
     new_checkpoint: bool = False  # a newer checkpoint appeared during the attempt
     checkpoint: str | None = None  # the checkpoint it was started from
     load_error: bool = False  # it died before progress with an error reading that checkpoint
@@ -106,11 +106,17 @@ def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: Pol
 def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
                           fit_hint: int | None) -> Decision:
     # Fragmentation first: the memory exists but is cut into pieces; the expandable-segments
-    # allocator fixes that without giving up batch size.
-    if failure.kind is FailureKind.CUDA_OOM and failure.fragmented and not plan.expandable_segments:
-        return Decision(Action.RESTART, replace(plan, expandable_segments=True),
-                        "fragmentation: more memory reserved-but-unallocated than requested; retrying "
-                        f"micro-batch {plan.batch.micro_batch} with expandable_segments:True")
+    # allocator fixes that without giving up batch size. ``fragmented`` is decide.fragmentation's
+    # judgement of the allocator's figures: a large share of the memory unusable, not a few GiB.
+    also = ""
+    if failure.kind is FailureKind.CUDA_OOM and not plan.expandable_segments:
+        if failure.fragmented:
+            return Decision(Action.RESTART, replace(plan, expandable_segments=True),
+                            "fragmentation: a large share of the memory reserved-but-unallocated; retrying "
+                            f"micro-batch {plan.batch.micro_batch} with expandable_segments:True")
+        # Not fragmentation: shrink now, and set the allocator option in the same restart (it
+        # costs nothing and saves an attempt should the smaller size fragment later).
+        plan, also = replace(plan, expandable_segments=True), " (and expandable_segments:True)"
     per = plan.batch.per_process_batch
     smaller = largest_divisor_at_most(per, failure.micro_batch // 2, config.min_micro_batch)
     # The memory model's choice wins when it is a valid smaller size: it only goes above half the
@@ -121,12 +127,15 @@ def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
         new = replace(plan, batch=plan.batch.with_micro_batch(smaller))
         return Decision(Action.RESTART, new, f"{failure.kind.value} at micro-batch {failure.micro_batch}: "
                         f"micro-batch {smaller} × accumulation {new.batch.grad_accum}"
-                        f" × world {plan.batch.world_size} = {plan.batch.global_batch}")
+                        f" × world {plan.batch.world_size} = {plan.batch.global_batch}{also}")
     if plan.fallbacks_applied < config.fallback_count:
         n = plan.fallbacks_applied + 1
         return Decision(Action.RESTART, replace(plan, fallbacks_applied=n),
                         f"{failure.kind.value} at the smallest micro-batch {failure.micro_batch}; "
                         f"adding fallback {n} of {config.fallback_count}")
+    if also:  # at the floor with nothing else left: the allocator option is the last thing to try
+        return Decision(Action.RESTART, plan, f"{failure.kind.value} at the smallest micro-batch "
+                        f"{failure.micro_batch}; retrying with expandable_segments:True")
     return Decision(Action.GIVE_UP, plan,
                     f"out of memory even at the smallest micro-batch ({failure.micro_batch}, "
                     f"--min-micro-batch {config.min_micro_batch}) with every fallback applied: "

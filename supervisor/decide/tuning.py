@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import Point, Prediction, propose_growth, shrink_after_oom
+from oomguard.supervisor.decide.memmodel import Point, Prediction, fit, propose_growth, shrink_after_oom
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -84,6 +84,11 @@ class Tuner:
             return None
         points = [*self.points, Point(current_micro, running_peak, True)]
         return propose_growth(points, current_micro, self.per_process_batch, capacity, self.margin)
+
+    def predicted_gpu_peak(self, micro: int, sample: MemorySample | None) -> float | None:
+        """The model's GPU peak at ``micro`` (from measured peaks per sample), when it models a GPU."""
+        model = fit(self.points) if sample is not None and sample.gpus else None
+        return model.predict(micro) if model is not None else None
 
     def starting_micro(self, requested: int) -> int | None:
         """Where a fresh run of this job should start, from what earlier runs learned."""

@@ -32,6 +32,9 @@ _DATALOADER = re.compile(r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:exited u
 _FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\S+)')
 _TRACEBACK = "Traceback (most recent call last)"
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ([KMGT]?i?B)")
+# What the process may use: a per-process memory fraction ("23.75 GiB allowed") or the whole device.
+_ALLOWED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) allowed")
+_CAPACITY = re.compile(r"total capacity of (\d+(?:\.\d+)?) ([KMGT]?i?B)")
 _RESERVED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) is reserved by PyTorch but unallocated")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6,
           "GB": 10**9}
@@ -50,6 +53,7 @@ class OutputScanner:
     load_error: str | None = None
     tried_bytes: int | None = None
     reserved_unallocated: int | None = None
+    capacity_bytes: int | None = None  # what the process may use, from the same OOM message
     tail: list[str] = field(default_factory=list)
     lines: int = 0
     dataloader: str | None = None  # a DataLoader worker died
@@ -70,6 +74,8 @@ class OutputScanner:
             self.tried_bytes = _bytes(*m.groups())
         if (m := _RESERVED.search(line)) and self.reserved_unallocated is None:
             self.reserved_unallocated = _bytes(*m.groups())
+        if self.capacity_bytes is None and (m := _ALLOWED.search(line) or _CAPACITY.search(line)):
+            self.capacity_bytes = _bytes(*m.groups())
 
     @property
     def fragmented(self) -> bool:

@@ -14,9 +14,11 @@ from typing import Any
 
 from oomguard.supervisor.observe.memory import AttemptPeak
 from oomguard.supervisor.observe.output import OutputScanner
+from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
 from oomguard.worker import protocol
 
 PROGRESS_EVENT_EVERY = 10.0  # progress records are journaled as events at most this often
+STAMP_SLACK = 0.25  # seconds: see AttemptWatch.step_at
 REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH)
 
@@ -40,6 +42,64 @@ class AttemptWatch:
     last_request: float = -REQUEST_COOLDOWN
     grow_to: int | None = None  # --grow: restart at this micro-batch once the next checkpoint lands
     growing: bool = False  # the worker was stopped to grow
+    matcher: StepMatcher = field(default_factory=StepMatcher)
+    output_steps: int = 0  # step increases read from the output (scripts without the worker library)
+    first_progress: float | None = None  # monotonic time of the first step seen
+    first_step: int = 0
+    total_steps: int | None = None  # from the output's step lines, when they show one
+    steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
+
+    def feed_line(self, line: str) -> None:
+        """One line of the worker's output (called by the output thread): evidence and progress."""
+        self.scanner.feed(line)
+        seen = self.matcher.match(line.rsplit("\r", 1)[-1])  # a carriage-return bar: its newest state
+        if seen is not None:
+            self.note_step(seen, time.monotonic(), time.time())
+
+    def note_step(self, seen: StepSeen, now: float, wall: float) -> None:
+        """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
+        at training step 400 is not a step back, and output without a new step is not progress."""
+        current_total = self.total_steps  # kept here: ``progress`` is cleared once journaled
+        if seen.total and current_total and seen.total != current_total:
+            # Another bar: a longer one is the training loop (after "Loading shards 2/2"), a
+            # shorter one an evaluation inside it.
+            if seen.total < current_total:
+                return
+            self.first_progress = None
+        elif self.last_step is not None and seen.step <= self.last_step:
+            return
+        total = self.total_steps = seen.total or current_total
+        self.output_steps += 1
+        self.last_step = seen.step
+        self.last_progress = now
+        if self.first_progress is None:
+            self.first_progress, self.first_step = now, seen.step
+        self.steps_at = (self.steps_at + [(wall, seen.step)])[-256:]
+        eta = None
+        if total and now > self.first_progress and seen.step > self.first_step:
+            rate = (seen.step - self.first_step) / (now - self.first_progress)
+            eta = max(0.0, (total - seen.step) / rate)
+        self.progress = {"type": protocol.PROGRESS, "step": seen.step, "total_steps": total, "eta_s": eta,
+                         "t": wall, "source": "output"}
+
+    def step_at(self, wall: float) -> int | None:
+        """The last step the output showed at or before ``wall`` (a checkpoint file's mtime): the
+        step of a checkpoint whose name carries none, such as nanoGPT's ``ckpt.pt``."""
+        # A line is stamped when read, a beat after it was printed (and a file's mtime comes from
+        # the kernel's coarse clock), so a step printed just before the save can be stamped after
+        # it: allow a quarter second, less than the two iterations a later step would take.
+        before = [step for t, step in self.steps_at if t <= wall + STAMP_SLACK]
+        return before[-1] if before else None
+
+    @property
+    def progressed(self) -> bool:
+        """The attempt made progress: steps reported (by the library or the output) or a checkpoint."""
+        return self.progress_records > 0 or self.output_steps > 0 or self.new_checkpoint
+
+    def running_since(self) -> float:
+        """When stable running began, for --grow-after: the first step where steps are seen (loading
+        a model is not running), else the attempt's start."""
+        return self.first_progress if self.first_progress is not None else self.started
 
     @property
     def peak_rss(self) -> int:
@@ -64,10 +124,14 @@ class AttemptWatch:
 
     def hang_reason(self, last_output: float, timeout: float, now: float) -> str | None:
         """Why the worker counts as hung (once), or None: no output and no progress for ``timeout``."""
-        quiet = now - max(last_output, self.last_progress)
+        # Where steps are known (records or output), output without a new step is not progress:
+        # a script printing warnings in a loop is still hung.
+        steps_known = self.progress_records > 0 or self.output_steps > 0
+        quiet = now - (self.last_progress if steps_known else max(last_output, self.last_progress))
         if timeout <= 0 or quiet < timeout or self.hung:
             return None
-        return f"no output or progress for {quiet:.0f} s (--hang-timeout {timeout:g})"
+        what = "progress" if steps_known else "output or progress"
+        return f"no {what} for {quiet:.0f} s (--hang-timeout {timeout:g})"
 
     def request_pending(self, request_file_exists: bool, now: float) -> bool:
         """A checkpoint request already written and still fresh is not repeated."""

@@ -139,13 +139,20 @@ class Journal:
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)", (json.dumps(progress),))
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
-        """Record a checkpoint; True when it is new to the journal."""
+        """Record a checkpoint; True when it is new to the journal, or rewritten at a later step (a
+        script that keeps one file, like nanoGPT's ``ckpt.pt``, makes progress by rewriting it; the
+        same step written again after a resume is not progress)."""
         with self._write() as db:
             cur = db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen, attempt) "
                              "VALUES (?, ?, ?, ?, ?)", (path, step, mtime, time.time(), attempt))
-            if cur.rowcount == 0:
-                db.execute("UPDATE checkpoints SET mtime = ? WHERE path = ?", (mtime, path))
-            return cur.rowcount > 0
+            if cur.rowcount > 0:
+                return True
+            old_step, old_mtime = db.execute("SELECT step, mtime FROM checkpoints WHERE path = ?", (path,)).fetchone()
+            if mtime <= old_mtime:
+                return False
+            db.execute("UPDATE checkpoints SET mtime = ?, step = coalesce(?, step), attempt = coalesce(?, attempt) "
+                       "WHERE path = ?", (mtime, step, attempt, path))
+            return step is None or old_step is None or step > old_step
 
     def mark_bad(self, path: str, reason: str) -> None:
         with self._write() as db:

@@ -137,6 +137,8 @@ def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str,
     own = ctx["by_path"].get(attempt["checkpoint"] or "", {})
     last_step, source = _last_step(attempt, ctx["steps"].get(n), written, own.get("step"))
     resume = _resume_point(nxt, ctx["by_path"])
+    if resume is not None and resume["path"] and nxt is not None and nxt["attempt"] in ctx["resume_steps"]:
+        resume["step"] = ctx["resume_steps"][nxt["attempt"]]
     steps_lost = None
     if resume is not None and resume["step"] is not None and last_step is not None:
         steps_lost = max(0, last_step - resume["step"])
@@ -247,8 +249,12 @@ def build_report(journal: Journal) -> dict[str, Any]:
     checkpoints = journal.checkpoints()
     decisions = _decisions(events)
     causes = {e["attempt"]: e["data"] for e in events if e["kind"] == "attribution" and e["attempt"] is not None}
+    # The step each attempt resumed from, as known when it started: a checkpoint file that is
+    # rewritten in place (nanoGPT's ckpt.pt) has a newer step in the checkpoints table by now.
+    resume_steps = {e["attempt"]: e["data"]["step"] for e in events
+                    if e["kind"] == "resume_point" and isinstance(e["data"].get("step"), int)}
     ctx = {"checkpoints": checkpoints, "by_path": _checkpoint_by_path(checkpoints), "steps": steps,
-           "last_t": last_t, "decisions": decisions, "causes": causes}
+           "last_t": last_t, "decisions": decisions, "causes": causes, "resume_steps": resume_steps}
     failures = _failures(attempts, ctx)
     start, end, last = _span(meta, events, attempts)
     finish = end if end is not None else last

@@ -5,6 +5,7 @@ Built from the journal alone, so it works whether or not the supervisor is still
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "world_size": plan.get("world_size", config.get("world_size")),
         "expandable_segments": plan.get("expandable_segments", False),
         "fallbacks_applied": plan.get("fallbacks_applied", 0),
+        "alloc_conf": meta.get("alloc_conf") or {},  # the allocator variables the worker got
         "worker_pid": meta.get("worker_pid") if alive else None,
         "checkpoint": current.get("checkpoint"),
         "newest_checkpoint": checkpoints[0] if checkpoints else None,
@@ -88,10 +90,12 @@ def format_status(doc: dict[str, Any]) -> str:
         f"batch:      micro {doc['micro_batch']} × accum {doc['grad_accum']} × world {doc['world_size']}"
         f" = {doc['global_batch']}",
         f"worker pid: {doc['worker_pid'] or '-'}",
-        f"checkpoint: {doc['checkpoint'] or '-'}",
+        f"checkpoint: {_checkpoint_text(doc)}",
     ]
+    if doc.get("alloc_conf"):
+        lines.append("allocator:  " + ", ".join(f"{k}={v}" for k, v in doc["alloc_conf"].items()))
     if doc["progress"]:
-        lines.append(f"progress:   step {doc['progress'].get('step')}")
+        lines.append(f"progress:   {_progress_text(doc['progress'])}")
     memory = doc.get("memory") or {}
     if memory.get("worker_rss_bytes") is not None:
         lines.append(f"memory:     worker RSS {format_size(memory['worker_rss_bytes'])}"
@@ -106,3 +110,23 @@ def format_status(doc: dict[str, Any]) -> str:
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['summary']}")
     return "\n".join(lines)
+
+
+def _checkpoint_text(doc: dict[str, Any]) -> str:
+    """The newest good checkpoint and its step; the one the attempt started from when different."""
+    newest = doc.get("newest_checkpoint")
+    started = doc.get("checkpoint")
+    if not newest:
+        return started or "-"
+    text = newest["path"] + (f" (step {newest['step']})" if newest.get("step") is not None else "")
+    return text + (f"; attempt started from {started}" if started and started != newest["path"] else "")
+
+
+def _progress_text(progress: dict[str, Any]) -> str:
+    total = progress.get("total_steps")
+    text = f"step {progress.get('step')}" + (f"/{total}" if total else "")
+    if progress.get("eta_s") is not None:
+        text += f", ETA {progress['eta_s'] / 60:.0f} min"
+    if progress.get("t"):
+        text += f" (at {time.strftime('%H:%M:%S', time.localtime(progress['t']))})"
+    return text

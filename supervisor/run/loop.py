@@ -24,6 +24,7 @@ from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
 from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Forecast, Move
+from oomguard.supervisor.decide.fragmentation import judge
 from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.tuning import Tuner
@@ -32,13 +33,22 @@ from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.memory import MemorySample, Sampler, fold_peak
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
 from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
-from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
+from oomguard.supervisor.run.runtime import (
+    AttemptFiles,
+    alloc_conf,
+    build_argv,
+    build_env,
+    expandable_already,
+    placeholder_values,
+)
 from oomguard.supervisor.run.states import RunState, check_transition
 from oomguard.supervisor.run.trendwatch import TrendWatch
 
@@ -86,6 +96,7 @@ class Supervisor:
         self.thresholds = Thresholds(config.soft_threshold, config.psi_threshold, config.memory_limit)
         self.tuner = Tuner(self.plan.batch.per_process_batch, config.min_micro_batch,
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
+        self.edits: list[Edit] = []  # --edit, checked when the run opens
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self.trend = TrendWatch()  # this attempt's memory trend and forecast (a new one per attempt)
         self._forecast_written = 0.0
@@ -104,6 +115,7 @@ class Supervisor:
         except OSError as exc:
             raise UsageError("--run-dir", f"cannot write {self.run_dir}: {exc.strerror}",
                              "choose a directory you can write") from None
+        self.edits = check_edits(self.config.edits, self.config.command, self.cwd)  # exit 2 before anything runs
         self._lock.acquire()
         self.journal = Journal(self.run_dir)
         fresh = not self.journal.meta().get("plan")
@@ -294,15 +306,20 @@ class Supervisor:
         files = AttemptFiles.of(self.run_dir, self.attempt)
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
+        if self.edits:  # --edit: this attempt's copies of the config files, and the argv pointed at them
+            argv = apply_edits(self.edits, argv, values, self.cwd, self.run_dir / "edits" / f"attempt-{self.attempt}")
         env = build_env(self.config, self.plan, values, files)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = replace(self.plan, expandable_segments=True)
-        watch = AttemptWatch()
+        self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
+        watch = AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None))
         self.trend = TrendWatch(self.trend.prior_per_s, self.trend.checkpoint_rhythm(0.0)[1], time.monotonic())
         box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
         self.journal.start_attempt(self.attempt, self.worker.pgid, self.plan.as_dict(),
                                    checkpoint.path if checkpoint else None, argv, str(files.log))
+        if checkpoint is not None:
+            self._event("resume_point", path=checkpoint.path, step=self._checkpoint_step(checkpoint))
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {self.plan.batch.micro_batch}"
                          f" × accumulation {self.plan.batch.grad_accum} × world {self.plan.batch.world_size}"
                          f" = {self.plan.batch.global_batch}"
@@ -313,6 +330,12 @@ class Supervisor:
         facts = box.exit_facts(self.worker.returncode, watch)
         return classify(facts, watch.scanner), watch, checkpoint
 
+    def _checkpoint_step(self, checkpoint: Checkpoint) -> int | None:
+        """Its step: from its name, else the step the output showed when it was written."""
+        if checkpoint.step is not None:
+            return checkpoint.step
+        return next((c["step"] for c in self.journal.checkpoints() if c["path"] == checkpoint.path), None)
+
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
         """Start the worker in a fresh memory cgroup (the last attempt's is removed first)."""
@@ -322,7 +345,7 @@ class Supervisor:
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo, box.procs)
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.feed_line, self.echo, box.procs)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
@@ -436,7 +459,7 @@ class Supervisor:
     def _consider_growth(self, watch: AttemptWatch) -> None:
         """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
         restart waits for the next checkpoint so no work is lost."""
-        stable = time.monotonic() - watch.started >= self.config.grow_after
+        stable = time.monotonic() - watch.running_since() >= self.config.grow_after
         if not (self.config.grow and self.config.checkpoints and stable) or watch.grow_to is not None:
             return
         current = self.plan.batch.micro_batch
@@ -455,10 +478,11 @@ class Supervisor:
         found = self.index.settled(bad) if worker_alive else [
             c for c in self.index.refresh(force=True) if c.path not in bad]
         for ckpt in found:
-            if self.journal.checkpoint_seen(ckpt.path, ckpt.step, ckpt.mtime, self.attempt):
+            step = ckpt.step if ckpt.step is not None else watch.step_at(ckpt.mtime)
+            if self.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.attempt):
                 watch.new_checkpoint = True
                 watch.last_progress = time.monotonic()
-                self._event("checkpoint", path=ckpt.path, step=ckpt.step)
+                self._event("checkpoint", path=ckpt.path, step=step)
                 self.trend.checkpoint_seen(time.monotonic())
                 if self.trend.restart_reason and worker_alive:
                     self._restart_now()
@@ -491,10 +515,14 @@ class Supervisor:
         assert verdict.kind is not None
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
-        load_error = (checkpoint is not None and watch.scanner.load_error is not None
-                      and not watch.new_checkpoint and watch.progress_records == 0)
+        load_error = checkpoint is not None and watch.scanner.load_error is not None and not watch.progressed
+        scan = watch.scanner
+        fragmentation = judge(scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
+                              self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
+        if verdict.kind is FailureKind.CUDA_OOM and scan.tried_bytes is not None:
+            self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
-                          watch.scanner.fragmented, watch.new_checkpoint,
+                          fragmentation.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error)
         attribution = self._attribute(verdict, watch)
         if attribution is not None:

@@ -51,10 +51,33 @@ def build_argv(config: RunConfig, plan: Plan, values: Mapping[str, object], has_
     return argv
 
 
+# The allocator's settings live under two names. torch 2.13 (read in its installed source,
+# c10/core/AllocatorConfig.h and c10/cuda/CUDAAllocatorConfig.h): the device-generic settings, among
+# them expandable_segments, read PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF only when it is
+# unset; the CUDA-only settings read PYTORCH_CUDA_ALLOC_CONF first. Releases before 2.9 read only
+# PYTORCH_CUDA_ALLOC_CONF. So the option is merged into every name the user set (each keeps its
+# own other settings and wins where it won before), and a name the user left unset gets the user's
+# settings too, so that whichever name the worker's torch reads carries expandable_segments:True.
+ALLOC_CONF_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
 def with_expandable_segments(current: str | None) -> str:
-    """PYTORCH_CUDA_ALLOC_CONF with expandable_segments:True, keeping the user's other settings."""
-    parts = [p for p in (current or "").split(",") if p and not p.startswith("expandable_segments")]
+    """Allocator settings with expandable_segments:True, keeping the user's other settings."""
+    parts = [p for p in (current or "").split(",")
+             if p.strip() and not p.strip().startswith("expandable_segments")]
     return ",".join([*parts, "expandable_segments:True"])
+
+
+def merge_alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """The allocator variables to set for expandable segments, given the worker's environment."""
+    user = {name: env[name] for name in ALLOC_CONF_NAMES if env.get(name)}
+    fallback = next(iter(user.values()), None)  # the new name's value first: it wins on new releases
+    return {name: with_expandable_segments(user.get(name, fallback)) for name in ALLOC_CONF_NAMES}
+
+
+def alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """The allocator settings the worker gets (for status): the names that are set."""
+    return {name: env[name] for name in ALLOC_CONF_NAMES if env.get(name)}
 
 
 def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files: AttemptFiles,
@@ -78,9 +101,11 @@ def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")
     if plan.expandable_segments:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = with_expandable_segments(env.get("PYTORCH_CUDA_ALLOC_CONF"))
+        env.update(merge_alloc_conf(env))
     return env
 
 
 def expandable_already(env: Mapping[str, str]) -> bool:
-    return "expandable_segments:true" in env.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    """The user set the option under the name their torch reads first (new name, else old)."""
+    value = next((env[name] for name in ALLOC_CONF_NAMES if env.get(name)), "")
+    return "expandable_segments:true" in value.replace(" ", "").lower()

@@ -1,0 +1,90 @@
+"""A Hugging Face Trainer script as people write them, supervised by oomguard without a change.
+
+A tiny GPT-2 built from a config (no download), synthetic token data, CPU. The Trainer's own
+arguments carry the batch (``--per_device_train_batch_size``, ``--gradient_accumulation_steps``),
+it writes ``checkpoint-N/`` directories and resumes with ``--resume_from_checkpoint``. With
+``--memory-budget-mb`` the process gets a host memory budget (RLIMIT_AS) once step
+``--budget-from-step`` is done: a micro-batch too large for it then fails in PyTorch's real
+allocator (``DefaultCPUAllocator: can't allocate memory``) after a checkpoint exists.
+
+    oomguard run --micro-batch 16 --global-batch 32 --checkpoint 'out/checkpoint-*' \\
+        --resume-args '--resume_from_checkpoint {checkpoint}' -- \\
+        python examples/train_hf_trainer.py --per_device_train_batch_size {micro_batch} \\
+        --gradient_accumulation_steps {grad_accum} --output_dir out --memory-budget-mb 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--per_device_train_batch_size", type=int, default=8)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--output_dir", default="out")
+    p.add_argument("--resume_from_checkpoint", default=None)
+    p.add_argument("--max_steps", type=int, default=6)
+    p.add_argument("--save_steps", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=16384)
+    p.add_argument("--memory-budget-mb", type=int, default=0, help="host memory budget (RLIMIT_AS)")
+    p.add_argument("--budget-from-step", type=int, default=2)
+    return p.parse_args()
+
+
+class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Deterministic random tokens: sample i is the same in every attempt."""
+
+    def __init__(self, n: int, seq_len: int, vocab: int) -> None:
+        self.n, self.seq_len, self.vocab = n, seq_len, vocab
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, self.vocab, (self.seq_len,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+class MemoryBudget(TrainerCallback):
+    """Allow the address space in use after step N plus the budget: allocations beyond it fail."""
+
+    def __init__(self, budget_mb: int, from_step: int) -> None:
+        self.budget_mb, self.from_step, self.done = budget_mb, from_step, False
+
+    def on_step_end(self, args: TrainingArguments, state: object, control: object, **kw: object) -> None:
+        if self.done or not self.budget_mb or getattr(state, "global_step", 0) < self.from_step:
+            return
+        vm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
+        limit = vm_kb * 1024 + self.budget_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        self.done = True
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=32, n_layer=1, n_head=2)
+    model = GPT2LMHeadModel(config)
+    steps_data = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    training = TrainingArguments(
+        output_dir=args.output_dir, per_device_train_batch_size=args.per_device_train_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=args.max_steps,
+        save_strategy="steps", save_steps=args.save_steps, logging_steps=1, report_to="none", use_cpu=True,
+        dataloader_num_workers=0, seed=0, learning_rate=1e-3,
+    )
+    print(f"micro-batch {args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps}",
+          flush=True)
+    trainer = Trainer(model=model, args=training, train_dataset=TokenData(steps_data, args.seq_len, args.vocab),
+                      callbacks=[MemoryBudget(args.memory_budget_mb, args.budget_from_step)])
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    print(f"finished at step {trainer.state.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

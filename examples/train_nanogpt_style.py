@@ -1,0 +1,109 @@
+"""A nanoGPT-style training script: ``--key=value`` overrides of module globals, one ``out/ckpt.pt``
+rewritten at each evaluation, ``--init_from=resume``, and the log lines nanoGPT prints
+(``step N: train loss ...`` at evaluations, ``iter N: loss ...`` each iteration).
+
+The checkpoint's name carries no step, so oomguard takes its step from the output. With
+``--memory_budget_mb`` the process gets a host memory budget (RLIMIT_AS) after iteration
+``--budget_from_iter``: a batch too large for it then fails in PyTorch's real allocator.
+
+    oomguard run --micro-batch 16 --global-batch 32 --checkpoint 'out/ckpt.pt' \\
+        --resume-args '--init_from=resume' -- \\
+        python examples/train_nanogpt_style.py --batch_size={micro_batch} \\
+        --gradient_accumulation_steps={grad_accum} --memory_budget_mb=75
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+
+import torch
+from torch import nn
+
+batch_size = 8
+gradient_accumulation_steps = 4
+block_size = 128
+vocab_size = 4096
+max_iters = 8
+eval_interval = 3
+out_dir = "out"
+init_from = "scratch"
+memory_budget_mb = 0
+budget_from_iter = 4
+
+
+def configure(argv: list[str]) -> None:
+    for arg in argv:  # nanoGPT's configurator.py, without exec
+        key, eq, value = arg.removeprefix("--").partition("=")
+        if key not in globals() or not eq:
+            sys.exit(f"unknown or malformed override {arg!r}")
+        globals()[key] = type(globals()[key])(value)
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, 32)
+        self.block = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32))
+        self.head = nn.Linear(32, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens[:, :-1])
+        logits = self.head(x + self.block(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def get_batch(it: int, micro_step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(it * 1000 + micro_step)
+    return torch.randint(0, vocab_size, (batch_size, block_size + 1), generator=g)
+
+
+def limit_memory() -> None:
+    vm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
+    limit = vm_kb * 1024 + memory_budget_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def main() -> None:
+    configure(sys.argv[1:])
+    torch.manual_seed(1337)
+    torch.set_num_threads(1)
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    iter_num = 0
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    if init_from == "resume":
+        print(f"Resuming training from {out_dir}", flush=True)
+        checkpoint = torch.load(ckpt_path)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        iter_num = checkpoint["iter_num"]
+    print(f"tokens per iteration will be: {gradient_accumulation_steps * batch_size * block_size:,}", flush=True)
+    while True:
+        if iter_num % eval_interval == 0:
+            print(f"step {iter_num}: train loss {0.0:.4f}, val loss {0.0:.4f}", flush=True)
+            if iter_num > 0:
+                os.makedirs(out_dir, exist_ok=True)
+                print(f"saving checkpoint to {out_dir}", flush=True)
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num}
+                torch.save(state, ckpt_path + ".tmp")
+                os.replace(ckpt_path + ".tmp", ckpt_path)
+        t0 = time.time()
+        for micro_step in range(gradient_accumulation_steps):
+            loss = model(get_batch(iter_num, micro_step)) / gradient_accumulation_steps
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        print(f"iter {iter_num}: loss {loss.item() * gradient_accumulation_steps:.4f}, "
+              f"time {(time.time() - t0) * 1000:.2f}ms, mfu -100.00%", flush=True)
+        if memory_budget_mb and iter_num == budget_from_iter:
+            limit_memory()
+        iter_num += 1
+        if iter_num > max_iters:
+            break
+
+
+if __name__ == "__main__":
+    main()

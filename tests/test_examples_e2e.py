@@ -1,0 +1,104 @@
+"""The README's forms for real scripts, end to end: each example hits a real allocator OOM (RLIMIT_AS,
+so PyTorch's CPU allocator fails with ``DefaultCPUAllocator: can't allocate memory``) after a
+checkpoint exists, and oomguard resumes it at half the micro-batch with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import ROOT, oomguard, status
+
+PY = sys.executable
+EXAMPLES = ROOT / "examples"
+FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
+
+
+def run(tmp_path: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    out = oomguard("run", "--run-dir", str(tmp_path / "run"), *FAST, *args, cwd=tmp_path, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def report(tmp_path: Path) -> dict:  # type: ignore[type-arg]
+    out = oomguard("report", "--run-dir", str(tmp_path / "run"), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def check_recovered(tmp_path: Path, global_batch: int) -> dict:  # type: ignore[type-arg]
+    doc = status(tmp_path / "run")
+    assert doc["state"] == "succeeded" and doc["global_batch"] == global_batch
+    assert (doc["micro_batch"], doc["grad_accum"]) == (8, global_batch // 8)
+    assert [f["kind"] for f in doc["failures"]] == ["host_oom"]
+    assert "DefaultCPUAllocator: can't allocate memory" in doc["failures"][0]["evidence"]
+    return doc
+
+
+def test_nanogpt_form_steps_redone_from_the_output(tmp_path: Path) -> None:
+    out = run(tmp_path, "--micro-batch", "16", "--global-batch", "32", "--checkpoint", "out/ckpt.pt",
+              "--resume-args", "--init_from=resume", "--",
+              PY, str(EXAMPLES / "train_nanogpt_style.py"), "--batch_size={micro_batch}",
+              "--gradient_accumulation_steps={grad_accum}", "--memory_budget_mb=75")
+    assert "Resuming training from out" in out.stdout and "iter 8:" in out.stdout
+    doc = check_recovered(tmp_path, 32)
+    # ckpt.pt has no step in its name: it takes the step the output showed when it was written
+    # (6; a line read late or early by the time stamps' slack shifts it by one iteration at most)
+    assert doc["newest_checkpoint"]["step"] in (5, 6, 7)
+    failure = report(tmp_path)["failures"][0]
+    # iter 4 was the last one printed; ckpt.pt was written at step 3 and the next attempt resumed there
+    assert failure["last_step"] == 4 and failure["resumed_from"]["step"] in (2, 3, 4)
+    assert failure["steps_lost"] == 4 - failure["resumed_from"]["step"]
+
+
+def test_nanochat_form_model_files_and_resume_from_step(tmp_path: Path) -> None:
+    out = run(tmp_path, "--micro-batch", "16", "--global-batch", "32", "--checkpoint", "out/model_*.pt",
+              "--resume-args", "--resume_from_step={checkpoint_step}", "--",
+              PY, str(EXAMPLES / "train_nanochat_style.py"), "--device_batch_size={micro_batch}",
+              "--total_batch_size=4096", "--checkpoint_dir=out", "--memory_budget_mb=75")
+    assert "resumed from step 2" in out.stdout and "device batch 8, gradient accumulation steps 4" in out.stdout
+    doc = check_recovered(tmp_path, 32)
+    assert doc["newest_checkpoint"]["path"].endswith("model_000008.pt") and doc["newest_checkpoint"]["step"] == 8
+    assert doc["progress"]["step"] == 8 and doc["progress"]["total_steps"] == 8
+    failure = report(tmp_path)["failures"][0]
+    assert failure["last_step"] == 2 and failure["resumed_from"]["step"] == 2 and failure["steps_lost"] == 0
+
+
+def test_yaml_config_through_edit(tmp_path: Path) -> None:
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "tiny.yaml"
+    shutil.copy(EXAMPLES / "configs" / "tiny.yaml", config)
+    original = config.read_text()
+    out = run(tmp_path, "--micro-batch", "16", "--global-batch", "32", "--checkpoint", "out/step_*.pt",
+              "--resume-args", "--resume {checkpoint}",
+              "--edit", "configs/tiny.yaml:train.micro_batch_size={micro_batch}",
+              "--edit", "configs/tiny.yaml:train.gradient_accumulation_steps={grad_accum}", "--",
+              PY, str(EXAMPLES / "train_yaml_config.py"), "--config", "configs/tiny.yaml", "--memory-budget-mb", "75")
+    check_recovered(tmp_path, 32)
+    copy = tmp_path / "run" / "edits" / "attempt-2" / "tiny.yaml"
+    assert f"config {copy}: micro-batch 8 x accumulation 4" in out.stdout
+    assert f"resumed from {tmp_path}/out/step_2.pt at step 2" in out.stdout
+    assert config.read_text() == original  # the user's file is never written
+    edited = copy.read_text()
+    assert "micro_batch_size: 8   # per process" in edited  # the comment keeps its column
+    assert "# oomguard changes these keys" in edited
+
+
+@pytest.mark.slow
+def test_hf_trainer_form(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = run(tmp_path, "--micro-batch", "16", "--global-batch", "32", "--checkpoint", "out/checkpoint-*",
+              "--resume-args", "--resume_from_checkpoint {checkpoint}", "--",
+              PY, str(EXAMPLES / "train_hf_trainer.py"), "--per_device_train_batch_size", "{micro_batch}",
+              "--gradient_accumulation_steps", "{grad_accum}", "--output_dir", "out", "--memory-budget-mb", "300",
+              timeout=240)
+    assert "micro-batch 8 x accumulation 4" in out.stdout and "finished at step 6" in out.stdout
+    doc = check_recovered(tmp_path, 32)
+    assert doc["newest_checkpoint"]["path"].endswith("checkpoint-6") and doc["newest_checkpoint"]["step"] == 6
+    assert (tmp_path / "out" / "checkpoint-6" / "trainer_state.json").exists()
+    failure = report(tmp_path)["failures"][0]
+    assert failure["resumed_from"]["step"] == 2 and failure["steps_lost"] == 0

@@ -1,0 +1,130 @@
+"""Every ``oomguard ...`` command line in README.md's code blocks goes through the real parser, so the
+README cannot drift from the CLI: a form the README shows must parse (and, for ``run``, validate)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from oomguard.supervisor.cli import build_parser
+from oomguard.supervisor.config import build_config
+from oomguard.supervisor.ops import systemd
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_WORD = re.compile(r"^[a-z][a-z-]*$")
+
+
+def _subcommands() -> set[str]:
+    """The subcommands the real parser has (others add theirs to cli.EXTRA_COMMANDS)."""
+    return {name for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices}
+
+
+def _logical_lines(block: str) -> list[str]:
+    """The block's lines with ``\\`` continuations joined."""
+    out: list[str] = []
+    pending = ""
+    for raw in block.splitlines():
+        line = pending + raw.strip()
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        out.append(line)
+    return out + ([pending] if pending else [])
+
+
+def _commands(text: str) -> list[list[str]]:
+    """``oomguard SUBCOMMAND ...`` argv lists, wherever on a line they start (``docker exec train
+    oomguard status ...``). A usage synopsis (``[--opt N]``) is not a command; ``...`` stands for
+    "more of the user's own arguments" and is dropped."""
+    found: list[list[str]] = []
+    known = _subcommands()
+    for block in _FENCE.findall(text):
+        for line in _logical_lines(block):
+            try:
+                tokens = shlex.split(line, comments=True)
+            except ValueError:
+                continue
+            for i, token in enumerate(tokens[:-1]):
+                # a line that starts with oomguard is a command (an unknown subcommand must fail);
+                # inside a line (docker exec train oomguard status) only a known subcommand is one
+                nxt = tokens[i + 1]
+                if token == "oomguard" and (nxt in known or i == 0 and _WORD.match(nxt)):
+                    argv = [t for t in tokens[i + 1:] if t != "..."]
+                    if not any(t.startswith("[") for t in argv):
+                        found.append(argv)
+                    break
+    return found
+
+
+COMMANDS = _commands(README.read_text())
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """As ``cli.main`` does: the options, and the training command after the first ``--``."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1:]
+    return argv, []
+
+
+def _parse(argv: list[str]) -> argparse.Namespace | None:
+    """The real parser's reading; None for ``--help`` (which prints and exits 0)."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0 and ("--help" in argv or "-h" in argv):
+            return None
+        raise AssertionError(f"oomguard {' '.join(argv)} does not parse (exit {exc.code})") from None
+
+
+def _check_run(argv: list[str], command: list[str]) -> None:
+    args = _parse(argv)
+    if args is None:
+        return
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
+    if not options.get("config"):  # a TOML file the README only names cannot be read here
+        build_config(options, command)
+
+
+def test_the_readme_has_the_forms_users_copy() -> None:
+    joined = [" ".join(c) for c in COMMANDS]
+    assert any("--resume-args=--init_from=resume" in c or "--init_from=resume" in c for c in joined), joined
+    assert sum(c[0] == "run" for c in COMMANDS) >= 3
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
+def test_readme_command_parses(argv: list[str]) -> None:
+    options, command = _split(argv)
+    if options[0] == "service":  # oomguard service [opts] -- RUN OPTIONS -- COMMAND
+        args = _parse(options)
+        assert args is None or args.func is not None
+        run_options, run_command = _split(systemd.run_args(command))
+        _check_run(["run", *run_options], run_command)
+        return
+    if options[0] == "run":
+        _check_run(options, command)
+        return
+    _parse(options)
+
+
+@pytest.mark.parametrize("form", [
+    ["--resume-args", "--init_from=resume"],
+    ["--resume-args=--init_from=resume"],
+    ["--resume-args", "--resume_from_step={checkpoint_step}"],
+])
+def test_fragment_options_take_dashed_values(form: list[str]) -> None:
+    argv = ["run", "--micro-batch", "4", "--grad-accum", "2", *form,
+            "--fallback-args", "--gradient-checkpointing", "--fallback-args=--no-compile --x 1"]
+    args = build_parser().parse_args(argv)
+    assert args.resume_args.startswith("--")
+    assert args.fallback_args == ["--gradient-checkpointing", "--no-compile --x 1"]
+    config = build_config({k: v for k, v in vars(args).items() if k not in ("func", "subcommand")},
+                          ["python", "train.py"])
+    assert config.resume_args == form[-1].removeprefix("--resume-args=")

@@ -1,0 +1,105 @@
+"""Progress read from the output of scripts that do not use the worker library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.steps import StepMatcher, StepSeen, compile_pattern
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("iter 120: loss 3.2100, time 41.23ms, mfu 12.34%", StepSeen(120, None)),  # nanoGPT
+    ("step 250: train loss 2.9012, val loss 3.0011", StepSeen(250, None)),  # nanoGPT eval
+    (" 40%|████      | 40/100 [00:12<00:18,  3.30it/s]", StepSeen(40, 100)),  # HF Trainer's tqdm bar
+    ("{'loss': 3.2, 'grad_norm': 1.1, 'learning_rate': 5e-05, 'epoch': 0.5}\r 40%|████ | 40/100 [00:12<00:18]",
+     StepSeen(40, 100)),
+    ("Epoch 2:  45%|████▌     | 45/100 [00:03<00:04, 13.52it/s, v_num=0, train_loss=2.31]", StepSeen(245, None)),
+    ("step 00120/01000 (12.00%) | loss: 3.210000 | lrm: 1.00 | dt: 41.23ms", StepSeen(120, 1000)),  # nanochat
+    ("Step: 120 / 1000, loss=2.1", StepSeen(120, 1000)),
+    ("global_step=77 loss=1.0", StepSeen(77, None)),
+    ("12/100 [00:01<00:09, 9.8it/s]", StepSeen(12, 100)),  # a bare tqdm bar
+    ("loading data shard 3", None),
+    ("saving checkpoint to out", None),
+])
+def test_builtin_patterns(line: str, expected: StepSeen | None) -> None:
+    seen = StepMatcher().match(line.rsplit("\r", 1)[-1])
+    assert seen == expected
+
+
+def test_custom_pattern_first_and_validated() -> None:
+    matcher = StepMatcher(r"it=(?P<step>\d+) of (?P<total>\d+)")
+    assert matcher.match("it=5 of 9 step 3") == StepSeen(5, 9)
+    with pytest.raises(ValueError, match="named group 'step'"):
+        compile_pattern(r"it=(\d+)")
+    with pytest.raises(ValueError, match="not a regular expression"):
+        compile_pattern(r"it=(?P<step>\d+")
+
+
+def test_watch_counts_steps_going_up_and_output_alone_is_not_progress() -> None:
+    watch = AttemptWatch()
+    watch.feed_line("iter 10: loss 3.0")
+    first = watch.last_progress
+    watch.feed_line("iter 11: loss 3.0")
+    watch.feed_line("iter 11: loss 3.0")  # repeated: not a new step
+    watch.feed_line("some warning")
+    assert watch.last_step == 11 and watch.output_steps == 2 and watch.progressed
+    # steps are known, so a chatty worker without new steps hangs: output does not reset the clock
+    now = watch.last_progress + 100
+    assert (watch.hang_reason(last_output=now, timeout=50, now=now) or "").startswith("no progress for 100 s")
+    assert first <= watch.last_progress
+
+
+def test_without_steps_output_still_counts() -> None:
+    watch = AttemptWatch()
+    watch.feed_line("hello")
+    now = watch.last_progress + 100
+    assert watch.hang_reason(last_output=now - 1, timeout=50, now=now) is None
+
+
+def test_bars_an_eval_bar_is_ignored_and_a_longer_bar_takes_over() -> None:
+    watch = AttemptWatch()
+    watch.feed_line("Loading checkpoint shards: 100%|██████████| 2/2 [00:00<00:00]")
+    watch.feed_line(" 10%|█         | 10/100 [00:01<00:09, 9.8it/s]")
+    watch.feed_line("100%|██████████| 5/5 [00:00<00:00, 30.1it/s]")  # evaluation
+    watch.feed_line(" 20%|██        | 20/100 [00:02<00:08, 9.8it/s]")
+    assert watch.last_step == 20 and watch.progress is not None and watch.progress["total_steps"] == 100
+
+
+def test_eta_and_the_step_a_checkpoint_was_written_at() -> None:
+    watch = AttemptWatch()
+    watch.note_step(StepSeen(100, 1000), now=10.0, wall=1000.0)
+    watch.note_step(StepSeen(200, 1000), now=20.0, wall=1010.0)
+    assert watch.progress is not None and watch.progress["eta_s"] == pytest.approx(80.0)
+    assert watch.step_at(1005.0) == 100 and watch.step_at(1009.9) == 200 and watch.step_at(999.0) is None
+
+
+def test_the_total_outlives_the_journaled_progress_record() -> None:
+    watch = AttemptWatch()
+    watch.feed_line(" 10%|█         | 10/100 [00:01<00:09, 9.8it/s]")
+    watch.progress = None  # the loop journals it with the next sample and clears it
+    watch.feed_line("100%|██████████| 5/5 [00:00<00:00, 30.1it/s]")  # evaluation: still ignored
+    watch.feed_line(" 11%|█         | 11/100 [00:01<00:09, 9.8it/s]")
+    assert watch.last_step == 11 and watch.progress is not None and watch.progress["total_steps"] == 100
+
+
+def test_a_checkpoint_rewritten_at_a_later_step_is_progress_the_same_step_is_not(tmp_path: Path) -> None:
+    from oomguard.supervisor.record.journal import Journal
+
+    journal = Journal(tmp_path)
+    ckpt = str(tmp_path / "out" / "ckpt.pt")
+    assert journal.checkpoint_seen(ckpt, 3, 100.0, 1)
+    assert not journal.checkpoint_seen(ckpt, None, 100.0, None)  # seen again, unchanged
+    assert not journal.checkpoint_seen(ckpt, 3, 110.0, 2)  # nanoGPT re-saves at once after resuming
+    assert journal.checkpoint_seen(ckpt, 6, 120.0, 2)  # a later step: progress
+    assert [(c["step"], c["mtime"]) for c in journal.checkpoints()] == [(6, 120.0)]
+    journal.close()
+
+
+def test_stable_running_for_grow_after_counts_from_the_first_step() -> None:
+    watch = AttemptWatch()
+    assert watch.running_since() == watch.started  # no steps known: from the start
+    watch.note_step(StepSeen(1, None), now=watch.started + 40.0, wall=0.0)  # 40 s loading the model
+    assert watch.running_since() == watch.started + 40.0
