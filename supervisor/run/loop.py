@@ -19,10 +19,12 @@ from typing import Any, BinaryIO
 import psutil
 
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
+from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.decide.ranks import classify_attempt
 from oomguard.supervisor.decide.tuning import Tuner
+from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
@@ -82,6 +84,8 @@ class Supervisor:
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self._next_thin = time.monotonic() + THIN_EVERY
+        self.shape = config.dist_shape  # ranks and nodes under torchrun; None for one process
+        self.ranks: TorchrunAttempt | None = None
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -267,6 +271,10 @@ class Supervisor:
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
         env = build_env(self.config, self.plan, values, files)
+        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), f"attempt-{self.attempt}")
+        if self.ranks is not None:
+            argv = self.ranks.argv
+            env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
         watch = AttemptWatch()
@@ -282,7 +290,11 @@ class Supervisor:
         self.worker.reap()
         assert self.worker.returncode is not None
         facts = box.exit_facts(self.worker.returncode, watch)
-        return classify(facts, watch.scanner), watch, checkpoint
+        cause = self.ranks.root_cause() if self.ranks is not None and self.worker.returncode else None
+        if cause is not None:
+            self._event("root_cause", **cause.as_dict())
+        gpus = bool(self.last_sample and self.last_sample.gpus)
+        return classify_attempt(facts, watch.scanner, cause, gpus), watch, checkpoint
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
@@ -293,11 +305,23 @@ class Supervisor:
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo, box.procs)
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, self._line_sink(watch), self.echo, box.procs)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
         return box
+
+    def _line_sink(self, watch: AttemptWatch) -> Callable[[str], None]:
+        """Each output line goes to the evidence scanner, and to the ranks' scanner under torchrun."""
+        ranks = self.ranks
+        if ranks is None:
+            return watch.scanner.feed
+
+        def feed(line: str) -> None:
+            watch.scanner.feed(line)
+            ranks.scanner.feed(line)
+
+        return feed
 
     def _watch(self, watch: AttemptWatch, channel: ChannelReader, files: AttemptFiles) -> None:
         assert self.worker is not None
