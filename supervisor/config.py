@@ -100,6 +100,9 @@ class RunConfig:
     rdzv_endpoint: str | None = field(default=None, metadata=_opt(
         "--rdzv-endpoint", "node 0's HOST:PORT for torchrun's c10d rendezvous; oomguard's shared state is on "
         "PORT+1", str, metavar="HOST:PORT"))
+    peer_timeout: float = field(default=300.0, metadata=_opt(
+        "--peer-timeout", "with --nnodes: seconds to wait for another node's plan or report before ending "
+        "with exit code 75", _non_negative, metavar="SECONDS"))
     min_micro_batch: int = field(default=1, metadata=_opt(
         "--min-micro-batch", "never shrink the micro-batch below this", _positive, metavar="N"))
     checkpoints: tuple[str, ...] = field(default=(), metadata=_opt(

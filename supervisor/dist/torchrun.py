@@ -147,8 +147,10 @@ def wrap(command: Sequence[str], shape: Shape) -> Torchrun:
                                              ("nnodes", str(shape.nnodes))]
     if shape.nnodes > 1:
         assert shape.rdzv_endpoint is not None
+        # node 0's agent hosts the rendezvous store, so it lives exactly as long as node 0's round
         options += [("node-rank", str(shape.node_rank)), ("rdzv-backend", "c10d"),
-                    ("rdzv-endpoint", shape.rdzv_endpoint)]
+                    ("rdzv-endpoint", shape.rdzv_endpoint),
+                    ("rdzv-conf", f"is_host={'true' if shape.node_rank == 0 else 'false'}")]
     else:
         options += [("standalone", None)]  # a free local port for the rendezvous, no clash between runs
     if Path(command[0]).name.startswith("python") and len(command) >= 2:

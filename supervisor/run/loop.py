@@ -25,6 +25,7 @@ from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyCon
 from oomguard.supervisor.decide.ranks import classify_attempt
 from oomguard.supervisor.decide.tuning import Tuner
 from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
+from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, Coordinator, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
@@ -36,6 +37,7 @@ from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
 from oomguard.supervisor.run.states import RunState, check_transition
 
@@ -86,6 +88,9 @@ class Supervisor:
         self._next_thin = time.monotonic() + THIN_EVERY
         self.shape = config.dist_shape  # ranks and nodes under torchrun; None for one process
         self.ranks: TorchrunAttempt | None = None
+        multi = self.shape is not None and self.shape.nnodes > 1
+        self.nodes = Coordinator(self.shape, config.peer_timeout) if self.shape and multi else None
+        self._peer_stop: int | None = None  # the node whose failure made us stop this attempt
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -195,7 +200,15 @@ class Supervisor:
         """Supervise until the worker succeeds, the policy gives up, or we are stopped."""
         self.index.start()
         try:
-            return self._loop()
+            code = self._loop()
+            if self.nodes is not None:
+                self.nodes.finish()
+            return code
+        except PeerLost as exc:  # another node or node 0's store is gone: one line, a code to requeue on
+            if self.state is RunState.RUNNING:
+                self._transition(RunState.RECOVERING, f"attempt {self.attempt}: lost contact with the other nodes")
+            self._transition(RunState.FAILED, str(exc))
+            return EXIT_PEER_LOST
         finally:
             if self.worker is not None and not self.worker.exited.is_set():
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
@@ -208,6 +221,10 @@ class Supervisor:
 
     def _loop(self) -> int:
         self._transition(RunState.STARTING, f"supervisor pid {os.getpid()} started")
+        if self.nodes is not None:
+            self.nodes.connect()
+            log(f"node {self.nodes.shape.node_rank} of {self.nodes.shape.nnodes}: decisions shared through "
+                f"node 0's store (rendezvous port + 1)")
         while True:
             if self.stopping:
                 return self._stopped()
@@ -267,6 +284,11 @@ class Supervisor:
         checkpoint = self.index.newest(self.journal.bad_checkpoints(), worker_alive=False)
         for existing in self.index.refresh():  # known before this attempt: not its progress
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
+        if self.nodes is not None:  # every node: node 0's plan and checkpoint
+            self.plan, checkpoint, agreed = agree_start(self.nodes, self.attempt, self.plan, checkpoint)
+            self._save_plan()
+            self._event("round_start", round=self.attempt, node=self.nodes.shape.node_rank, **agreed)
+        self._peer_stop = None
         files = AttemptFiles.of(self.run_dir, self.attempt)
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
@@ -275,6 +297,7 @@ class Supervisor:
         if self.ranks is not None:
             argv = self.ranks.argv
             env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
+            env["OOMGUARD_NODE_RANK"] = str(self.shape.node_rank if self.shape else 0)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
         watch = AttemptWatch()
@@ -294,7 +317,12 @@ class Supervisor:
         if cause is not None:
             self._event("root_cause", **cause.as_dict())
         gpus = bool(self.last_sample and self.last_sample.gpus)
-        return classify_attempt(facts, watch.scanner, cause, gpus), watch, checkpoint
+        verdict = classify_attempt(facts, watch.scanner, cause, gpus)
+        if self.nodes is not None:  # one verdict for the round, the same on every node
+            verdict, reports = agree_end(self.nodes, self.attempt, verdict, self._peer_stop)
+            self._event("round_end", round=self.attempt, reports={str(k): v for k, v in reports.items()},
+                        kind=verdict.kind.value if verdict.kind else None, evidence=verdict.evidence)
+        return verdict, watch, checkpoint
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
@@ -343,10 +371,21 @@ class Supervisor:
                 self.checkpoint_requested = False
                 self._ask_for_checkpoint(files, "requested")
             self._check_hang(watch)
+            self._check_peers()
         self._read_channel(watch, channel)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
         self._check_checkpoints(watch, worker_alive=False)
+
+    def _check_peers(self) -> None:
+        """Another node's attempt failed: ours would only wait in a collective for its ranks."""
+        if self.nodes is None or self._peer_stop is not None or self.worker is None:
+            return
+        peer = self.nodes.peer_failed(self.attempt)
+        if peer is not None:
+            self._peer_stop = peer
+            log(f"node {peer} failed in round {self.attempt}; stopping this node's ranks")
+            self.worker.stop(min(self.config.grace_period, 10.0))
 
     def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
         for record in channel.read():
@@ -450,6 +489,8 @@ class Supervisor:
                         why=hint.reason)
         decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
                           fit_hint=hint.micro_batch if hint else None)
+        if self.nodes is not None:  # node 0 decides for every node
+            decision = agree_decision(self.nodes, self.attempt, decision)
         self.failures.append(failure)
         self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
                                  exit_code=verdict.exit_code, signal=verdict.signal, kind=verdict.kind.value,

@@ -28,8 +28,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--ckpt-dir", type=Path, required=True)
     p.add_argument("--resume-from", type=Path)
-    p.add_argument("--fault", choices=["none", "rlimit", "touch"], default="none")
+    p.add_argument("--fault", choices=["none", "rlimit", "touch", "exit"], default="none")
     p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of 'work' per step")
+    p.add_argument("--fault-node", type=int, help="strike on this node's ranks (oomguard's --node-rank) instead")
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--fault-above", type=int, default=2, help="the fault strikes at micro-batches above this")
     args = p.parse_args()
@@ -50,8 +52,10 @@ def main() -> None:
     per_rank = micro * accum
     while step < args.steps:
         step += 1
-        if step == args.fault_step and rank == args.fault_rank and micro > args.fault_above:
+        if step == args.fault_step and micro > args.fault_above and here(args, rank):
             print(f"rank {rank} fault {args.fault} at {time.time():.3f}", flush=True)
+            if args.fault == "exit":
+                os._exit(1)
             fault(args.fault)
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         x, y = torch.randn(per_rank, 8, generator=gen), torch.randn(per_rank, 1, generator=gen)
@@ -61,11 +65,18 @@ def main() -> None:
             loss = torch.nn.functional.mse_loss(model(x[part]), y[part]) / accum
             loss.backward()
         opt.step()
+        time.sleep(args.step_sleep)
         if rank == 0:
             save(args.ckpt_dir, step, model.module.state_dict())
         dist.barrier()
     print(f"rank {rank} finished step {step}", flush=True)
     dist.destroy_process_group()
+
+
+def here(args: argparse.Namespace, rank: int) -> bool:
+    if args.fault_node is not None:
+        return int(os.environ.get("OOMGUARD_NODE_RANK", "0")) == args.fault_node
+    return rank == args.fault_rank
 
 
 def _spawned() -> float:
