@@ -102,7 +102,7 @@ class Coordinator:
 
     def ends(self, round_: int) -> dict[int, dict[str, Any]]:
         """Every node's post for this round, waiting up to --peer-timeout for the late ones."""
-        return {node: self._get(f"round/{round_}/end/{node}", f"node {node}'s end of round {round_}")
+        return {node: self._get(f"round/{round_}/end/{node}", f"report from node {node} on round {round_}")
                 for node in range(self.shape.nnodes)}
 
     def decision(self, round_: int, mine: dict[str, Any]) -> dict[str, Any]:
