@@ -103,6 +103,9 @@ class RunConfig:
     peer_timeout: float = field(default=300.0, metadata=_opt(
         "--peer-timeout", "with --nnodes: seconds to wait for another node's plan or report before ending "
         "with exit code 75", _non_negative, metavar="SECONDS"))
+    settle_timeout: float = field(default=50.0, metadata=_opt(
+        "--settle-timeout", "before a restart, seconds to wait for the last attempt's GPU memory to be "
+        "freed (its leftover processes are ended first)", _non_negative, metavar="SECONDS"))
     min_micro_batch: int = field(default=1, metadata=_opt(
         "--min-micro-batch", "never shrink the micro-batch below this", _positive, metavar="N"))
     checkpoints: tuple[str, ...] = field(default=(), metadata=_opt(

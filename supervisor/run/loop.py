@@ -39,6 +39,7 @@ from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
+from oomguard.supervisor.run.settle import AttemptProcesses, end, wait_for_gpus
 from oomguard.supervisor.run.states import RunState, check_transition
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
@@ -91,6 +92,8 @@ class Supervisor:
         multi = self.shape is not None and self.shape.nnodes > 1
         self.nodes = Coordinator(self.shape, config.peer_timeout) if self.shape and multi else None
         self._peer_stop: int | None = None  # the node whose failure made us stop this attempt
+        self.procs_seen = AttemptProcesses()  # the last attempt's processes, for restarting onto free memory
+        self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -326,13 +329,15 @@ class Supervisor:
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
-        """Start the worker in a fresh memory cgroup (the last attempt's is removed first)."""
+        """Start the worker in a fresh memory cgroup (the last attempt's is removed first), onto free memory."""
+        self._settle()
         if self._containment is not None:
             self._containment.remove()
         self._containment = box = Containment.create(f"oomguard-{os.getpid()}-worker", self.config.memory_limit)
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
+        self.procs_seen = AttemptProcesses()
         self.worker = WorkerProcess(argv, env, self.cwd, files.log, self._line_sink(watch), self.echo, box.procs)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
@@ -350,6 +355,26 @@ class Supervisor:
             ranks.scanner.feed(line)
 
         return feed
+
+    def _settle(self) -> None:
+        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
+        memory freed; note the level every device is at before the next attempt."""
+        box = self._containment
+        leftovers = self.procs_seen.alive(box.cgroup.pids() if box is not None and box.cgroup else [])
+        if leftovers:
+            named = end(leftovers)
+            self._event("leftovers_ended", processes=named)
+            log(f"ended the last attempt's leftover processes: {', '.join(named)}")
+        gpu = self.sampler.gpu
+        if gpu is None:
+            return
+        if self._gpu_baseline and self.procs_seen.seen:
+            done = wait_for_gpus(gpu.read, self.procs_seen.seen, self._gpu_baseline, self.config.settle_timeout)
+            self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
+                        holding=done.holding)
+            if not done.settled:
+                log(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
+        self._gpu_baseline = {g.cuda_index: g.used_bytes for g in gpu.read(()).devices}
 
     def _watch(self, watch: AttemptWatch, channel: ChannelReader, files: AttemptFiles) -> None:
         assert self.worker is not None
@@ -406,6 +431,7 @@ class Supervisor:
         """One memory sample: journal it, fold the attempt's peak, act on the thresholds."""
         assert self.worker is not None
         sample = self.sampler.sample(self.worker.worker_pid or self.worker.pgid)
+        self.procs_seen.add(self.worker.tree())
         self.last_sample = sample
         watch.peak = fold_peak(watch.peak, sample)
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
