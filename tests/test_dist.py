@@ -161,3 +161,14 @@ def test_a_crash_names_the_rank_and_its_error_not_torchruns_banner() -> None:
     verdict = classify_attempt(ExitFacts(1), OutputScanner(), cause)
     assert verdict.kind is FailureKind.CRASH and "rank 1" in verdict.evidence
     assert verdict.evidence.endswith("ValueError: bad shard 7")
+
+
+def test_every_node_picks_the_same_failure_for_a_round() -> None:
+    from oomguard.supervisor.dist.coordination import choose
+
+    reports = {0: {"kind": "killed", "stopped_for_peer": 1, "evidence": "SIGTERM"},
+               1: {"kind": "host_oom", "evidence": "rank 1: DefaultCPUAllocator"},
+               2: {"kind": "crash", "evidence": "Connection closed by peer"}}
+    assert choose(reports) == (1, reports[1])
+    assert choose({0: {"kind": None}, 1: {"kind": None}}) is None
+    assert choose({0: {"kind": "crash"}, 1: {"kind": "crash"}})[0] == 0  # type: ignore[index]
