@@ -172,3 +172,13 @@ def test_every_node_picks_the_same_failure_for_a_round() -> None:
     assert choose(reports) == (1, reports[1])
     assert choose({0: {"kind": None}, 1: {"kind": None}}) is None
     assert choose({0: {"kind": "crash"}, 1: {"kind": "crash"}})[0] == 0  # type: ignore[index]
+
+
+def test_a_multi_node_torchrun_command_needs_this_nodes_rank_once() -> None:
+    cmd = ["torchrun", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:29400", "t.py"]
+    with pytest.raises(UsageError, match="--node-rank: is needed with --nnodes 2"):
+        shape_of(cmd, None, None, None, None)
+    shape, launch = shape_of(cmd, None, None, 1, None)
+    assert shape == Shape(2, 2, 1, "h:29400") and launch is not None and launch.get("node-rank") == "1"
+    with pytest.raises(UsageError, match="--nnodes: 3 disagrees"):
+        shape_of(cmd, None, 3, 1, None)

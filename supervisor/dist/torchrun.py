@@ -184,20 +184,33 @@ def shape_of(command: Sequence[str], nproc_per_node: int | None, nnodes: int | N
     asked = any(v is not None for v in (nproc_per_node, nnodes, node_rank, rdzv_endpoint))
     if given is None and not asked:
         return None, None
-    if given is not None:
-        shape = Shape(given.nproc_per_node, given.nnodes, given.node_rank, given.rdzv_endpoint)
-        for option, mine, theirs in (("--nproc-per-node", nproc_per_node, shape.nproc_per_node),
-                                     ("--nnodes", nnodes, shape.nnodes), ("--node-rank", node_rank, shape.node_rank),
-                                     ("--rdzv-endpoint", rdzv_endpoint, shape.rdzv_endpoint)):
-            if mine is not None and mine != theirs:
-                raise UsageError(option, f"{mine} disagrees with the torchrun COMMAND's {theirs}",
-                                 "give it once, in the COMMAND")
-    else:
+    if given is None:
         shape = Shape(nproc_per_node or 1, nnodes or 1, node_rank or 0, rdzv_endpoint)
         _check(shape)
         return shape, wrap(command, shape)
+    given = _merge(given, {"nproc-per-node": nproc_per_node, "nnodes": nnodes, "node-rank": node_rank,
+                           "rdzv-endpoint": rdzv_endpoint})
+    shape = Shape(given.nproc_per_node, given.nnodes, given.node_rank, given.rdzv_endpoint)
+    if shape.nnodes > 1 and given.get("node-rank") is None:
+        raise UsageError("--node-rank", f"is needed with --nnodes {shape.nnodes}: oomguard's shared decision is "
+                         "kept by node 0", "pass --node-rank R (0 on the node that hosts the rendezvous)")
     _check(shape)
     return shape, given
+
+
+def _merge(given: Torchrun, mine: dict[str, int | str | None]) -> Torchrun:
+    """oomguard's options and the torchrun COMMAND's: said once is enough, said twice must agree;
+    a value only oomguard was given goes into the COMMAND too, so torchrun runs the same world."""
+    for name, value in mine.items():
+        if value is None:
+            continue
+        theirs = given.get(name)
+        if theirs is None:
+            given = given.with_option(name, str(value))
+        elif theirs != str(value):
+            raise UsageError(f"--{name}", f"{value} disagrees with the torchrun COMMAND's {theirs}",
+                             "give it once, in the COMMAND")
+    return given
 
 
 def _check(shape: Shape) -> None:
