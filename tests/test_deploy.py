@@ -24,10 +24,12 @@ def test_sbatch_script_parses() -> None:
     assert out.returncode == 0, out.stderr
 
 
-def test_sbatch_script_passes_shellcheck() -> None:
+@pytest.mark.parametrize("script", [DEPLOY / "oomguard.sbatch",
+                                    DEPLOY.parent.parent / "scripts" / "gpu_check_torchrun.sh"])
+def test_scripts_pass_shellcheck(script: Path) -> None:
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (Debian: apt-get install shellcheck)")
-    out = subprocess.run(["shellcheck", str(DEPLOY / "oomguard.sbatch")], capture_output=True, text=True)
+    out = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
 
 

@@ -28,22 +28,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--ckpt-dir", type=Path, required=True)
     p.add_argument("--resume-from", type=Path)
-    p.add_argument("--fault", choices=["none", "rlimit", "touch", "exit"], default="none")
+    p.add_argument("--fault", choices=["none", "rlimit", "touch", "exit", "cuda"], default="none")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of 'work' per step")
     p.add_argument("--fault-node", type=int, help="strike on this node's ranks (oomguard's --node-rank) instead")
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--fault-above", type=int, default=2, help="the fault strikes at micro-batches above this")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, one GPU per rank")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     micro, accum = args.micro_batch_size, args.gradient_accumulation_steps
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    model = DistributedDataParallel(torch.nn.Linear(8, 1).to(device))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = 0
     if args.resume_from is not None:
-        state = torch.load(args.resume_from / "state.pt")
+        state = torch.load(args.resume_from / "state.pt", map_location=device)
         model.module.load_state_dict(state["model"])
         step = state["step"]
     print(f"rank {rank} attempt {os.environ.get('OOMGUARD_ATTEMPT')} micro {micro} accum {accum} world {world} "
@@ -58,7 +63,7 @@ def main() -> None:
                 os._exit(1)
             fault(args.fault)
         gen = torch.Generator().manual_seed(step * 1000 + rank)
-        x, y = torch.randn(per_rank, 8, generator=gen), torch.randn(per_rank, 1, generator=gen)
+        x, y = torch.randn(per_rank, 8, generator=gen).to(device), torch.randn(per_rank, 1, generator=gen).to(device)
         opt.zero_grad()
         for i in range(accum):
             part = slice(i * micro, (i + 1) * micro)
@@ -92,6 +97,8 @@ def fault(kind: str) -> None:
         limit = 2 * 2**30
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         torch.empty(4 * 2**30, dtype=torch.uint8)  # a real allocator failure: more than the cap
+    elif kind == "cuda":
+        torch.empty(2**50, dtype=torch.uint8, device="cuda")  # a real CUDA OOM: 1 PiB on this rank's GPU
     elif kind == "touch":
         held = []
         while True:  # until the kernel's OOM killer ends this rank
