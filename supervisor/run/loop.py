@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import psutil
 
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide.classify import FailureKind, Verdict
+from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.ranks import classify_attempt
@@ -296,11 +296,7 @@ class Supervisor:
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
         env = build_env(self.config, self.plan, values, files)
-        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), f"attempt-{self.attempt}")
-        if self.ranks is not None:
-            argv = self.ranks.argv
-            env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
-            env["OOMGUARD_NODE_RANK"] = str(self.shape.node_rank if self.shape else 0)
+        argv = self._under_torchrun(argv, env, files)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = Plan(self.plan.batch, True, self.plan.fallbacks_applied)
         watch = AttemptWatch()
@@ -315,17 +311,30 @@ class Supervisor:
         self._watch(watch, ChannelReader(files.events), files)
         self.worker.reap()
         assert self.worker.returncode is not None
-        facts = box.exit_facts(self.worker.returncode, watch)
-        cause = self.ranks.root_cause() if self.ranks is not None and self.worker.returncode else None
+        return self._verdict(box.exit_facts(self.worker.returncode, watch), watch), watch, checkpoint
+
+    def _under_torchrun(self, argv: list[str], env: dict[str, str], files: AttemptFiles) -> list[str]:
+        """With ranks: the attempt's torchrun argv (ranks' error files under the run directory) and
+        the environment torchrun passes on; a single-process run keeps its argv."""
+        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), f"attempt-{self.attempt}")
+        if self.ranks is None:
+            return argv
+        env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
+        env["OOMGUARD_NODE_RANK"] = str(self.shape.node_rank if self.shape else 0)
+        return self.ranks.argv
+
+    def _verdict(self, facts: ExitFacts, watch: AttemptWatch) -> Verdict:
+        """How the attempt ended: by its root-cause rank under torchrun, and the same on every node."""
+        cause = self.ranks.root_cause() if self.ranks is not None and facts.returncode else None
         if cause is not None:
             self._event("root_cause", **cause.as_dict())
         gpus = bool(self.last_sample and self.last_sample.gpus)
         verdict = classify_attempt(facts, watch.scanner, cause, gpus)
-        if self.nodes is not None:  # one verdict for the round, the same on every node
+        if self.nodes is not None:
             verdict, reports = agree_end(self.nodes, self.attempt, verdict, self._peer_stop)
             self._event("round_end", round=self.attempt, reports={str(k): v for k, v in reports.items()},
                         kind=verdict.kind.value if verdict.kind else None, evidence=verdict.evidence)
-        return verdict, watch, checkpoint
+        return verdict
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
