@@ -182,3 +182,12 @@ def test_a_multi_node_torchrun_command_needs_this_nodes_rank_once() -> None:
     assert shape == Shape(2, 2, 1, "h:29400") and launch is not None and launch.get("node-rank") == "1"
     with pytest.raises(UsageError, match="--nnodes: 3 disagrees"):
         shape_of(cmd, None, 3, 1, None)
+
+
+def test_oom_text_without_a_rank_prefix_is_still_the_oom_of_the_blamed_rank() -> None:
+    # an OOM before init_process_group: torch.distributed has not prefixed the traceback yet
+    block = BLOCK.replace("-9 (pid: 12687)  (SIGKILL)", "1 (pid: 12687)")
+    scan = OutputScanner()
+    scan.feed("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB")
+    verdict = classify_attempt(ExitFacts(1), scan, root_cause(scanner(block), {}))
+    assert verdict.kind is FailureKind.HOST_OOM and verdict.evidence.startswith("rank 1 (local rank 1)")

@@ -37,6 +37,11 @@ def classify_attempt(facts: ExitFacts, scan: OutputScanner, cause: RootCause | N
         return verdict(FailureKind.HOST_OOM, f"killed by the kernel OOM killer ({counter})")
     if cause.oom_kind in _KINDS:
         return verdict(_KINDS[cause.oom_kind], cause.message)
+    # OOM text no rank prefix claims (printed before the process group was up): the blamed rank's
+    if scan.device_oom:
+        return verdict(FailureKind.CUDA_OOM, scan.device_oom.strip())
+    if scan.host_oom:
+        return verdict(FailureKind.HOST_OOM, scan.host_oom.strip())
     if facts.worker_failure and str(facts.worker_failure.get("kind", "")) in _KINDS:
         return verdict(_KINDS[str(facts.worker_failure["kind"])], str(facts.worker_failure.get("message", "")))
     if cause.signal is not None:
