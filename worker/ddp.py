@@ -38,7 +38,9 @@ class RankAgreement:
     @staticmethod
     def of(model: torch.nn.Module) -> RankAgreement | None:
         """Agreement for a DDP-wrapped model in an initialized process group of several ranks."""
-        if not hasattr(model, "no_sync") or not dist.is_available() or not dist.is_initialized():
+        # DDP only: FSDP also has no_sync(), but its gradients are sharded, not replicated
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if not ddp or not dist.is_available() or not dist.is_initialized():
             return None
         if dist.get_world_size() < 2:
             return None
