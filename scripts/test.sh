@@ -12,6 +12,10 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "test.sh: no chromium and not root: the browser tests will be skipped" >&2
   fi
 fi
+# The multi-node sbatch example is checked with Debian's shellcheck (tests/test_deploy.py).
+if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null 2>&1 || true
+fi
 .venv/bin/ruff check oomguard supervisor worker web tests bench examples scripts
 .venv/bin/mypy
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache

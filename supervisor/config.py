@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.decide.batch import BatchPlan, divisors
+from oomguard.supervisor.dist.torchrun import Shape, shape_of
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.run.placeholders import check_template, used
 
@@ -96,6 +97,22 @@ class RunConfig:
         _positive, metavar="N"))
     world_size: int = field(default=1, metadata=_opt(
         "--world-size", "number of data-parallel processes", _positive, metavar="N"))
+    nproc_per_node: int | None = field(default=None, metadata=_opt(
+        "--nproc-per-node", "ranks on this node: start COMMAND through torchrun with this many processes "
+        "(read from a torchrun COMMAND when not given)", _positive, metavar="N"))
+    nnodes: int | None = field(default=None, metadata=_opt(
+        "--nnodes", "nodes in the run; every node runs oomguard with the same options", _positive, metavar="M"))
+    node_rank: int | None = field(default=None, metadata=_opt(
+        "--node-rank", "this node's rank, 0 to M-1; node 0 keeps the shared decision", int, metavar="R"))
+    rdzv_endpoint: str | None = field(default=None, metadata=_opt(
+        "--rdzv-endpoint", "node 0's HOST:PORT for torchrun's c10d rendezvous; oomguard's shared state is on "
+        "PORT+1", str, metavar="HOST:PORT"))
+    peer_timeout: float = field(default=300.0, metadata=_opt(
+        "--peer-timeout", "with --nnodes: seconds to wait for another node's plan or report before ending "
+        "with exit code 75", _non_negative, metavar="SECONDS"))
+    settle_timeout: float = field(default=50.0, metadata=_opt(
+        "--settle-timeout", "before a restart, seconds to wait for the last attempt's GPU memory to be "
+        "freed (its leftover processes are ended first)", _non_negative, metavar="SECONDS"))
     min_micro_batch: int = field(default=1, metadata=_opt(
         "--min-micro-batch", "never shrink the micro-batch below this", _positive, metavar="N"))
     checkpoints: tuple[str, ...] = field(default=(), metadata=_opt(
@@ -171,6 +188,7 @@ class RunConfig:
                              "put it after --, e.g. oomguard run --micro-batch 8 --grad-accum 4 -- python train.py")
         if self.micro_batch < 1:
             raise UsageError("--micro-batch", "is required", "pass the micro-batch your script starts with")
+        self._check_shape()
         if (self.global_batch is None) == (self.grad_accum is None):
             raise UsageError("--global-batch", "give exactly one of --global-batch and --grad-accum",
                              "e.g. --global-batch 64 or --grad-accum 8")
@@ -213,6 +231,21 @@ class RunConfig:
         """The evaluation batch the plan starts with; None when the command has no {eval_micro_batch}."""
         names = used((*self.command, self.resume_args, *self.fallback_args))
         return (self.eval_micro_batch or self.micro_batch) if "eval_micro_batch" in names else None
+
+    def _check_shape(self) -> None:
+        """Ranks and nodes, from oomguard's options or a torchrun COMMAND; they set --world-size."""
+        shape = self.dist_shape
+        if shape is None:
+            return
+        if self.world_size not in (1, shape.world_size):
+            raise UsageError("--world-size", f"{self.world_size} disagrees with {shape.nproc_per_node} ranks × "
+                             f"{shape.nnodes} nodes", "leave --world-size out: torchrun's shape sets it")
+        object.__setattr__(self, "world_size", shape.world_size)
+
+    @property
+    def dist_shape(self) -> Shape | None:
+        """The ranks' shape when the worker runs under torchrun, else None."""
+        return shape_of(self.command, self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint)[0]
 
     def _check_batch(self) -> None:
         if self.global_batch is None:

@@ -73,6 +73,19 @@ def _memory(journal: Journal) -> Iterator[Metric]:
     for device, used in sorted(point["gpu"].items()):
         gpu.add_metric([device], used)
     yield gpu
+    yield _rank_memory(latest[0])
+
+
+def _rank_memory(row: dict[str, object]) -> Metric:
+    """Each rank's memory on each GPU (torchrun runs), from the sample's per-device list."""
+    ranks = GaugeMetricFamily("oomguard_gpu_rank_memory_bytes", "GPU memory of each rank's process per device",
+                              labels=["device", "rank"])
+    devices = row.get("gpus")
+    for dev in devices if isinstance(devices, list) else []:
+        for rank, used in sorted((dev.get("ranks") or {}).items()) if isinstance(dev, dict) else []:
+            if isinstance(used, int):
+                ranks.add_metric([str(dev.get("cuda_index")), str(rank)], used)
+    return ranks
 
 
 def _progress(doc: dict[str, object]) -> Iterator[Metric]:

@@ -34,7 +34,7 @@ import torch
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 from torch.utils.data import Dataset
 
-from oomguard.worker import checkpoint, oom, protocol, rng
+from oomguard.worker import checkpoint, ddp, oom, protocol, rng
 from oomguard.worker.batching import Decision, Tuner, divisors, split_sizes
 from oomguard.worker.channel import Channel, Requests
 from oomguard.worker.data import batch_size, draw, slice_batch
@@ -148,6 +148,7 @@ class Session:
         self._phase = "idle"
         self._versions: list[int] = []
         self._started = False
+        self._ranks: ddp.RankAgreement | None = None  # under DDP: the OOM flag and gradient averaging
 
     # ----- lifecycle
 
@@ -167,6 +168,7 @@ class Session:
         """Resume (when a checkpoint exists), install signal handlers; returns the step to go on from."""
         if not self._started:
             self._started = True
+            self._ranks = ddp.RankAgreement.of(self.model)
             self.requests.install()
             self.resume()
         return self.step_count
@@ -302,7 +304,7 @@ class Session:
         try:
             return self._accumulate_and_step(batch)
         except Exception as exc:  # narrowed by classify(); anything else propagates unchanged
-            kind = oom.classify(exc)
+            kind = ddp.PEER_OOM if isinstance(exc, ddp.PeerOutOfMemory) else oom.classify(exc)
             if kind is None:
                 raise
             if kind == oom.CUDA_FATAL:
@@ -311,6 +313,11 @@ class Session:
             oom.drop_frames(exc.__traceback__)
             torn = phase == "optimizer" and self._optimizer_touched()
         # Out of the except block, so the exception and its frames (the activations) are gone.
+        if self._ranks is not None and kind != ddp.PEER_OOM:
+            # The peers meet us at settle()'s flag; past it (optimizer) they are already stepping.
+            torn = torn or phase not in ("forward", "backward")
+            if not torn:
+                self._ranks.any_oom(True)
         self._recover(kind, message, phase, torn, at_start)
         return None
 
@@ -324,13 +331,18 @@ class Session:
             last = index == len(sizes) - 1
             total += self._micro_step(part, size / self.per_process, last)
             self.channel.heartbeat(self.step_count)
+        if self._ranks is not None:
+            self._phase = "agree"
+            self._ranks.settle()
         self._optimizer_step()
         return float(total)
 
     def _micro_step(self, part: Any, weight: float, last: bool) -> torch.Tensor:
-        # DDP: all-reduce only on the last micro-batch (its no_sync() skips the others).
+        # DDP: all-reduce only on the last micro-batch (its no_sync() skips the others); with several
+        # ranks never inside backward: settle() averages after every rank said it had no OOM.
         no_sync = getattr(self.model, "no_sync", None)
-        with no_sync() if (no_sync is not None and not last) else contextlib.nullcontext():
+        sync = last and self._ranks is None
+        with no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext():
             self._phase = "forward"
             weighted = self.loss_fn(self.model, part) * weight
             self._phase = "backward"
@@ -385,9 +397,10 @@ class Session:
         rng.restore(at_start)
         failed = self.micro_batch
         decision = None if (torn or not self.config.recover_in_process) else self.tuner.on_oom()
-        self.channel.failure(
-            kind, message, failed, phase=phase, step=self.step_count, recovered=decision is not None
-        )
+        if kind != ddp.PEER_OOM:  # the rank that failed reports it; its peers only follow
+            self.channel.failure(
+                kind, message, failed, phase=phase, step=self.step_count, recovered=decision is not None
+            )
         if decision is None:
             raise OutOfMemoryAbort(self._abort_reason(message, failed, torn))
         self._announce(decision)
@@ -421,6 +434,8 @@ class Session:
         above = self.probe.bytes_above_start()
         per_sample = above / result.micro_batch if above > 0 else None
         decision = self.tuner.on_success(per_sample, self.probe.headroom())
+        if self._ranks is not None and self.tuner.grow_after is not None:
+            decision = self._agree_on_growth(decision)
         self.channel.progress(
             result.step,
             force=result.ooms > 0 or result.step == 1,
@@ -435,6 +450,15 @@ class Session:
         if decision is not None:
             self._announce(decision)
         self._at_boundary()
+
+    def _agree_on_growth(self, decision: Decision | None) -> Decision | None:
+        """Each rank measures its own memory; the ranks grow only when every one of them can."""
+        assert self._ranks is not None
+        agreed = self._ranks.smallest(self.tuner.current)
+        if agreed < self.tuner.current:
+            self.tuner.current, self.tuner.trial = agreed, False
+            return None
+        return decision
 
     def _memory_fields(self) -> dict[str, int]:
         fields = {"rss_bytes": self.probe.rss()}

@@ -43,8 +43,8 @@ class Tuner:
         """The budget the model fits under: the GPU when there is one, else the host's limit."""
         if sample is None:
             return self.memory_limit
-        if sample.gpus:
-            return max(g.total_bytes for g in sample.gpus)
+        if sample.gpus:  # the smallest device decides: every rank must fit on its own GPU
+            return min(g.total_bytes for g in sample.gpus)
         if self.memory_limit:
             return self.memory_limit
         if sample.cgroup and sample.cgroup.limit_bytes:

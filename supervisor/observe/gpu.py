@@ -212,6 +212,8 @@ class GpuReading:
     worker_bytes: int | None
     worker_pids: tuple[int, ...]
     worker_note: str | None = None
+    # (pid, bytes) of each worker process on this device: one per rank under torchrun
+    worker_processes: tuple[tuple[int, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -309,6 +311,7 @@ class GpuMonitor:
         assert self._nvml is not None
         total, used, free = self._nvml.memory(handle)
         worker_bytes, worker_pids, note = self._worker_usage(handle, pids)
+        per_process = self._per_process(handle, pids) if worker_pids else ()
         return GpuReading(
             cuda_index=device.cuda_index,
             nvml_index=device.nvml_index,
@@ -321,7 +324,12 @@ class GpuMonitor:
             worker_bytes=worker_bytes,
             worker_pids=worker_pids,
             worker_note=note,
+            worker_processes=per_process,
         )
+
+    def _per_process(self, handle: Any, pids: frozenset[int]) -> tuple[tuple[int, int | None], ...]:
+        assert self._nvml is not None
+        return tuple((p.pid, p.used_bytes) for p in self._nvml.processes(handle) if p.pid in pids)
 
     def _optional(self, call: Callable[[Any], int], handle: Any) -> int | None:
         try:

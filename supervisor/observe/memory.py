@@ -19,10 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
+from oomguard.supervisor.observe.ranks import process_rank
 
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this big
 # is no limit, whatever the page size.
@@ -242,7 +244,15 @@ class MemorySample:
         figures = [g.worker_bytes if g.worker_bytes is not None else g.used_bytes for g in self.gpus]
         return max(figures) if figures else None
 
-    def as_row(self) -> dict[str, float | int | str | None]:
+    def gpu_rows(self) -> list[dict[str, Any]]:
+        """Every visible device, with each rank's memory on it (rank read from the process's RANK)."""
+        return [{"cuda_index": g.cuda_index, "name": g.name, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes,
+                 "worker_bytes": g.worker_bytes,
+                 "ranks": {str(rank if rank is not None else f"pid {pid}"): used
+                           for pid, used in g.worker_processes for rank in [process_rank(pid)]}}
+                for g in self.gpus]
+
+    def as_row(self) -> dict[str, Any]:
         """Flat columns for the journal and ``status --json`` (GPU figures of the busiest device)."""
         busiest = max(self.gpus, key=lambda g: g.used_bytes, default=None)
         return {
@@ -262,6 +272,7 @@ class MemorySample:
             "gpu_total_bytes": busiest.total_bytes if busiest else None,
             "gpu_utilization_pct": busiest.utilization_pct if busiest else None,
             "gpu_unavailable": self.gpu_unavailable,
+            "gpus": self.gpu_rows() or None,  # every device, every rank
         }
 
 

@@ -40,6 +40,16 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 
           "GB": 10**9}
 
 
+def device_oom_line(line: str) -> str | None:
+    """``line`` stripped when it reports a device allocation failure, else None."""
+    return line.strip() if _DEVICE_OOM.search(line) else None
+
+
+def host_oom_line(line: str) -> str | None:
+    """``line`` stripped when it reports a host allocation failure, else None."""
+    return line.strip() if _HOST_OOM.search(line) else None
+
+
 def _bytes(number: str, unit: str) -> int:
     return int(float(number) * _UNITS.get(unit, 1))
 

@@ -70,6 +70,9 @@ class DoctorContext:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
     min_free_bytes: int = 10 * GIB
+    rdzv_endpoint: str | None = None  # multi-node: node 0's HOST:PORT
+    node_rank: int | None = None
+    distributed: bool = False  # check the collective backends (implied by rdzv_endpoint)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -311,6 +314,19 @@ def check_port(ctx: DoctorContext) -> list[Check]:
     return [Check("port", OK, f"dashboard address {ctx.host}:{ctx.port} is free")]
 
 
+def check_distributed(ctx: DoctorContext) -> list[Check]:
+    """Collective backends, and with --rdzv-endpoint the multi-node rendezvous (ops/distcheck.py)."""
+    from oomguard.supervisor.ops import distcheck
+
+    if not (ctx.distributed or ctx.rdzv_endpoint):
+        return []
+    gpus = ctx.env.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1") or Path("/dev/nvidia0").exists()
+    lines = [("backends", *line) for line in distcheck.backend_lines(distcheck.probe_backends(), gpus)]
+    if ctx.rdzv_endpoint:
+        lines += [("rendezvous", *line) for line in distcheck.rendezvous_lines(ctx.rdzv_endpoint, ctx.node_rank)]
+    return [Check(name, status, detail, fix) for name, status, detail, fix in lines]
+
+
 CHECKS: tuple[Callable[[DoctorContext], list[Check]], ...] = (
     check_nvml,
     check_cgroup,
@@ -320,6 +336,7 @@ CHECKS: tuple[Callable[[DoctorContext], list[Check]], ...] = (
     check_alloc_conf,
     check_shadowing,
     check_port,
+    check_distributed,
 )
 
 
@@ -353,6 +370,10 @@ def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
     parser.add_argument("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument("--distributed", action="store_true", help="check NCCL/Gloo for runs of several ranks")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                        help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
+    parser.add_argument("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
     parser.set_defaults(func=_cmd_doctor)
 
 
@@ -365,7 +386,9 @@ def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> i
     stream = out if out is not None else sys.stdout
     try:
         ctx = DoctorContext(
-            run_dir=args.run_dir, host=args.host, port=args.port, min_free_bytes=int(args.min_free_gb * GIB)
+            run_dir=args.run_dir, host=args.host, port=args.port, min_free_bytes=int(args.min_free_gb * GIB),
+            rdzv_endpoint=getattr(args, "rdzv_endpoint", None), node_rank=getattr(args, "node_rank", None),
+            distributed=getattr(args, "distributed", False),
         )
     except DoctorError as error:
         print(f"oomguard doctor: error: {error}", file=sys.stderr)

@@ -30,6 +30,37 @@ def _write(path: str, text: str) -> None:
         print(f"oomguard-launch: cannot write {path}: {exc.strerror}", file=sys.stderr)
 
 
+def _kill_beyond_group(cgroup_procs: str) -> None:
+    """SIGKILL what a killpg misses: torchrun starts each rank in a session of its own, so the ranks
+    are found as our descendants (/proc) and as members of the worker's cgroup."""
+    me = os.getpid()
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    doomed, frontier = set(), [me]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in doomed]
+        doomed.update(children)
+        frontier += children
+    if cgroup_procs != "-":
+        try:
+            with open(cgroup_procs) as fh:
+                doomed.update(int(line) for line in fh if line.strip())
+        except (OSError, ValueError):
+            pass
+    for pid in doomed - {me}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+
+
 def main(argv: list[str]) -> None:
     supervisor_pid, adj, cgroup_procs = int(argv[1]), argv[2], argv[3]
     command = argv[argv.index("--") + 1:]
@@ -39,7 +70,8 @@ def main(argv: list[str]) -> None:
         os.killpg(0, signal.SIGKILL)
 
     def on_term(signum: int, frame: object) -> None:
-        if os.getppid() != supervisor_pid:  # orphaned: take the whole group down with us
+        if os.getppid() != supervisor_pid:  # orphaned: take the whole tree down with us
+            _kill_beyond_group(cgroup_procs)
             os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_term)

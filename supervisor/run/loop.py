@@ -21,13 +21,16 @@ import psutil
 
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
-from oomguard.supervisor.decide.classify import FailureKind, Verdict, classify
+from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Forecast, Move
 from oomguard.supervisor.decide.fragmentation import judge
 from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.decide.ranks import classify_attempt
 from oomguard.supervisor.decide.tuning import Tuner
+from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
+from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, Coordinator, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
@@ -41,6 +44,7 @@ from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import (
     AttemptFiles,
     alloc_conf,
@@ -49,6 +53,7 @@ from oomguard.supervisor.run.runtime import (
     expandable_already,
     placeholder_values,
 )
+from oomguard.supervisor.run.settle import AttemptProcesses, end, wait_for_gpus
 from oomguard.supervisor.run.states import RunState, check_transition
 from oomguard.supervisor.run.trendwatch import TrendWatch
 
@@ -102,6 +107,13 @@ class Supervisor:
         self._forecast_written = 0.0
         self._forecast_shown = False
         self._next_thin = time.monotonic() + THIN_EVERY
+        self.shape = config.dist_shape  # ranks and nodes under torchrun; None for one process
+        self.ranks: TorchrunAttempt | None = None
+        multi = self.shape is not None and self.shape.nnodes > 1
+        self.nodes = Coordinator(self.shape, config.peer_timeout) if self.shape and multi else None
+        self._peer_stop: int | None = None  # the node whose failure made us stop this attempt
+        self.procs_seen = AttemptProcesses()  # the last attempt's processes, for restarting onto free memory
+        self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -214,7 +226,15 @@ class Supervisor:
         """Supervise until the worker succeeds, the policy gives up, or we are stopped."""
         self.index.start()
         try:
-            return self._loop()
+            code = self._loop()
+            if self.nodes is not None:
+                self.nodes.finish()
+            return code
+        except PeerLost as exc:  # another node or node 0's store is gone: one line, a code to requeue on
+            if self.state is RunState.RUNNING:
+                self._transition(RunState.RECOVERING, f"attempt {self.attempt}: lost contact with the other nodes")
+            self._transition(RunState.FAILED, str(exc))
+            return EXIT_PEER_LOST
         finally:
             if self.worker is not None and not self.worker.exited.is_set():
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
@@ -227,6 +247,10 @@ class Supervisor:
 
     def _loop(self) -> int:
         self._transition(RunState.STARTING, f"supervisor pid {os.getpid()} started")
+        if self.nodes is not None:
+            self.nodes.connect()
+            log(f"node {self.nodes.shape.node_rank} of {self.nodes.shape.nnodes}: decisions shared through "
+                f"node 0's store (rendezvous port + 1)")
         while True:
             if self.stopping:
                 return self._stopped()
@@ -303,12 +327,18 @@ class Supervisor:
         checkpoint = self.index.newest(self.journal.bad_checkpoints(), worker_alive=False)
         for existing in self.index.refresh():  # known before this attempt: not its progress
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
+        if self.nodes is not None:  # every node: node 0's plan and checkpoint
+            self.plan, checkpoint, agreed = agree_start(self.nodes, self.attempt, self.plan, checkpoint)
+            self._save_plan()
+            self._event("round_start", round=self.attempt, node=self.nodes.shape.node_rank, **agreed)
+        self._peer_stop = None
         files = AttemptFiles.of(self.run_dir, self.attempt)
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
         if self.edits:  # --edit: this attempt's copies of the config files, and the argv pointed at them
             argv = apply_edits(self.edits, argv, values, self.cwd, self.run_dir / "edits" / f"attempt-{self.attempt}")
         env = build_env(self.config, self.plan, values, files)
+        argv = self._under_torchrun(argv, env, files)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = replace(self.plan, expandable_segments=True)
         self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
@@ -327,8 +357,30 @@ class Supervisor:
         self._watch(watch, ChannelReader(files.events), files)
         self.worker.reap()
         assert self.worker.returncode is not None
-        facts = box.exit_facts(self.worker.returncode, watch)
-        return classify(facts, watch.scanner), watch, checkpoint
+        return self._verdict(box.exit_facts(self.worker.returncode, watch), watch), watch, checkpoint
+
+    def _under_torchrun(self, argv: list[str], env: dict[str, str], files: AttemptFiles) -> list[str]:
+        """With ranks: the attempt's torchrun argv (ranks' error files under the run directory) and
+        the environment torchrun passes on; a single-process run keeps its argv."""
+        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), f"attempt-{self.attempt}")
+        if self.ranks is None:
+            return argv
+        env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
+        env["OOMGUARD_NODE_RANK"] = str(self.shape.node_rank if self.shape else 0)
+        return self.ranks.argv
+
+    def _verdict(self, facts: ExitFacts, watch: AttemptWatch) -> Verdict:
+        """How the attempt ended: by its root-cause rank under torchrun, and the same on every node."""
+        cause = self.ranks.root_cause() if self.ranks is not None and facts.returncode else None
+        if cause is not None:
+            self._event("root_cause", **cause.as_dict())
+        gpus = bool(self.last_sample and self.last_sample.gpus)
+        verdict = classify_attempt(facts, watch.scanner, cause, gpus)
+        if self.nodes is not None:
+            verdict, reports = agree_end(self.nodes, self.attempt, verdict, self._peer_stop)
+            self._event("round_end", round=self.attempt, reports={str(k): v for k, v in reports.items()},
+                        kind=verdict.kind.value if verdict.kind else None, evidence=verdict.evidence)
+        return verdict
 
     def _checkpoint_step(self, checkpoint: Checkpoint) -> int | None:
         """Its step: from its name, else the step the output showed when it was written."""
@@ -338,18 +390,53 @@ class Supervisor:
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
-        """Start the worker in a fresh memory cgroup (the last attempt's is removed first)."""
+        """Start the worker in a fresh memory cgroup (the last attempt's is removed first), onto free memory."""
+        self._settle()
         if self._containment is not None:
             self._containment.remove()
         self._containment = box = Containment.create(f"oomguard-{os.getpid()}-worker", self.config.memory_limit)
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.feed_line, self.echo, box.procs)
+        self.procs_seen = AttemptProcesses()
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, self._line_sink(watch), self.echo, box.procs)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
         return box
+
+    def _line_sink(self, watch: AttemptWatch) -> Callable[[str], None]:
+        """Each output line goes to the attempt's watch (evidence and progress), and to the ranks'
+        scanner under torchrun."""
+        ranks = self.ranks
+        if ranks is None:
+            return watch.feed_line
+
+        def feed(line: str) -> None:
+            watch.feed_line(line)
+            ranks.scanner.feed(line)
+
+        return feed
+
+    def _settle(self) -> None:
+        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
+        memory freed; note the level every device is at before the next attempt."""
+        box = self._containment
+        leftovers = self.procs_seen.alive(box.cgroup.pids() if box is not None and box.cgroup else [])
+        if leftovers:
+            named = end(leftovers)
+            self._event("leftovers_ended", processes=named)
+            log(f"ended the last attempt's leftover processes: {', '.join(named)}")
+        gpu = self.sampler.gpu
+        if gpu is None:
+            return
+        if self._gpu_baseline and self.procs_seen.seen:
+            done = wait_for_gpus(gpu.read, self.procs_seen.seen, self._gpu_baseline, self.config.settle_timeout)
+            self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
+                        holding=done.holding)
+            if not done.settled:
+                log(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
+        self._gpu_baseline = {g.cuda_index: g.used_bytes for g in gpu.read(()).devices}
 
     def _watch(self, watch: AttemptWatch, channel: ChannelReader, files: AttemptFiles) -> None:
         assert self.worker is not None
@@ -371,11 +458,22 @@ class Supervisor:
                 self.checkpoint_requested = False
                 self._ask_for_checkpoint(files, "requested")
             self._check_hang(watch)
+            self._check_peers()
         self._read_channel(watch, channel)
         self.journal.set_meta(forecast=None)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
         self._check_checkpoints(watch, worker_alive=False)
+
+    def _check_peers(self) -> None:
+        """Another node's attempt failed: ours would only wait in a collective for its ranks."""
+        if self.nodes is None or self._peer_stop is not None or self.worker is None:
+            return
+        peer = self.nodes.peer_failed(self.attempt)
+        if peer is not None:
+            self._peer_stop = peer
+            log(f"node {peer} failed in round {self.attempt}; stopping this node's ranks")
+            self.worker.stop(min(self.config.grace_period, 10.0))
 
     def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
         for record in channel.read():
@@ -406,6 +504,7 @@ class Supervisor:
         """One memory sample: journal it, fold the attempt's peak, act on the thresholds."""
         assert self.worker is not None
         sample = self.sampler.sample(self.worker.worker_pid or self.worker.pgid)
+        self.procs_seen.add(self.worker.tree())
         self.last_sample = sample
         watch.peak = fold_peak(watch.peak, sample)
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
@@ -537,6 +636,8 @@ class Supervisor:
                         why=hint.reason)
         decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
                           fit_hint=hint.micro_batch if hint else None)
+        if self.nodes is not None:  # node 0 decides for every node
+            decision = agree_decision(self.nodes, self.attempt, decision)
         self.failures.append(failure)
         self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
                                  exit_code=verdict.exit_code, signal=verdict.signal, kind=verdict.kind.value,

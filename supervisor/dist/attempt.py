@@ -1,0 +1,38 @@
+"""One attempt under torchrun: its argv, the ranks' error files and output, and the root cause after it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oomguard.supervisor.dist.errorfiles import RankScanner, RootCause, read_error_files, root_cause
+from oomguard.supervisor.dist.torchrun import Shape, attempt_argv, parse, wrap
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+@dataclass
+class TorchrunAttempt:
+    argv: list[str]
+    log_dir: Path  # torchrun's --log-dir for this attempt: <log_dir>/<run>/attempt_0/<local_rank>/error.json
+    scanner: RankScanner = field(default_factory=RankScanner)
+
+    @classmethod
+    def of(cls, shape: Shape | None, rendered: Sequence[str], log_dir: Path,
+           rdzv_id: str | None = None) -> TorchrunAttempt | None:
+        """For a run under torchrun (``shape`` set), the attempt's torchrun argv built from the rendered
+        COMMAND (a torchrun line, or a plain command to wrap); None for a single-process run."""
+        if shape is None:
+            return None
+        launch = parse(rendered) or wrap(rendered, shape)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return cls(attempt_argv(launch, log_dir, rdzv_id if shape.nnodes > 1 else None), log_dir)
+
+    @property
+    def agent_error_file(self) -> Path:
+        """torchrun's own error file: its ``@record`` copies the root-cause rank's error there."""
+        return self.log_dir / "agent-error.json"
+
+    def root_cause(self) -> RootCause | None:
+        return root_cause(self.scanner, read_error_files(self.log_dir))

@@ -1,0 +1,101 @@
+"""Restart only onto free memory: before the next attempt, the last one's processes are gone and
+its GPU memory is back.
+
+A rank's data-loader children, or a CUDA context still being torn down, can hold GPU memory for
+seconds after the attempt ended; an attempt started onto that memory fails at once and would be
+halved for memory that was never really short. NVIDIA's fault-tolerance launcher polls NVML
+every 2 s for up to 50 s and then starts anyway, only logging who holds memory. Here the holders
+are known (the old attempt's process tree, each remembered with its start time so a reused pid is
+never hit, and its cgroup), so they are named and ended first; then NVML is polled until none of
+them is on a GPU and every device's used memory is back near its level before the attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+from oomguard.supervisor.observe.gpu import GpuSnapshot
+
+POLL = 0.5  # seconds between NVML readings while waiting
+TOLERANCE = 512 * 2**20  # used memory this close to the level before the attempt counts as back
+
+
+@dataclass
+class AttemptProcesses:
+    """Every process seen in an attempt's tree: pid -> start time (pids are reused; times are not)."""
+
+    seen: dict[int, float] = field(default_factory=dict)
+
+    def add(self, procs: Iterable[psutil.Process]) -> None:
+        for proc in procs:
+            try:
+                self.seen.setdefault(proc.pid, proc.create_time())
+            except psutil.Error:
+                continue
+
+    def alive(self, extra: Iterable[int] = ()) -> list[psutil.Process]:
+        """Those still running (zombies aside), plus ``extra`` pids (the cgroup's members)."""
+        out = []
+        for pid in {*self.seen, *extra}:
+            try:
+                proc = psutil.Process(pid)
+                if pid in self.seen and abs(proc.create_time() - self.seen[pid]) > 0.01:
+                    continue  # the pid now belongs to someone else
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except psutil.Error:
+                continue
+        return out
+
+
+def end(procs: Iterable[psutil.Process]) -> list[str]:
+    """SIGKILL the old attempt's leftovers (its worker already exited: nothing to save); their names."""
+    named = []
+    for proc in procs:
+        try:
+            named.append(f"{proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})")
+            os.kill(proc.pid, signal.SIGKILL)
+        except (psutil.Error, OSError):
+            continue
+    psutil.wait_procs(list(procs), timeout=5)
+    return named
+
+
+@dataclass(frozen=True)
+class Settled:
+    waited: float
+    settled: bool
+    holding: str  # who still held GPU memory when the wait ended ("" when it settled)
+
+
+def wait_for_gpus(read: Callable[[Collection[int]], GpuSnapshot], old_pids: Iterable[int],
+                  baseline: Mapping[int, int], timeout: float, sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.monotonic) -> Settled:
+    """Poll NVML until none of ``old_pids`` is on a GPU and each device's used memory is within
+    TOLERANCE of ``baseline`` (by CUDA index), or ``timeout`` passes."""
+    pids = list(old_pids)
+    start = clock()
+    while True:
+        snap = read(pids)
+        holding = _holding(snap, baseline)
+        if not holding or clock() - start >= timeout:
+            return Settled(clock() - start, not holding, holding)
+        sleep(POLL)
+
+
+def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
+    parts = []
+    for gpu in snap.devices:
+        ours = [str(pid) for pid, _ in gpu.worker_processes]
+        if ours:
+            parts.append(f"GPU {gpu.cuda_index}: old attempt's pids {','.join(ours)}")
+        elif gpu.used_bytes > baseline.get(gpu.cuda_index, gpu.used_bytes) + TOLERANCE:
+            extra = (gpu.used_bytes - baseline[gpu.cuda_index]) / 2**30
+            parts.append(f"GPU {gpu.cuda_index}: {extra:.1f} GiB more in use than before the attempt")
+    return "; ".join(parts)
