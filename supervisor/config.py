@@ -135,6 +135,9 @@ class RunConfig:
     notify: tuple[str, ...] = field(default=(), metadata=_opt(
         "--notify", "webhook for failure, success and recovered OOMs: URL, slack=URL or ntfy=URL "
         "(repeatable)", str, metavar="SPEC", repeat=True))
+    log_max_bytes: int | None = field(default=None, metadata=_opt(
+        "--log-max-bytes", "cap on each attempt's log file, e.g. 100M: the head and the tail are kept, "
+        "the middle is cut (default: no cap)", parse_size, metavar="SIZE"))
     run_dir: Path = field(default=Path("oomguard-run"), metadata=_opt(
         "--run-dir", "directory for the journal, logs and state of this run", Path, metavar="DIR"))
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))

@@ -26,10 +26,24 @@ _LOAD_ERROR = re.compile(
     r"|SafetensorError|HeaderTooLarge|checkpoint is (?:corrupt|incomplete|invalid))",
     re.IGNORECASE,
 )
+# The worker (or a library under it) ran out of disk: a checkpoint or a log write failed.
+_DISK_FULL = re.compile(r"(No space left on device|\bENOSPC\b|\[Errno 28\]|Disk quota exceeded|\bEDQUOT\b)")
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ([KMGT]?i?B)")
 _RESERVED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) is reserved by PyTorch but unallocated")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6,
           "GB": 10**9}
+
+
+# Substrings every evidence line above contains one of (case as written): a line with none of them
+# skips the regexes. These few C-speed searches are what a flood of ordinary lines costs.
+MARKERS = ("rror", "emory", "ALLOC", "EOF", "Ran out of input", "heckpoint", "pace left", "ENOSPC", "Errno 28",
+           "quota", "EDQUOT", "BadZip", "HeaderTooLarge")
+_MARKER_BYTES = tuple(m.encode() for m in MARKERS)
+
+
+def might_matter(data: bytes) -> bool:
+    """Could ``data`` (a line or a whole read) hold evidence? False is certain; True is a maybe."""
+    return any(m in data for m in _MARKER_BYTES)
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -45,12 +59,18 @@ class OutputScanner:
     load_error: str | None = None
     tried_bytes: int | None = None
     reserved_unallocated: int | None = None
+    disk_full: str | None = None
     tail: list[str] = field(default_factory=list)
     lines: int = 0
 
     def feed(self, line: str) -> None:
         self.lines += 1
-        self.tail = (self.tail + [line])[-20:]
+        self.tail.append(line)
+        if len(self.tail) > 40:
+            del self.tail[:-20]
+        if not any(m in line for m in MARKERS):
+            return
+        self.disk_full = _keep(self.disk_full, line, _DISK_FULL)
         self.device_oom = _keep(self.device_oom, line, _DEVICE_OOM)
         self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
         self.load_error = _keep(self.load_error, line, _LOAD_ERROR)

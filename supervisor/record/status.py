@@ -62,6 +62,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "started": meta.get("started"),
         "updated": meta.get("updated"),
         "failures": failure_records(attempts),
+        "degraded": (meta.get("degraded") or []) if alive else [],
     }
 
 
@@ -92,6 +93,9 @@ def format_status(doc: dict[str, Any]) -> str:
                      + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
     if memory.get("gpu_unavailable"):
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
+    for problem in doc.get("degraded") or []:
+        lines.append(f"degraded:   {problem['component']}: {problem['message']} "
+                     f"({problem['lost']} {problem.get('unit', '')} lost so far)")
     for f in doc["failures"]:
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} "
                      f"(exit {f['exit_code']}, signal {f['signal']}): {f['evidence']}")

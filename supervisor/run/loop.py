@@ -30,7 +30,9 @@ from oomguard.supervisor.observe.memory import MemorySample, Sampler, fold_peak
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
 from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
+from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
@@ -72,6 +74,7 @@ class Supervisor:
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self.worker: WorkerProcess | None = None
         self.journal: Journal
+        self.degradations = Degradations(log)  # our own bookkeeping failing: said once, never fatal
         self._lock = RunLock(self.run_dir)
         self._containment: Containment | None = None
         self.index = CheckpointIndex(config.checkpoints, self.cwd)
@@ -82,6 +85,7 @@ class Supervisor:
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self._next_thin = time.monotonic() + THIN_EVERY
+        self._published = 0
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -96,7 +100,7 @@ class Supervisor:
             raise UsageError("--run-dir", f"cannot write {self.run_dir}: {exc.strerror}",
                              "choose a directory you can write") from None
         self._lock.acquire()
-        self.journal = Journal(self.run_dir)
+        self.journal = ResilientJournal(self.run_dir, self.degradations)
         fresh = not self.journal.meta().get("plan")
         self._restore()
         self._learn(fresh)
@@ -293,7 +297,8 @@ class Supervisor:
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo, box.procs)
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, watch.scanner.feed, self.echo, box.procs,
+                                    log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
@@ -310,19 +315,28 @@ class Supervisor:
                 self.restart_requested = False
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
                 break
-            self._read_channel(watch, channel)
+            self._guarded("channel", self._read_channel, watch, channel)
             if time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + self.config.sample_interval
-                self._sample(watch, files)
-                self._check_checkpoints(watch)
+                self._guarded("sampling", self._sample, watch, files)
+                self._guarded("checkpoints", self._check_checkpoints, watch)
             if self.checkpoint_requested:
                 self.checkpoint_requested = False
-                self._ask_for_checkpoint(files, "requested")
+                self._guarded("checkpoint request", self._ask_for_checkpoint, files, "requested")
             self._check_hang(watch)
-        self._read_channel(watch, channel)
+        self._guarded("channel", self._read_channel, watch, channel)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
         self._check_checkpoints(watch, worker_alive=False)
+
+    def _guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
+        """Run one observer; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
+        try:
+            action(*args)
+        except Exception as exc:  # supervision of a healthy worker outlives any observer
+            self.degradations.failed(component, exc)
+        else:
+            self.degradations.recovered(component)
 
     def _read_channel(self, watch: AttemptWatch, channel: ChannelReader) -> None:
         for record in channel.read():
@@ -335,6 +349,9 @@ class Supervisor:
                 ticker()
             except Exception as exc:  # an ops hook must never stop supervision
                 log(f"tick hook failed: {exc!r}")
+        if self.degradations.version != self._published:  # what is degraded, for oomguard status
+            self._published = self.degradations.version
+            self.journal.set_meta(degraded=self.degradations.active())
         if time.monotonic() >= self._next_thin:
             self._next_thin = time.monotonic() + THIN_EVERY
             self.journal.thin_samples()
@@ -405,7 +422,7 @@ class Supervisor:
             return
         watch.hung = hung
         log(f"worker hung: {hung}; dumping its stack")
-        self.worker.dump_stack()
+        self._guarded("stack dump", self.worker.dump_stack)
         self.worker.stop(min(self.config.grace_period, 10.0))
 
     # --- after an attempt ---------------------------------------------------------------------

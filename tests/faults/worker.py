@@ -1,0 +1,97 @@
+"""A worker for the fault tests: each mode is a real behaviour (a real full disk, a real flood, a real
+progress bar), chosen on the command line. Standard library only, so it starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def fill_disk(args: argparse.Namespace) -> None:
+    """Fill the disk under --path, keep training (printing) while it is full, then free it: a worker
+    that handles ENOSPC itself must not be hurt by oomguard's own bookkeeping failing."""
+    filler = args.path / "filler.bin"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 20))
+                fh.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    print("disk full; training on", flush=True)
+    deadline = time.monotonic() + args.seconds
+    step = 0
+    while time.monotonic() < deadline:
+        step += 1
+        print(f"step {step} " + "x" * 200, flush=True)
+        time.sleep(0.01)
+    filler.unlink()
+    print("space freed", flush=True)
+    time.sleep(args.after)
+    print("done", flush=True)
+
+
+def checkpoint_enospc(args: argparse.Namespace) -> None:
+    """Write checkpoints to --path until the disk is full; die of the OSError as a script would."""
+    step = 0
+    while True:
+        step += 1
+        with open(args.path / f"ckpt-{step}.bin", "wb") as fh:
+            fh.write(os.urandom(1 << 20))
+        time.sleep(0.001)
+
+
+def progress_bar(args: argparse.Namespace) -> None:
+    """A tqdm-style bar: redraws with \\r and no newline for --seconds."""
+    deadline = time.monotonic() + args.seconds
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        sys.stdout.write(f"\r{i:6d} it [{'#' * (i % 30):30s}]")
+        sys.stdout.flush()
+        time.sleep(0.1)
+    sys.stdout.write("\n")
+
+
+def long_line(args: argparse.Namespace) -> None:
+    """--mib MiB in one line without a newline, then a pause with the line still open."""
+    block = b"y" * (1 << 20)
+    for _ in range(args.mib):
+        sys.stdout.buffer.write(block)
+    sys.stdout.buffer.flush()
+    time.sleep(args.after)
+    print("\nline done", flush=True)
+
+
+def flood(args: argparse.Namespace) -> None:
+    """--mib MiB of short lines as fast as Python writes them (stdout block-buffered)."""
+    line = b"step 123456 loss 0.123456 lr 0.000300 tokens/s 123456.7 mem 1234 MiB " + b"x" * 10 + b"\n"
+    out = os.fdopen(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
+    for _ in range(args.mib * (1 << 20) // len(line)):
+        out.write(line)
+    out.flush()
+
+
+def sleep(args: argparse.Namespace) -> None:
+    print("sleeping", flush=True)
+    time.sleep(args.seconds)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["fill_disk", "checkpoint_enospc", "progress_bar", "long_line", "flood",
+                                    "sleep"])
+    p.add_argument("--path", type=Path, default=Path("."))
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--after", type=float, default=1.5)
+    p.add_argument("--mib", type=int, default=50)
+    args = p.parse_args()
+    globals()[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
