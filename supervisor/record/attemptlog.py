@@ -52,6 +52,11 @@ class AttemptLog:
             self._fail(exc, 0)
 
     def write(self, data: bytes) -> None:
+        if len(data) >= BUFFER // 4:  # a big read: write it as it is rather than copy it twice
+            self.flush()
+            self._buffer = bytearray(data)
+            self.flush()
+            return
         self._buffer += data
         if len(self._buffer) >= BUFFER:
             self.flush()
