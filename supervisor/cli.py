@@ -29,6 +29,9 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
     config = build_config(options, command)
+    from oomguard.supervisor.run.preflight import check as preflight
+
+    preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
     supervisor.install_signal_handlers()

@@ -54,10 +54,24 @@ def _opt(flag: str, help: str, parse: Callable[[str], Any] | None = None, **extr
     return {"flag": flag, "help": help, "parse": parse, **extra}
 
 
+def _whole(value: object) -> int:
+    """An integer, strictly: TOML ``true`` would be 1 and ``8.5`` would be 8 under ``int()``."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError("must be a whole number")
+    return int(str(value))
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 1:
         raise ValueError("must be at least 1")
+    return value
+
+
+def _count(text: str) -> int:
+    value = _whole(text)
+    if value < 0:
+        raise ValueError("must not be negative")
     return value
 
 
@@ -68,6 +82,8 @@ def _fraction(text: str) -> float:
 
 
 def _non_negative(text: str) -> float:
+    if isinstance(text, bool):
+        raise ValueError("must be a number of seconds")
     value = float(text)
     if value < 0:
         raise ValueError("must not be negative")
@@ -101,7 +117,7 @@ class RunConfig:
         "--fallback-args", "arguments to add, in turn, once the micro-batch is at its floor, "
         "e.g. '--gradient-checkpointing' (repeatable)", str, metavar="ARGS", repeat=True))
     max_restarts: int = field(default=10, metadata=_opt(
-        "--max-restarts", "restarts allowed after crashes, kills and hangs", int, metavar="N"))
+        "--max-restarts", "restarts allowed after crashes, kills and hangs", _count, metavar="N"))
     memory_limit: int | None = field(default=None, metadata=_opt(
         "--memory-limit", "host memory budget of the worker's process tree, e.g. 16G", parse_size,
         metavar="SIZE"))
@@ -143,7 +159,7 @@ class RunConfig:
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))
     host: str = field(default="127.0.0.1", metadata=_opt(
         "--host", "dashboard address", str, metavar="H"))
-    port: int = field(default=8765, metadata=_opt("--port", "dashboard port", int, metavar="P"))
+    port: int = field(default=8765, metadata=_opt("--port", "dashboard port", _count, metavar="P"))
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -205,6 +221,10 @@ class RunConfig:
         if not isinstance(getattr(signal, name, None), signal.Signals):
             raise UsageError("--checkpoint-signal", f"unknown signal {self.checkpoint_signal!r}",
                              "use e.g. SIGUSR1 or SIGUSR2")
+        if name in ("SIGKILL", "SIGSTOP", "SIGTERM", "SIGINT", "SIGCONT"):
+            # KILL and STOP cannot be handled; TERM and INT mean "stop" to every trainer and to us.
+            raise UsageError("--checkpoint-signal", f"{name} cannot ask for a checkpoint",
+                             "use a signal the worker handles, e.g. SIGUSR1 or SIGUSR2")
         object.__setattr__(self, "checkpoint_signal", name)
 
     @property
