@@ -58,7 +58,10 @@ class Journal:
     """One connection to a run's journal. Thread-safe; each process opens its own."""
 
     def __init__(self, run_dir: Path, readonly: bool = False) -> None:
+        from oomguard.supervisor.record.damage import check
+
         self.path = journal_path(run_dir)
+        check(self.path, thorough=not readonly)  # a damaged journal: one line, and never overwritten
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(self.path)

@@ -117,9 +117,20 @@ class Supervisor:
             log(f"continuing run in {self.run_dir} at micro-batch {resumed.batch.micro_batch} "
                 f"(attempt {meta.get('attempt', 0)} so far)")
         self.attempt = int(meta.get("attempt", 0))
-        self.failures = [_failure_from_row(row) for row in self.journal.attempts() if row["kind"]]
+        self._close_interrupted()
+        # A new invocation starts a new failure budget; the earlier failures stay in the journal and
+        # the report, but a run that failed yesterday must not make today's first crash a crash loop.
+        self.failures = []
         if meta.get("state"):
             self.state = RunState(meta["state"])
+
+    def _close_interrupted(self) -> None:
+        """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted."""
+        for row in self.journal.attempts():
+            if row["ended"] is None:
+                self.journal.end_attempt(row["attempt"], decision="interrupted: its supervisor ended while it ran")
+                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"])
+                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as interrupted")
 
     def _learn(self, fresh: bool) -> None:
         """Load what this run, and earlier runs of the same job, learned about memory."""
