@@ -3,7 +3,8 @@
 Run as ``python -I -S launch.py SUPERVISOR_PID OOM_SCORE_ADJ CGROUP_PROCS -- COMMAND...`` in a new
 session (its own process group). It exists so that no worker outlives the supervisor: the kernel
 sends it SIGTERM when the supervisor dies (PR_SET_PDEATHSIG, even after SIGKILL) and it then kills
-the whole process group, grandchildren included, which PR_SET_PDEATHSIG alone would not reach.
+the whole process group, grandchildren included, which PR_SET_PDEATHSIG alone would not reach, and
+every process in the worker's cgroup (a grandchild that called setsid() is in no group of ours).
 It also joins the worker's memory cgroup and raises ``oom_score_adj`` before the command starts,
 and ends the way its child ended (same exit code, or the same signal) so classification sees the
 worker's real status.
@@ -30,6 +31,32 @@ def _write(path: str, text: str) -> None:
         print(f"oomguard-launch: cannot write {path}: {exc.strerror}", file=sys.stderr)
 
 
+def _kill_cgroup(cgroup_procs: str) -> None:
+    """Kill every process in the worker's cgroup: a grandchild that called setsid() left our process
+    group, but not the cgroup. cgroup v2 does it atomically (cgroup.kill); v1 is a loop over
+    cgroup.procs, repeated while something forks."""
+    if cgroup_procs == "-":
+        return
+    kill_file = os.path.join(os.path.dirname(cgroup_procs), "cgroup.kill")
+    if os.path.exists(kill_file):
+        _write(kill_file, "1")
+        return
+    me = os.getpid()
+    for _ in range(10):
+        try:
+            with open(cgroup_procs) as fh:
+                others = [int(p) for p in fh.read().split() if int(p) != me]
+        except OSError:
+            return
+        if not others:
+            return
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def main(argv: list[str]) -> None:
     supervisor_pid, adj, cgroup_procs = int(argv[1]), argv[2], argv[3]
     command = argv[argv.index("--") + 1:]
@@ -39,7 +66,8 @@ def main(argv: list[str]) -> None:
         os.killpg(0, signal.SIGKILL)
 
     def on_term(signum: int, frame: object) -> None:
-        if os.getppid() != supervisor_pid:  # orphaned: take the whole group down with us
+        if os.getppid() != supervisor_pid:  # orphaned: take the whole cgroup and group down with us
+            _kill_cgroup(cgroup_procs)
             os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_term)

@@ -33,7 +33,7 @@ from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.resilient import ResilientJournal
-from oomguard.supervisor.run.containment import Containment
+from oomguard.supervisor.run.containment import Containment, remove_stale
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, expandable_already, placeholder_values
@@ -100,6 +100,7 @@ class Supervisor:
             raise UsageError("--run-dir", f"cannot write {self.run_dir}: {exc.strerror}",
                              "choose a directory you can write") from None
         self._lock.acquire()
+        remove_stale(log)  # memory cgroups that killed supervisors could not remove
         self.journal = ResilientJournal(self.run_dir, self.degradations)
         fresh = not self.journal.meta().get("plan")
         self._restore()

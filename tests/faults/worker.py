@@ -76,6 +76,16 @@ def flood(args: argparse.Namespace) -> None:
     out.flush()
 
 
+def setsid_child(args: argparse.Namespace) -> None:
+    """A grandchild in a session of its own (out of oomguard's process group), its pid in --path."""
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    args.path.write_text(str(child.pid))
+    print("grandchild started", flush=True)
+    time.sleep(args.seconds)
+
+
 def sleep(args: argparse.Namespace) -> None:
     print("sleeping", flush=True)
     time.sleep(args.seconds)
@@ -84,7 +94,7 @@ def sleep(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["fill_disk", "checkpoint_enospc", "progress_bar", "long_line", "flood",
-                                    "sleep"])
+                                    "sleep", "setsid_child"])
     p.add_argument("--path", type=Path, default=Path("."))
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--after", type=float, default=1.5)
