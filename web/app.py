@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from oomguard.supervisor.record.status import supervisor_alive
-from oomguard.web import models
+from oomguard.web import models, redact
 from oomguard.web.journals import JournalPool, JournalUnavailable, StatusCache
 from oomguard.web.logtail import log_path, tail
 from oomguard.web.markers import MarkerScan
@@ -94,7 +94,8 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path) -> None:
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])
     def get_attempts() -> list[dict[str, Any]]:
         """Every attempt: its batch, how it ended (kind, evidence) and what was decided."""
-        return [{k: v for k, v in row.items() if k != "log_path"} for row in pool.get().attempts()]
+        return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"])}
+                for row in pool.get().attempts()]
 
     @app.get("/api/events", response_model=list[models.Event], responses=_UNAVAILABLE, tags=["read"])
     def get_events(since: Annotated[int, Query(ge=0, le=MAX_ID, description="events after this id")] = 0,
@@ -132,7 +133,8 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path) -> None:
         if path is None:
             raise HTTPException(404, f"no log for attempt {attempt}")
         text, size, truncated = tail(path, lines)
-        return {"attempt": attempt, "lines": text, "size": size, "truncated": truncated}
+        return {"attempt": attempt, "lines": [redact.text(line) for line in text], "size": size,
+                "truncated": truncated}
 
     @app.get("/healthz", response_model=models.Health, tags=["read"])
     def healthz() -> dict[str, Any]:

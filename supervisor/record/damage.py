@@ -10,11 +10,13 @@ also asks SQLite's ``quick_check``). What it finds is a ``JournalDamaged``: the 
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from oomguard.supervisor.errors import UsageError
 
 MAGIC = b"SQLite format 3\x00"
+BEING_CREATED = 5.0  # seconds: a younger empty or table-less journal is being created, not damaged
 
 
 class JournalDamaged(UsageError):
@@ -25,7 +27,8 @@ class JournalDamaged(UsageError):
 
 
 def check(path: Path, thorough: bool = False) -> None:
-    """Raise ``JournalDamaged`` if the journal at ``path`` exists but cannot be a readable journal."""
+    """Raise ``JournalDamaged`` if the journal at ``path`` exists but cannot be a readable journal.
+    ``thorough`` is the supervisor's own open (under the run lock, so nobody else is creating it)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(100)
@@ -35,11 +38,17 @@ def check(path: Path, thorough: bool = False) -> None:
     except OSError as exc:
         raise JournalDamaged(path, exc.strerror or str(exc)) from None
     if size == 0:
+        if not thorough and _young(path):  # a supervisor is creating it right now
+            raise FileNotFoundError(path)
         raise JournalDamaged(path, "it is empty (0 bytes)")
     if not head.startswith(MAGIC) or len(head) < 100:
         raise JournalDamaged(path, "it is not an SQLite database")
     _check_size(path, head, size)
     _probe(path, thorough)
+
+
+def _young(path: Path) -> bool:
+    return time.time() - path.stat().st_mtime < BEING_CREATED
 
 
 def _check_size(path: Path, head: bytes, size: int) -> None:
@@ -64,5 +73,9 @@ def _probe(path: Path, thorough: bool) -> None:
                     raise JournalDamaged(path, f"SQLite's quick_check says {result}")
         finally:
             db.close()
+    except sqlite3.OperationalError as exc:
+        if str(exc).startswith("no such table") and not thorough and _young(path):
+            return  # the creating supervisor has not written the schema yet
+        raise JournalDamaged(path, str(exc)) from None
     except sqlite3.DatabaseError as exc:
         raise JournalDamaged(path, str(exc)) from None

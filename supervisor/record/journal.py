@@ -49,9 +49,11 @@ def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
     from oomguard.supervisor.errors import UsageError
 
-    if not journal_path(run_dir).exists():
-        raise UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
-    return Journal(run_dir, readonly=True)
+    missing = UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
+    try:
+        return Journal(run_dir, readonly=True)
+    except FileNotFoundError:  # none, or one being created this instant
+        raise missing from None
 
 
 class Journal:

@@ -86,6 +86,15 @@ def setsid_child(args: argparse.Namespace) -> None:
     time.sleep(args.seconds)
 
 
+def crash_once(args: argparse.Namespace) -> None:
+    """Attempt 1 runs --seconds and crashes; later attempts finish after --after seconds."""
+    first = os.environ.get("OOMGUARD_ATTEMPT", "1") == "1"
+    print(f"attempt {os.environ.get('OOMGUARD_ATTEMPT')}", flush=True)
+    time.sleep(args.seconds if first else args.after)
+    if first:
+        sys.exit(3)
+
+
 def sleep(args: argparse.Namespace) -> None:
     print("sleeping", flush=True)
     time.sleep(args.seconds)
@@ -94,7 +103,7 @@ def sleep(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["fill_disk", "checkpoint_enospc", "progress_bar", "long_line", "flood",
-                                    "sleep", "setsid_child"])
+                                    "sleep", "setsid_child", "crash_once"])
     p.add_argument("--path", type=Path, default=Path("."))
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--after", type=float, default=1.5)
