@@ -95,6 +95,35 @@ def crash_once(args: argparse.Namespace) -> None:
         sys.exit(3)
 
 
+def ckpt_train(args: argparse.Namespace) -> None:
+    """Train --steps steps, a checkpoint every --every (written in two parts, so a kill can tear one),
+    resuming from --resume-from. Each start appends "pid given newest-valid" to --record so the
+    campaign can check oomguard passed the newest valid checkpoint (and whether the one given was)."""
+    args.path.mkdir(parents=True, exist_ok=True)
+    valid = sorted(p for p in args.path.glob("ckpt-*.pt") if p.read_bytes().endswith(b"END\n"))
+    given = str(args.resume_from) if args.resume_from else ""
+    data = Path(given).read_bytes() if given else b""
+    intact = int(data.endswith(b"END\n"))
+    with open(args.record, "a") as fh:
+        fh.write(f"{os.getpid()} {given or '-'} {valid[-1] if valid else '-'} {intact}\n")
+    step = 0
+    if given:
+        if not data.endswith(b"END\n"):
+            print(f"checkpoint is corrupt: {given}", flush=True)
+            sys.exit(1)
+        step = int(data.split()[0])
+    while step < args.steps:
+        step += 1
+        time.sleep(args.seconds)
+        if step % args.every == 0:
+            with open(args.path / f"ckpt-{step:06d}.pt", "wb") as fh:
+                fh.write(f"{step}\n".encode() + b"w" * 4096)
+                fh.flush()
+                time.sleep(0.02)  # a kill now leaves a torn checkpoint behind
+                fh.write(b"END\n")
+        print(f"step {step}", flush=True)
+
+
 def sleep(args: argparse.Namespace) -> None:
     print("sleeping", flush=True)
     time.sleep(args.seconds)
@@ -103,11 +132,16 @@ def sleep(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["fill_disk", "checkpoint_enospc", "progress_bar", "long_line", "flood",
-                                    "sleep", "setsid_child", "crash_once"])
+                                    "sleep", "setsid_child", "crash_once",
+                                    "ckpt_train"])
     p.add_argument("--path", type=Path, default=Path("."))
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--after", type=float, default=1.5)
     p.add_argument("--mib", type=int, default=50)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--record", type=Path, default=Path("starts.txt"))
+    p.add_argument("--resume-from", type=Path)
     args = p.parse_args()
     globals()[args.mode](args)
 
