@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "tests" / "faults"), str(ROOT)]  # not "faults": that is this file's own name
 
-from faults import campaign  # noqa: E402
+import campaign  # noqa: E402
 
 RUN = ["--no-web", "--micro-batch", "1", "--grad-accum", "1", "--backoff", "0.05", "--max-backoff", "0.2"]
 

@@ -148,6 +148,7 @@ def start_dashboard(supervisor: Supervisor) -> WebServer:
                        fallback=config.port == DEFAULT_PORT)
     supervisor.listeners.append(web.broker)
     supervisor.journal.set_meta(web_url=web.url)
+    supervisor.tickers.append(lambda: _watch(supervisor, web))
     moved = ""
     if config.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
         moved = f" (port {DEFAULT_PORT} is in use)"
@@ -158,6 +159,12 @@ def start_dashboard(supervisor: Supervisor) -> WebServer:
               f"request needs the token. Open {_exposed_link(config.host, web)} once in your browser "
               "(it keeps the token as a cookie); do not share that link", file=sys.stderr, flush=True)
     return web
+
+
+def _watch(supervisor: Supervisor, web: WebServer) -> None:
+    """The dashboard's thread ending on its own is a degradation (said once); supervision goes on."""
+    if not web.thread.is_alive() and not web.server.should_exit:
+        supervisor.degradations.failed("web", "the dashboard server stopped; the run goes on without it")
 
 
 def _exposed_link(host: str, web: WebServer) -> str:

@@ -38,8 +38,8 @@ def check(path: Path, thorough: bool = False) -> None:
     except OSError as exc:
         raise JournalDamaged(path, exc.strerror or str(exc)) from None
     if size == 0:
-        if not thorough and _young(path):  # a supervisor is creating it right now
-            raise FileNotFoundError(path)
+        if not thorough and _young(path):  # a supervisor is creating it right now: not damage
+            return
         raise JournalDamaged(path, "it is empty (0 bytes)")
     if not head.startswith(MAGIC) or len(head) < 100:
         raise JournalDamaged(path, "it is not an SQLite database")

@@ -165,7 +165,7 @@ class Supervisor:
             try:
                 listener(name, data)
             except Exception as exc:  # a dashboard or notifier bug must never stop supervision
-                log(f"listener failed on {name}: {exc!r}")
+                self.degradations.failed("hooks", f"listener failed on {name}: {exc!r}")
 
     def _event(self, name: str, /, **data: Any) -> None:
         self.journal.event(name, self.attempt or None, **data)
@@ -360,7 +360,7 @@ class Supervisor:
             try:
                 ticker()
             except Exception as exc:  # an ops hook must never stop supervision
-                log(f"tick hook failed: {exc!r}")
+                self.degradations.failed("hooks", f"tick hook failed: {exc!r}")
         if self.degradations.version != self._published:  # what is degraded, for oomguard status
             self._published = self.degradations.version
             self.journal.set_meta(degraded=self.degradations.active())
