@@ -19,7 +19,7 @@ _SECRET_NAME = r"[A-Za-z0-9_.-]*(?:key|token|auth|credentials?|passphrase|(?:sec
 _OPTION = re.compile(rf"^--?{_SECRET_NAME}$", re.IGNORECASE)
 _OPTION_EQ = re.compile(rf"^(--?{_SECRET_NAME}=)(.+)$", re.IGNORECASE)
 _ASSIGN = re.compile(rf"^({_SECRET_NAME}=)(.+)$", re.IGNORECASE)
-_IN_TEXT = re.compile(rf"((?:--?{_SECRET_NAME}(?:=|\s+))|(?:\b{_SECRET_NAME}(?:=|:\s*)))(\"[^\"]*\"|'[^']*'|\S+)",
+_IN_TEXT = re.compile(rf"((?:--?{_SECRET_NAME}(?:=|\s+))|(?:\b{_SECRET_NAME}(?:=|:\s*)))(\"[^\"]*\"|'[^']*'|[^\s;,&]+)",
                       re.IGNORECASE)
 
 

@@ -128,3 +128,15 @@ def _web_url(run_dir: Path, timeout: float = 30) -> str:
             return str(url)
         time.sleep(0.05)
     raise AssertionError("the dashboard never started")
+
+
+def test_redaction_hides_values_not_lookalikes() -> None:
+    from oomguard.web import redact
+
+    words = ["python", "train.py", "--api-key", "k1", "--tokenizer", "gpt2", "--hf-token=k2", "HF_TOKEN=k3",
+             "DB_PASSWORD=k4", "--lr", "3e-4", "--key_padding", "x"]
+    shown = redact.argv(words)
+    assert "k1" not in shown and "--hf-token=***" in shown and "HF_TOKEN=***" in shown and "DB_PASSWORD=***" in shown
+    assert shown[4:6] == ["--tokenizer", "gpt2"] and shown[9:11] == ["--lr", "3e-4"]
+    line = "export WANDB_API_KEY=abc; step 3 tokens/s 100"
+    assert redact.text(line) == "export WANDB_API_KEY=***; step 3 tokens/s 100"
