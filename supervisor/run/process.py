@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from oomguard.supervisor.record.attemptlog import AttemptLog
+from oomguard.supervisor.record.attemptlog import AttemptLog, open_log
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.run.pump import OutputPump
 
@@ -152,7 +152,7 @@ class WorkerProcess:
         if shutil.which("py-spy"):
             out = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
                                  timeout=30, check=False)
-            with open(self.log_path, "a") as fh:
+            with os.fdopen(open_log(self.log_path), "a") as fh:  # never through a planted symlink
                 fh.write(out.stdout + out.stderr)
         else:
             _kill(pid, signal.SIGABRT)

@@ -140,3 +140,12 @@ def test_redaction_hides_values_not_lookalikes() -> None:
     assert shown[4:6] == ["--tokenizer", "gpt2"] and shown[9:11] == ["--lr", "3e-4"]
     line = "export WANDB_API_KEY=abc; step 3 tokens/s 100"
     assert redact.text(line) == "export WANDB_API_KEY=***; step 3 tokens/s 100"
+
+
+def test_a_network_bind_warns_and_prints_the_link_once(tmp_path: Path) -> None:
+    out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--host", "0.0.0.0", "--port", "0", *RUN, "--",
+                   "sh", "-c", "sleep 0.5")
+    assert out.returncode == 0, out.stderr
+    token = (tmp_path / "run" / "token").read_text().strip()
+    assert out.stderr.count("WARNING: the dashboard listens on 0.0.0.0") == 1, out.stderr
+    assert out.stderr.count(f"?token={token}") == 1, out.stderr
