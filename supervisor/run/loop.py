@@ -162,10 +162,7 @@ class Supervisor:
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         for listener in self.listeners:
-            try:
-                listener(name, data)
-            except Exception as exc:  # a dashboard or notifier bug must never stop supervision
-                self.degradations.failed("hooks", f"listener failed on {name}: {exc!r}")
+            self._guarded("listeners", listener, name, data)  # a dashboard or notifier bug never stops us
 
     def _event(self, name: str, /, **data: Any) -> None:
         self.journal.event(name, self.attempt or None, **data)
@@ -339,7 +336,7 @@ class Supervisor:
         self._guarded("channel", self._read_channel, watch, channel)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
-        self._check_checkpoints(watch, worker_alive=False)
+        self._guarded("checkpoints", self._check_checkpoints, watch, False)
 
     def _guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
         """Run one observer; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
@@ -357,10 +354,7 @@ class Supervisor:
 
     def _tick(self) -> None:
         for ticker in self.tickers:
-            try:
-                ticker()
-            except Exception as exc:  # an ops hook must never stop supervision
-                self.degradations.failed("hooks", f"tick hook failed: {exc!r}")
+            self._guarded("tickers", ticker)  # an ops hook must never stop supervision
         if self.degradations.version != self._published:  # what is degraded, for oomguard status
             self._published = self.degradations.version
             self.journal.set_meta(degraded=self.degradations.active())
