@@ -19,6 +19,10 @@ _SECRET_NAME = r"[A-Za-z0-9_.-]*(?:key|token|auth|credentials?|passphrase|(?:sec
 _OPTION = re.compile(rf"^--?{_SECRET_NAME}$", re.IGNORECASE)
 _OPTION_EQ = re.compile(rf"^(--?{_SECRET_NAME}=)(.+)$", re.IGNORECASE)
 _ASSIGN = re.compile(rf"^({_SECRET_NAME}=)(.+)$", re.IGNORECASE)
+# Environment-style NAME=value (upper case): the word anywhere in the name, e.g. AWS_ACCESS_KEY_ID.
+_ENV_NAME = r"[A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSW(?:OR)?D|CREDENTIAL|AUTH)[A-Z0-9_]*"
+_ENV = re.compile(rf"^({_ENV_NAME}=)(.+)$")
+_ENV_IN_TEXT = re.compile(rf"(\b{_ENV_NAME}=)(\"[^\"]*\"|'[^']*'|[^\s;,&]+)")
 _IN_TEXT = re.compile(rf"((?:--?{_SECRET_NAME}(?:=|\s+))|(?:\b{_SECRET_NAME}(?:=|:\s*)))(\"[^\"]*\"|'[^']*'|[^\s;,&]+)",
                       re.IGNORECASE)
 
@@ -32,15 +36,17 @@ def argv(words: Sequence[str]) -> list[str]:
             hide_next = False
             continue
         hide_next = bool(_OPTION.match(word))
-        match = _OPTION_EQ.match(word) or _ASSIGN.match(word)
+        match = _OPTION_EQ.match(word) or _ASSIGN.match(word) or _ENV.match(word)
         out.append(match.group(1) + HIDDEN if match else text(word))  # text(): a script in one word
     return out
 
 
 def text(line: str) -> str:
-    if not _IN_TEXT.search(line):
-        return line
-    return _IN_TEXT.sub(lambda m: m.group(1) + HIDDEN, line)
+    if _IN_TEXT.search(line):
+        line = _IN_TEXT.sub(lambda m: m.group(1) + HIDDEN, line)
+    if _ENV_IN_TEXT.search(line):
+        line = _ENV_IN_TEXT.sub(lambda m: m.group(1) + HIDDEN, line)
+    return line
 
 
 def status(doc: dict[str, Any]) -> dict[str, Any]:

@@ -134,10 +134,11 @@ def test_redaction_hides_values_not_lookalikes() -> None:
     from oomguard.web import redact
 
     words = ["python", "train.py", "--api-key", "k1", "--tokenizer", "gpt2", "--hf-token=k2", "HF_TOKEN=k3",
-             "DB_PASSWORD=k4", "--lr", "3e-4", "--key_padding", "x"]
+             "DB_PASSWORD=k4", "--lr", "3e-4", "--key_padding", "x", "AWS_ACCESS_KEY_ID=k5"]
     shown = redact.argv(words)
     assert "k1" not in shown and "--hf-token=***" in shown and "HF_TOKEN=***" in shown and "DB_PASSWORD=***" in shown
     assert shown[4:6] == ["--tokenizer", "gpt2"] and shown[9:11] == ["--lr", "3e-4"]
+    assert shown[-1] == "AWS_ACCESS_KEY_ID=***" and "k5" not in redact.text("env AWS_ACCESS_KEY_ID=k5 ok")
     line = "export WANDB_API_KEY=abc; step 3 tokens/s 100"
     assert redact.text(line) == "export WANDB_API_KEY=***; step 3 tokens/s 100"
 
