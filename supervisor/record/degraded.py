@@ -76,6 +76,12 @@ class Degradations:
                             f"({problem.lost} {problem.unit} lost while degraded)")
         return problem
 
+    def drain(self) -> list[Problem]:
+        """The degradations that ended since the last call (to journal them)."""
+        with self._lock:
+            ended, self.history = self.history, []
+        return ended
+
     def is_degraded(self, component: str) -> bool:
         return component in self._active
 

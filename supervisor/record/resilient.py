@@ -77,8 +77,7 @@ class ResilientJournal(Journal):
         return True
 
     def _journal_history(self) -> None:
-        ended, self.degradations.history = self.degradations.history, []
-        for problem in ended:
+        for problem in self.degradations.drain():
             self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
 
     def _important(self, write: Callable[[], T], default: T) -> T:

@@ -101,3 +101,13 @@ def _peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def test_log_max_bytes_caps_an_attempts_log_keeping_head_and_tail(run_dir: Path) -> None:
+    done = oomguard("run", "--run-dir", str(run_dir), "--no-web", *BASE, "--log-max-bytes", "1M", "--",
+                    sys.executable, WORKER, "flood", "--mib", "8", timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = run_dir / "logs" / "attempt-1.log"
+    data = log.read_bytes()
+    assert len(data) <= 2**20 + 200, len(data)
+    assert data.startswith(b"step 123456") and b"output cut here" in data and data.endswith(b"x" * 10 + b"\n")
