@@ -6,8 +6,9 @@ are buffered (one ``write()`` per ``BUFFER`` bytes or per ``flush()``, not one p
 configuration it printed) and its tail (where an OOM or a traceback is), with a marker line where
 the middle was cut; the tail is compacted in place so the file never grows past the cap.
 
-When the disk is full (or any write fails) the bytes are dropped, the ``log`` degradation is said
-once, and a write is tried again every ``PROBE_EVERY`` seconds; the output thread keeps draining
+When the disk is full (or any write fails) the bytes are dropped (the newest ``BUFFER`` bytes wait
+for the next try), the ``log`` degradation is said once, and a write is tried again every
+``PROBE_EVERY`` seconds; the output thread keeps draining
 the pipe all the while, so the worker never blocks on its own ``print``. Once writing works again
 a line in the log says how much was lost.
 """
@@ -52,10 +53,8 @@ class AttemptLog:
             self._fail(exc, 0)
 
     def write(self, data: bytes) -> None:
-        if len(data) >= BUFFER // 4:  # a big read: write it as it is rather than copy it twice
-            self.flush()
-            self._buffer = bytearray(data)
-            self.flush()
+        if not self._buffer and not self._lost and len(data) >= BUFFER // 4:
+            self._write_out(data)  # a big read: written as it is rather than copied twice
             return
         self._buffer += data
         if len(self._buffer) >= BUFFER:
@@ -64,10 +63,16 @@ class AttemptLog:
     def flush(self) -> None:
         if not self._buffer:
             return
-        data, self._buffer = bytes(self._buffer), bytearray()
         if self._lost and not self._probe_due():
-            self._lost += len(data)
+            # Degraded: the newest BUFFER bytes wait for the next try (where a failure's traceback is).
+            if (excess := len(self._buffer) - BUFFER) > 0:
+                del self._buffer[:excess]
+                self._lost += excess
             return
+        data, self._buffer = bytes(self._buffer), bytearray()
+        self._write_out(data)
+
+    def _write_out(self, data: bytes) -> None:
         if self._fd is None:
             self._open()
             if self._fd is None:

@@ -106,6 +106,20 @@ class ResilientJournal(Journal):
             del self._pending[0]
         self.degradations.failed(COMPONENT, "keeping writes in memory", lost=1)
 
+    def close(self) -> None:
+        """The last chance for what was kept: a few tries now, whatever the probe interval, then
+        say what is lost (the supervisor is exiting; memory is all it had)."""
+        for _ in range(3):
+            self._next_probe = 0.0
+            if not self._pending or (self._may_write() and self._flush()):
+                break
+            time.sleep(0.2)
+        if self._pending:
+            self.degradations.failed(COMPONENT, "exiting", lost=0)
+            self.degradations._say(f"{len(self._pending)} journal writes could not be saved: the disk under "
+                                   f"{self.path} is still full")
+        super().close()
+
     @property
     def pending(self) -> int:
         return len(self._pending)
