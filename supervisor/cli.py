@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +39,9 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
     config = build_config(options, command)
+    from oomguard.supervisor.run.preflight import check as preflight
+
+    preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
     supervisor.install_signal_handlers()
@@ -100,10 +105,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, command = argv[:at], argv[at + 1:]
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args, command))
+        code = int(args.func(args, command))
+        sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
+        return code
     except UsageError as exc:
         print(f"oomguard: error: {exc}", file=sys.stderr)
         return 2
+    except sqlite3.DatabaseError as exc:  # damage found past the checks at open
+        run_dir = getattr(args, "run_dir", "oomguard-run")
+        print(f"oomguard: error: --run-dir: the journal in {run_dir} cannot be read ({exc}); move "
+              f"{Path(run_dir) / 'journal.sqlite'} aside and run again", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # oomguard status | head -3: the reader is gone, and that is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         return 130
 

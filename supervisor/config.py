@@ -55,15 +55,22 @@ def _opt(flag: str, help: str, parse: Callable[[str], Any] | None = None, **extr
     return {"flag": flag, "help": help, "parse": parse, **extra}
 
 
+def _whole(value: object) -> int:
+    """An integer, strictly: TOML ``true`` would be 1 and ``8.5`` would be 8 under ``int()``."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError("must be a whole number")
+    return int(str(value))
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 1:
         raise ValueError("must be at least 1")
     return value
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 0:
         raise ValueError("must not be negative")
     return value
@@ -76,6 +83,8 @@ def _fraction(text: str) -> float:
 
 
 def _non_negative(text: str) -> float:
+    if isinstance(text, bool):
+        raise ValueError("must be a number of seconds")
     value = float(text)
     if value < 0:
         raise ValueError("must not be negative")
@@ -139,7 +148,7 @@ class RunConfig:
         "dotted keys, placeholders), e.g. 'configs/x.yaml:train.micro_batch_size={micro_batch}'", str,
         metavar="FILE:KEY=VALUE", repeat=True))
     max_restarts: int = field(default=10, metadata=_opt(
-        "--max-restarts", "restarts allowed after crashes, kills and hangs", int, metavar="N"))
+        "--max-restarts", "restarts allowed after crashes, kills and hangs", _count, metavar="N"))
     memory_limit: int | None = field(default=None, metadata=_opt(
         "--memory-limit", "host memory budget of the worker's process tree, e.g. 16G", parse_size,
         metavar="SIZE"))
@@ -175,12 +184,15 @@ class RunConfig:
     notify: tuple[str, ...] = field(default=(), metadata=_opt(
         "--notify", "webhook for failure, success and recovered OOMs: URL, slack=URL or ntfy=URL "
         "(repeatable)", str, metavar="SPEC", repeat=True))
+    log_max_bytes: int | None = field(default=None, metadata=_opt(
+        "--log-max-bytes", "cap on each attempt's log file, e.g. 100M: the head and the tail are kept, "
+        "the middle is cut (default: no cap)", parse_size, metavar="SIZE"))
     run_dir: Path = field(default=Path("oomguard-run"), metadata=_opt(
         "--run-dir", "directory for the journal, logs and state of this run", Path, metavar="DIR"))
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))
     host: str = field(default="127.0.0.1", metadata=_opt(
         "--host", "dashboard address", str, metavar="H"))
-    port: int = field(default=8765, metadata=_opt("--port", "dashboard port", int, metavar="P"))
+    port: int = field(default=8765, metadata=_opt("--port", "dashboard port", _count, metavar="P"))
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -292,6 +304,10 @@ class RunConfig:
         if not isinstance(getattr(signal, name, None), signal.Signals):
             raise UsageError("--checkpoint-signal", f"unknown signal {self.checkpoint_signal!r}",
                              "use e.g. SIGUSR1 or SIGUSR2")
+        if name in ("SIGKILL", "SIGSTOP", "SIGTERM", "SIGINT", "SIGCONT"):
+            # KILL and STOP cannot be handled; TERM and INT mean "stop" to every trainer and to us.
+            raise UsageError("--checkpoint-signal", f"{name} cannot ask for a checkpoint",
+                             "use a signal the worker handles, e.g. SIGUSR1 or SIGUSR2")
         object.__setattr__(self, "checkpoint_signal", name)
 
     @property

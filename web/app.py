@@ -8,6 +8,7 @@ journal connection, so a slow request can never hold the lock the supervision lo
 from __future__ import annotations
 
 import hmac
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from oomguard.supervisor.record.status import supervisor_alive
-from oomguard.web import models
+from oomguard.web import models, redact
 from oomguard.web.journals import JournalPool, JournalUnavailable, StatusCache
 from oomguard.web.logtail import log_path, tail
 from oomguard.web.markers import MarkerScan
@@ -61,7 +62,7 @@ def create_app(run_dir: Path, control: Control | None, token: str | None, *,
     if allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     _add_error_handlers(app)
-    _add_read_routes(app, pool, Path(run_dir))
+    _add_read_routes(app, pool, Path(run_dir), getattr(control, "degradations", None))
     _add_live_routes(app, pool, broker)
     _add_control_routes(app, control, token)
     _add_page(app)
@@ -82,19 +83,23 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {"model": models.Problem,
                                                        "description": "no journal yet, or it is busy"}}
 
 
-def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path) -> None:
+def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any = None) -> None:
     markers = MarkerScan()
     status = StatusCache(pool)
 
     @app.get("/api/status", response_model=models.Status, responses=_UNAVAILABLE, tags=["read"])
     def get_status() -> Response:
         """The run's state, batch plan and failures: the document ``oomguard status --json`` prints."""
-        return Response(status.get(), media_type="application/json")
+        body = status.get()
+        if live is not None and (active := live.active()):  # newer than the journal when it is what failed
+            body = json.dumps({**json.loads(body), "degraded": active}).encode()
+        return Response(body, media_type="application/json")
 
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])
     def get_attempts() -> list[dict[str, Any]]:
         """Every attempt: its batch, how it ended (kind, evidence) and what was decided."""
-        return [{k: v for k, v in row.items() if k != "log_path"} for row in pool.get().attempts()]
+        return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"])}
+                for row in pool.get().attempts()]
 
     @app.get("/api/events", response_model=list[models.Event], responses=_UNAVAILABLE, tags=["read"])
     def get_events(since: Annotated[int, Query(ge=0, le=MAX_ID, description="events after this id")] = 0,
@@ -132,7 +137,8 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path) -> None:
         if path is None:
             raise HTTPException(404, f"no log for attempt {attempt}")
         text, size, truncated = tail(path, lines)
-        return {"attempt": attempt, "lines": text, "size": size, "truncated": truncated}
+        return {"attempt": attempt, "lines": [redact.text(line) for line in text], "size": size,
+                "truncated": truncated}
 
     @app.get("/healthz", response_model=models.Health, tags=["read"])
     def healthz() -> dict[str, Any]:

@@ -48,7 +48,8 @@ def fetch_status(run_dir: Path) -> dict[str, Any]:
     meta = _meta(run_dir)
     if meta.get("web_url") and supervisor_alive(meta):
         try:
-            return _request(meta["web_url"] + "api/status")
+            token = (run_dir / "token").read_text().strip() if (run_dir / "token").exists() else None
+            return _request(meta["web_url"] + "api/status", token)  # a network bind needs it for reads
         except (OSError, ValueError):  # server busy or gone: the journal says the same
             pass
     return read_status(run_dir)

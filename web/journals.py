@@ -14,6 +14,7 @@ from pathlib import Path
 
 from oomguard.supervisor.record.journal import Journal, journal_path
 from oomguard.supervisor.record.status import status_document
+from oomguard.web import redact
 
 
 class JournalUnavailable(RuntimeError):
@@ -85,7 +86,7 @@ class StatusCache:
         with self._lock:
             if key == self._key and now - self._at < self.max_age:
                 return self._body
-        body = json.dumps(status_document(self.pool.get()), default=str).encode()
+        body = json.dumps(redact.status(status_document(self.pool.get())), default=str).encode()
         with self._lock:
             self._key, self._at, self._body = key, now, body
         return body

@@ -15,14 +15,14 @@ MAX_BYTES = 512 * 1024  # never read more than this from the end, however long t
 def log_path(run_dir: Path, attempt: int) -> Path | None:
     logs = (run_dir / "logs").resolve()
     path = (logs / f"attempt-{int(attempt)}.log").resolve()
-    if path.parent != logs or not path.is_file():
-        return None
+    if path.parent != logs or not path.is_file() or path.stat().st_nlink > 1:
+        return None  # a hard link in logs/ may name any file of the machine: never served
     return path
 
 
 def tail(path: Path, lines: int, max_bytes: int = MAX_BYTES) -> tuple[list[str], int, bool]:
     """The last ``lines`` lines (at most ``max_bytes`` read), the file size, and whether cut."""
-    with open(path, "rb") as fh:
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         start = max(0, size - max_bytes)
         fh.seek(start)

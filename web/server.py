@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import secrets
 import socket
 import sqlite3
@@ -26,6 +25,7 @@ import uvicorn
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.web.app import Control, create_app
+from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback
 from oomguard.web.files import write_private
 from oomguard.web.sse import ChangeBroker
 
@@ -65,15 +65,6 @@ class WebServer:
         if self.thread.is_alive():
             self.server.force_exit = True
             self.thread.join(timeout / 2)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(host: str, token: str | None) -> None:
@@ -127,12 +118,14 @@ def start_server(run_dir: Path, control: Control | None, host: str, port: int, *
     sock = bind(host, port, fallback)
     write_private(Path(run_dir) / TOKEN_NAME, token + "\n")
     broker = ChangeBroker()
-    hosts = ["127.0.0.1", "localhost"] if host in ("127.0.0.1", "localhost") else None
-    app = create_app(Path(run_dir), control, token, broker=broker, allowed_hosts=hosts)
+    app = create_app(Path(run_dir), control, token, broker=broker)
     # log_config=None: leave the supervisor's logging alone; access_log off: 200 req/s of polling
     # must not flood the console (and headers, the token included, are never logged anyway).
-    config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=2, lifespan="on")
+    # Connections are capped by the file descriptors left after supervision's reserve (exposure.py).
+    cap = connection_cap()
+    config = uvicorn.Config(guard(app, host, token), log_config=None, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2, lifespan="on", limit_concurrency=cap,
+                            backlog=BACKLOG, http=bounded_protocol(cap))
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="oomguard-web", daemon=True)
     thread.start()
@@ -155,12 +148,29 @@ def start_dashboard(supervisor: Supervisor) -> WebServer:
                        fallback=config.port == DEFAULT_PORT)
     supervisor.listeners.append(web.broker)
     supervisor.journal.set_meta(web_url=web.url)
+    supervisor.tickers.append(lambda: _watch(supervisor, web))
     moved = ""
     if config.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
         moved = f" (port {DEFAULT_PORT} is in use)"
     print(f"[oomguard] dashboard: {web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}",
           file=sys.stderr, flush=True)
+    if not is_loopback(config.host):
+        print(f"[oomguard] WARNING: the dashboard listens on {config.host}, reachable from the network; every "
+              f"request needs the token. Open {_exposed_link(config.host, web)} once in your browser "
+              "(it keeps the token as a cookie); do not share that link", file=sys.stderr, flush=True)
     return web
+
+
+def _watch(supervisor: Supervisor, web: WebServer) -> None:
+    """The dashboard's thread ending on its own is a degradation (said once); supervision goes on."""
+    if not web.thread.is_alive() and not web.server.should_exit:
+        supervisor.degradations.failed("web", "the dashboard server stopped; the run goes on without it")
+
+
+def _exposed_link(host: str, web: WebServer) -> str:
+    name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    port = web.url.rstrip("/").rsplit(":", 1)[1]
+    return (f"http://[{name}]:{port}/" if ":" in name else f"http://{name}:{port}/") + f"?token={web.token}"
 
 
 def stop_dashboard(supervisor: Supervisor, web: WebServer) -> None:

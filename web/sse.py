@@ -21,6 +21,7 @@ from typing import Any
 from anyio import to_thread
 
 from oomguard.supervisor.record.status import status_document
+from oomguard.web import redact
 from oomguard.web.journals import JournalPool, last_event_id
 from oomguard.web.timeline import chart_point
 
@@ -107,7 +108,7 @@ def read_changes(pool: JournalPool, cursor: Cursor) -> list[bytes]:
     out += [sse_message("sample", chart_point(s)) for s in samples]
     if events:
         cursor.event_id = events[-1]["id"]
-        out.append(sse_message("status", status_document(journal)))
+        out.append(sse_message("status", redact.status(status_document(journal))))
     if samples:
         cursor.sample_t = samples[-1]["t"]
     return out
@@ -118,7 +119,7 @@ async def stream(pool: JournalPool, broker: ChangeBroker, since: int | None) -> 
     sub = broker.subscribe()
     try:
         cursor = await to_thread.run_sync(_open_cursor, pool, since)
-        first = await to_thread.run_sync(lambda: status_document(pool.get()))
+        first = await to_thread.run_sync(lambda: redact.status(status_document(pool.get())))
         yield b"retry: 2000\n\n" + sse_message("status", first)
         quiet = 0.0
         while True:

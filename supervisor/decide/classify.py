@@ -20,6 +20,7 @@ class FailureKind(enum.Enum):
     HANG = "hang"
     KILLED = "killed"
     CRASH = "crash"
+    DISK_FULL = "disk_full"  # the worker died of ENOSPC (a checkpoint or log it could not write)
 
     @property
     def is_memory(self) -> bool:
@@ -93,7 +94,9 @@ def classify(facts: ExitFacts, scan: OutputScanner) -> Verdict:
     if sig is not None:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
         return verdict(FailureKind.KILLED, f"terminated by {name}; no OOM-kill counter moved")
-    last = next((line.strip() for line in reversed(scan.tail) if line.strip()), "")
+    if scan.disk_full:  # it exited on its own, having said it could not write
+        return verdict(FailureKind.DISK_FULL, scan.disk_full.strip())
+    last = next((line.strip() for line in reversed(scan.tail[-20:]) if line.strip()), "")
     return verdict(FailureKind.CRASH, f"exit code {code}" + (f": {last}" if last else ""))
 
 

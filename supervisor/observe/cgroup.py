@@ -108,6 +108,12 @@ class MemoryCgroup:
 
     def remove(self) -> None:
         """Kill anything left and remove the directory (best effort: a busy cgroup is left)."""
+        kill_file = self.path / "cgroup.kill"  # v2 (Linux 5.14+): one atomic kill of the whole tree
+        if self.version == 2 and kill_file.exists():
+            try:
+                kill_file.write_text("1")
+            except OSError:
+                pass
         for _ in range(20):
             pids = self.pids()
             for pid in pids:

@@ -31,6 +31,8 @@ _DATALOADER = re.compile(r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:exited u
 # A traceback's frames (``File "x.py", line 3, in evaluate``): which phase the failure happened in.
 _FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\S+)')
 _TRACEBACK = "Traceback (most recent call last)"
+# The worker (or a library under it) ran out of disk: a checkpoint or a log write failed.
+_DISK_FULL = re.compile(r"(No space left on device|\bENOSPC\b|\[Errno 28\]|Disk quota exceeded|\bEDQUOT\b)")
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ([KMGT]?i?B)")
 # What the process may use: a per-process memory fraction ("23.75 GiB allowed") or the whole device.
 _ALLOWED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) allowed")
@@ -50,6 +52,13 @@ def host_oom_line(line: str) -> str | None:
     return line.strip() if _HOST_OOM.search(line) else None
 
 
+# Substrings every evidence line above contains one of (case as written): a line with none of them
+# skips the regexes (a dozen C-speed substring tests instead of a dozen regex searches per line).
+MARKERS = ("rror", "emory", "ALLOC", "EOF", "Ran out of input", "heckpoint", "pace left", "ENOSPC", "Errno 28",
+           "quota", "EDQUOT", "BadZip", "HeaderTooLarge", "DataLoader", "Traceback", 'File "', "allowed",
+           "capacity")
+
+
 def _bytes(number: str, unit: str) -> int:
     return int(float(number) * _UNITS.get(unit, 1))
 
@@ -64,6 +73,7 @@ class OutputScanner:
     tried_bytes: int | None = None
     reserved_unallocated: int | None = None
     capacity_bytes: int | None = None  # what the process may use, from the same OOM message
+    disk_full: str | None = None
     tail: list[str] = field(default_factory=list)
     lines: int = 0
     dataloader: str | None = None  # a DataLoader worker died
@@ -71,7 +81,15 @@ class OutputScanner:
 
     def feed(self, line: str) -> None:
         self.lines += 1
-        self.tail = (self.tail + [line])[-20:]
+        self.tail.append(line)
+        if len(self.tail) > 40:  # trimmed now and then, not on every line
+            del self.tail[:-20]
+        for marker in MARKERS:
+            if marker in line:
+                break
+        else:
+            return
+        self.disk_full = _keep(self.disk_full, line, _DISK_FULL)
         self.device_oom = _keep(self.device_oom, line, _DEVICE_OOM)
         self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
         self.load_error = _keep(self.load_error, line, _LOAD_ERROR)

@@ -105,11 +105,29 @@ def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
 
     from oomguard.supervisor.run import loop
 
-    sup.echo = lambda raw: line.print_worker_line(raw.decode("utf-8", "replace"))
+    sup.echo = _whole_lines(lambda raw: line.print_worker_line(raw.decode("utf-8", "replace")))
     loop.log_sink[0] = line.log
     sup.listeners.append(lambda name, data: line.update(snapshot()))
     sup.tickers.append(_every(1.0, lambda: line.update(snapshot())))
     return line.close
+
+
+def _whole_lines(show: Callable[[bytes], None], keep: int = 1 << 16) -> Callable[[bytes], None]:
+    """The worker's output arrives in chunks; the status line prints whole lines (a partial line is
+    held until its newline, or until it grows past ``keep`` bytes)."""
+    partial = [b""]
+
+    def echo(chunk: bytes) -> None:
+        data = partial[0] + chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < keep:
+            partial[0] = data
+            return
+        complete, partial[0] = (data[:cut], data[cut:]) if cut else (data, b"")
+        for raw in complete.splitlines():
+            show(raw)
+
+    return echo
 
 
 def _every(seconds: float, action: Callable[[], None]) -> Callable[[], None]:

@@ -49,16 +49,21 @@ def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
     from oomguard.supervisor.errors import UsageError
 
-    if not journal_path(run_dir).exists():
-        raise UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
-    return Journal(run_dir, readonly=True)
+    missing = UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
+    try:
+        return Journal(run_dir, readonly=True)
+    except FileNotFoundError:  # none, or one being created this instant
+        raise missing from None
 
 
 class Journal:
     """One connection to a run's journal. Thread-safe; each process opens its own."""
 
     def __init__(self, run_dir: Path, readonly: bool = False) -> None:
+        from oomguard.supervisor.record.damage import check
+
         self.path = journal_path(run_dir)
+        check(self.path, thorough=not readonly)  # a damaged journal: one line, and never overwritten
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(self.path)

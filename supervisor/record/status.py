@@ -65,6 +65,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "updated": meta.get("updated"),
         "failures": _with_causes(failure_records(attempts), journal.event_data("attribution")),
         "forecast": meta.get("forecast") if alive else None,
+        "degraded": (meta.get("degraded") or []) if alive else [],
     }
 
 
@@ -104,6 +105,9 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
+    for problem in doc.get("degraded") or []:
+        lines.append(f"degraded:   {problem['component']}: {problem['message']} "
+                     f"({problem['lost']} {problem.get('unit', '')} lost so far)")
     for f in doc["failures"]:
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} "
                      f"(exit {f['exit_code']}, signal {f['signal']}): {f['evidence']}")

@@ -8,11 +8,14 @@ enforced by watching RSS.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from oomguard.supervisor.decide.classify import ExitFacts
-from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, vmstat_oom_kills
+from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
 from oomguard.supervisor.observe.memory import CgroupReader
 from oomguard.supervisor.observe.progress import AttemptWatch
 
@@ -56,3 +59,40 @@ class Containment:
     def remove(self) -> None:
         if self.cgroup is not None:
             self.cgroup.remove()
+
+
+_STALE = re.compile(r"^oomguard-(\d+)-worker$")
+
+
+def remove_stale(say: Callable[[str], None]) -> int:
+    """Remove the worker cgroups of supervisors that are gone (killed with -9, they could not):
+    their name carries the supervisor's pid; a live pid's cgroup is someone else's and is left."""
+    found = own_memory_cgroup()
+    if found is None:
+        return 0
+    parent, version = found
+    removed = 0
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _STALE.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        MemoryCgroup(entry, version).remove()
+        if not entry.exists():
+            removed += 1
+    if removed:
+        say(f"removed {removed} memory cgroup(s) left by supervisors that were killed")
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -3,7 +3,8 @@
 Run as ``python -I -S launch.py SUPERVISOR_PID OOM_SCORE_ADJ CGROUP_PROCS -- COMMAND...`` in a new
 session (its own process group). It exists so that no worker outlives the supervisor: the kernel
 sends it SIGTERM when the supervisor dies (PR_SET_PDEATHSIG, even after SIGKILL) and it then kills
-the whole process group, grandchildren included, which PR_SET_PDEATHSIG alone would not reach.
+the whole process group, grandchildren included, which PR_SET_PDEATHSIG alone would not reach, and
+every process in the worker's cgroup (a grandchild that called setsid() is in no group of ours).
 It also joins the worker's memory cgroup and raises ``oom_score_adj`` before the command starts,
 and ends the way its child ended (same exit code, or the same signal) so classification sees the
 worker's real status.
@@ -30,9 +31,9 @@ def _write(path: str, text: str) -> None:
         print(f"oomguard-launch: cannot write {path}: {exc.strerror}", file=sys.stderr)
 
 
-def _kill_beyond_group(cgroup_procs: str) -> None:
-    """SIGKILL what a killpg misses: torchrun starts each rank in a session of its own, so the ranks
-    are found as our descendants (/proc) and as members of the worker's cgroup."""
+def _kill_descendants() -> None:
+    """SIGKILL what a killpg misses where there is no cgroup: torchrun starts each rank in a session
+    of its own, so the ranks are found as our descendants (/proc)."""
     me = os.getpid()
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -48,17 +49,37 @@ def _kill_beyond_group(cgroup_procs: str) -> None:
         children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in doomed]
         doomed.update(children)
         frontier += children
-    if cgroup_procs != "-":
-        try:
-            with open(cgroup_procs) as fh:
-                doomed.update(int(line) for line in fh if line.strip())
-        except (OSError, ValueError):
-            pass
     for pid in doomed - {me}:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
+
+
+def _kill_cgroup(cgroup_procs: str) -> None:
+    """Kill every process in the worker's cgroup: a grandchild that called setsid() left our process
+    group, but not the cgroup. cgroup v2 does it atomically (cgroup.kill); v1 is a loop over
+    cgroup.procs, repeated while something forks."""
+    if cgroup_procs == "-":
+        return
+    kill_file = os.path.join(os.path.dirname(cgroup_procs), "cgroup.kill")
+    if os.path.exists(kill_file):
+        _write(kill_file, "1")
+        return
+    me = os.getpid()
+    for _ in range(10):
+        try:
+            with open(cgroup_procs) as fh:
+                others = [int(p) for p in fh.read().split() if int(p) != me]
+        except OSError:
+            return
+        if not others:
+            return
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def main(argv: list[str]) -> None:
@@ -70,8 +91,9 @@ def main(argv: list[str]) -> None:
         os.killpg(0, signal.SIGKILL)
 
     def on_term(signum: int, frame: object) -> None:
-        if os.getppid() != supervisor_pid:  # orphaned: take the whole tree down with us
-            _kill_beyond_group(cgroup_procs)
+        if os.getppid() != supervisor_pid:  # orphaned: take the cgroup, the descendants and the group down
+            _kill_cgroup(cgroup_procs)
+            _kill_descendants()
             os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_term)

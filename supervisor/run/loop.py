@@ -39,9 +39,11 @@ from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
 from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
+from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
-from oomguard.supervisor.run.containment import Containment
+from oomguard.supervisor.run.containment import Containment, remove_stale
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
@@ -93,6 +95,7 @@ class Supervisor:
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self.worker: WorkerProcess | None = None
         self.journal: Journal
+        self.degradations = Degradations(log)  # our own bookkeeping failing: said once, never fatal
         self._lock = RunLock(self.run_dir)
         self._containment: Containment | None = None
         self.index = CheckpointIndex(config.checkpoints, self.cwd)
@@ -114,6 +117,7 @@ class Supervisor:
         self._peer_stop: int | None = None  # the node whose failure made us stop this attempt
         self.procs_seen = AttemptProcesses()  # the last attempt's processes, for restarting onto free memory
         self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
+        self._published = 0
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -129,7 +133,8 @@ class Supervisor:
                              "choose a directory you can write") from None
         self.edits = check_edits(self.config.edits, self.config.command, self.cwd)  # exit 2 before anything runs
         self._lock.acquire()
-        self.journal = Journal(self.run_dir)
+        remove_stale(log)  # memory cgroups that killed supervisors could not remove
+        self.journal = ResilientJournal(self.run_dir, self.degradations)
         fresh = not self.journal.meta().get("plan")
         self._restore()
         self._learn(fresh)
@@ -146,9 +151,20 @@ class Supervisor:
             log(f"continuing run in {self.run_dir} at micro-batch {resumed.batch.micro_batch} "
                 f"(attempt {meta.get('attempt', 0)} so far)")
         self.attempt = int(meta.get("attempt", 0))
-        self.failures = [_failure_from_row(row) for row in self.journal.attempts() if row["kind"]]
+        self._close_interrupted()
+        # A new invocation starts a new failure budget; the earlier failures stay in the journal and
+        # the report, but a run that failed yesterday must not make today's first crash a crash loop.
+        self.failures = []
         if meta.get("state"):
             self.state = RunState(meta["state"])
+
+    def _close_interrupted(self) -> None:
+        """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted."""
+        for row in self.journal.attempts():
+            if row["ended"] is None:
+                self.journal.end_attempt(row["attempt"], decision="interrupted: its supervisor ended while it ran")
+                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"])
+                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as interrupted")
 
     def _learn(self, fresh: bool) -> None:
         """Load what this run, and earlier runs of the same job, learned about memory."""
@@ -181,10 +197,7 @@ class Supervisor:
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         for listener in self.listeners:
-            try:
-                listener(name, data)
-            except Exception as exc:  # a dashboard or notifier bug must never stop supervision
-                log(f"listener failed on {name}: {exc!r}")
+            self._guarded("listeners", listener, name, data)  # a dashboard or notifier bug never stops us
 
     def _event(self, name: str, /, **data: Any) -> None:
         self.journal.event(name, self.attempt or None, **data)
@@ -399,7 +412,8 @@ class Supervisor:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
         self.procs_seen = AttemptProcesses()
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, self._line_sink(watch), self.echo, box.procs)
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, self._line_sink(watch), self.echo, box.procs,
+                                    log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
@@ -449,21 +463,30 @@ class Supervisor:
                 self.restart_requested = False
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
                 break
-            self._read_channel(watch, channel)
+            self._guarded("channel", self._read_channel, watch, channel)
             if time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + self.config.sample_interval
-                self._sample(watch, files)
-                self._check_checkpoints(watch)
+                self._guarded("sampling", self._sample, watch, files)
+                self._guarded("checkpoints", self._check_checkpoints, watch)
             if self.checkpoint_requested:
                 self.checkpoint_requested = False
-                self._ask_for_checkpoint(files, "requested")
+                self._guarded("checkpoint request", self._ask_for_checkpoint, files, "requested")
             self._check_hang(watch)
             self._check_peers()
-        self._read_channel(watch, channel)
+        self._guarded("channel", self._read_channel, watch, channel)
         self.journal.set_meta(forecast=None)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
-        self._check_checkpoints(watch, worker_alive=False)
+        self._guarded("checkpoints", self._check_checkpoints, watch, False)
+
+    def _guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
+        """Run one observer; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
+        try:
+            action(*args)
+        except Exception as exc:  # supervision of a healthy worker outlives any observer
+            self.degradations.failed(component, exc)
+        else:
+            self.degradations.recovered(component)
 
     def _check_peers(self) -> None:
         """Another node's attempt failed: ours would only wait in a collective for its ranks."""
@@ -492,10 +515,10 @@ class Supervisor:
 
     def _tick(self) -> None:
         for ticker in self.tickers:
-            try:
-                ticker()
-            except Exception as exc:  # an ops hook must never stop supervision
-                log(f"tick hook failed: {exc!r}")
+            self._guarded("tickers", ticker)  # an ops hook must never stop supervision
+        if self.degradations.version != self._published:  # what is degraded, for oomguard status
+            self._published = self.degradations.version
+            self.journal.set_meta(degraded=self.degradations.active())
         if time.monotonic() >= self._next_thin:
             self._next_thin = time.monotonic() + THIN_EVERY
             self.journal.thin_samples()
@@ -605,7 +628,7 @@ class Supervisor:
             return
         watch.hung = hung
         log(f"worker hung: {hung}; dumping its stack")
-        self.worker.dump_stack()
+        self._guarded("stack dump", self.worker.dump_stack)
         self.worker.stop(min(self.config.grace_period, 10.0))
 
     # --- after an attempt ---------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Starting, watching and stopping one worker: every OS call for the worker is behind this class.
 
 The worker runs under ``launch.py`` in a session of its own, so one ``killpg`` reaches the whole
-tree. Its merged stdout/stderr is read line by line as it streams, passed to the console untouched,
-appended to the attempt's log file and handed to the loop's line callback.
+tree. Its merged stdout/stderr is drained in chunks as it streams (``pump.OutputPump``), passed to the
+console untouched, appended to the attempt's log file and cut into lines for the loop's line callback.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
+
+from oomguard.supervisor.record.attemptlog import AttemptLog, open_log
+from oomguard.supervisor.record.degraded import Degradations
+from oomguard.supervisor.run.pump import OutputPump
 
 LAUNCHER = str(Path(__file__).with_name("launch.py"))
 WORKER_OOM_SCORE_ADJ = 500  # above the supervisor's, so the kernel picks the worker, not us
@@ -35,7 +39,8 @@ class WorkerProcess:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path,
                  on_line: Callable[[str], None], echo: Callable[[bytes], None] | None,
-                 cgroup_procs: Path | None = None) -> None:
+                 cgroup_procs: Path | None = None, *, log_max_bytes: int | None = None,
+                 problems: Degradations | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
         self.cwd = cwd
@@ -43,12 +48,20 @@ class WorkerProcess:
         self.on_line = on_line
         self.echo = echo
         self.cgroup_procs = cgroup_procs
+        self.log_max_bytes = log_max_bytes
+        self.problems = problems
         self.exited = threading.Event()
         self.returncode: int | None = None
-        self.last_output = time.monotonic()
+        self._started = time.monotonic()
+        self._pump: OutputPump | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._worker_pid: int | None = None
+
+    @property
+    def last_output(self) -> float:
+        """When the worker last wrote anything (a \r progress redraw included)."""
+        return self._pump.last_output if self._pump is not None else self._started
 
     @property
     def pgid(self) -> int:
@@ -63,6 +76,7 @@ class WorkerProcess:
         self._proc = subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
                                       start_new_session=True)
+        self._started = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="worker-output", daemon=True)
         self._reader.start()
         threading.Thread(target=self._wait, args=(wake,), name="worker-wait", daemon=True).start()
@@ -75,20 +89,9 @@ class WorkerProcess:
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        with open(self.log_path, "ab", buffering=0) as log:
-            for raw in self._proc.stdout:
-                self.last_output = time.monotonic()
-                log.write(raw)
-                self._echo(raw)
-                self.on_line(raw.decode("utf-8", "replace").rstrip("\r\n"))
-
-    def _echo(self, raw: bytes) -> None:
-        if self.echo is None:
-            return
-        try:
-            self.echo(raw)
-        except (OSError, ValueError):  # the terminal went away; supervision goes on
-            self.echo = None
+        log = AttemptLog(self.log_path, self.log_max_bytes, self.problems)
+        self._pump = OutputPump(self._proc.stdout.fileno(), log, self.echo, self.on_line, self.problems)
+        self._pump.run()
 
     @property
     def worker_pid(self) -> int | None:
@@ -149,7 +152,7 @@ class WorkerProcess:
         if shutil.which("py-spy"):
             out = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
                                  timeout=30, check=False)
-            with open(self.log_path, "a") as fh:
+            with os.fdopen(open_log(self.log_path), "a") as fh:  # never through a planted symlink
                 fh.write(out.stdout + out.stderr)
         else:
             _kill(pid, signal.SIGABRT)

@@ -1,0 +1,169 @@
+"""Who may reach the dashboard, and how much of the process it may take.
+
+* On a loopback bind (``127.0.0.0/8``, ``::1``, ``localhost``) every request's ``Host`` must be a
+  loopback name too: a web page elsewhere cannot use DNS rebinding to read the run.
+* On any other bind the network can reach it, so reads need the token as well as control does:
+  ``Authorization: Bearer TOKEN``, or the cookie a browser gets by opening the link oomguard prints
+  once at start (``/?token=TOKEN`` sets it, HttpOnly and SameSite=Strict, and redirects to ``/``).
+  Control endpoints still take the bearer header only, so a cookie can never stop a run.
+* Connections are bounded by the file descriptors there are: ``RESERVE`` stay for supervision
+  (journal, logs, cgroup files, the next worker's pipes); past the cap a new connection is closed
+  as soon as it is accepted, and one that sends no request within ``FIRST_REQUEST_TIMEOUT`` is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import os
+import resource
+from collections.abc import Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+COOKIE = "oomguard_token"
+RESERVE = 64  # file descriptors kept for supervision whatever the dashboard's load
+BACKLOG = 32  # accepted per wake-up by asyncio: the most that exist before the cap can close them
+MAX_CONNECTIONS = 200
+MIN_CONNECTIONS = 4
+FIRST_REQUEST_TIMEOUT = 10.0  # seconds a connection may stay open without sending a request
+PUBLIC_PREFIXES = ("/static/",)  # the page's own scripts and styles: nothing of the run is in them
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower().rstrip(".") in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_of(header: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:8765`` -> ``::1``."""
+    header = header.strip()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def connection_cap(reserve: int = RESERVE) -> int:
+    """How many dashboard connections this process can afford under its RLIMIT_NOFILE."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 32
+    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, soft - reserve - BACKLOG - in_use))
+
+
+def bounded_protocol(cap: int) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol, closing connections past ``cap`` and those that never send a request."""
+
+    class Bounded(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > cap:
+                transport.abort()  # the fd is freed now; the client sees a reset and may retry
+                return
+            self._first = self.loop.call_later(FIRST_REQUEST_TIMEOUT, self._drop_if_silent)
+
+        def data_received(self, data: bytes) -> None:
+            first = getattr(self, "_first", None)
+            if first is not None:
+                first.cancel()
+                self._first = None
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            first = getattr(self, "_first", None)
+            if first is not None:
+                first.cancel()
+            super().connection_lost(exc)
+
+        def _drop_if_silent(self) -> None:
+            self._first = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return Bounded
+
+
+def guard(app: ASGIApp, bind_host: str, token: str) -> ASGIApp:
+    """The app behind the check that fits the bind: Host names on loopback, the token elsewhere."""
+    return _LoopbackHosts(app) if is_loopback(bind_host) else _ReadToken(app, token)
+
+
+class _LoopbackHosts:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and not is_loopback(host_of(_header(scope, b"host"))):
+            await _plain(send, 400, b"Invalid host header")
+            return
+        await self.app(scope, receive, send)
+
+
+class _ReadToken:
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    def _ok(self, offered: str) -> bool:
+        return bool(offered) and hmac.compare_digest(offered.encode(), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(PUBLIC_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
+        if scope["path"] == "/" and self._ok(query):  # the printed link: keep it as a cookie, drop it from the URL
+            await send({"type": "http.response.start", "status": 303, "headers": [
+                (b"location", b"/"), (b"cache-control", b"no-store"),
+                (b"set-cookie", f"{COOKIE}={query}; HttpOnly; SameSite=Strict; Path=/".encode())]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        bearer = _header(scope, b"authorization")
+        offered = bearer[7:] if bearer.lower().startswith("bearer ") else _cookie(scope)
+        if not self._ok(offered):
+            await _plain(send, 401, b'{"detail": "this dashboard listens on a network address: open the link '
+                         b'with the token that oomguard printed at start, or send Authorization: Bearer '
+                         b'(the token is in RUN_DIR/token)"}', b"application/json")
+            return
+        await self.app(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def _cookie(scope: Scope) -> str:
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(_header(scope, b"cookie"))
+    except Exception:  # a malformed Cookie header is no token
+        return ""
+    morsel = jar.get(COOKIE)
+    return morsel.value if morsel is not None else ""
+
+
+async def _plain(send: Send, status: int, body: bytes, kind: bytes = b"text/plain") -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
