@@ -79,7 +79,10 @@ def run(root: Path, kills: int, rng: random.Random, steps: int = 150) -> Figures
             break
         time.sleep(rng.uniform(0.6, 2.5))
         if sup.poll() is not None:
-            figures.problems.append(f"the run ended early ({sup.returncode}) before kill {round_ + 1}")
+            # On a quiet machine the resumed run can finish before the next random instant comes: the
+            # kills so far are what the campaign checks. Any other early end is a problem.
+            if sup.returncode != 0:
+                figures.problems.append(f"the run ended early ({sup.returncode}) before kill {round_ + 1}")
             break
         _check_one_worker(marker, figures)
         os.kill(sup.pid, signal.SIGKILL)
