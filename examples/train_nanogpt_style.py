@@ -9,7 +9,7 @@ The checkpoint's name carries no step, so oomguard takes its step from the outpu
     oomguard run --micro-batch 16 --global-batch 32 --checkpoint 'out/ckpt.pt' \\
         --resume-args '--init_from=resume' -- \\
         python examples/train_nanogpt_style.py --batch_size={micro_batch} \\
-        --gradient_accumulation_steps={grad_accum} --memory_budget_mb=75
+        --gradient_accumulation_steps={grad_accum} --memory_budget_mb=85
 """
 
 from __future__ import annotations
