@@ -474,6 +474,9 @@ class Supervisor:
             self._check_hang(watch)
             self._check_peers()
         self._guarded("channel", self._read_channel, watch, channel)
+        # The attempt's forecast ends with it; the next attempt's first one is shown at once (not held
+        # back by the rate limit of the last write), since attempts between planned restarts are short.
+        self._forecast_shown = False
         self.journal.set_meta(forecast=None)
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
