@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -256,6 +257,19 @@ def contender_row(name: str, args: argparse.Namespace, work: Path, best: float |
     return row, out
 
 
+def second_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``oomguard run`` once more on the same job, with the fit store the first run left: it starts
+    at the size that fitted (what a user's second night costs). Fresh run directory and checkpoints."""
+    shutil.rmtree(work / "run-ckpt", ignore_errors=True)
+    cmd, env = command_for("oomguard-run", args, work)
+    cmd[cmd.index("--run-dir") + 1] = str(work / "run-again")
+    env["PEERS_RECORDS"] = str(work / "oomguard-run-again.jsonl")
+    out = run("oomguard-run", cmd, env, work, args.timeout)
+    row = summarize("oomguard-run", trace(read_records(out.records)), out.launch, out.end, args.global_batch,
+                    args.steps, None)
+    return {k: row.get(k) for k in ("trained_global", "micro_batch", "ooms", "settle_s", "wall_s")}
+
+
 # ----- the sweep
 
 
@@ -304,10 +318,10 @@ def sweep(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[di
 
 
 SEGMENTS = ("oom to exit", "exit to decision", "decision to spawn", "interpreter start", "imports",
-            "model build", "data", "first step")
+            "model build", "data", "first step")  # "first step": or, when the size fails too, its OOM
 
 
-def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict[str, float]]:
+def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict[str, Any]]:
     """For each restart: seconds from the OOM (the script's excepthook record) to its exit record,
     to the supervisor's decision (journal: attempt ended), to the next worker's spawn (journal:
     attempt started), to the new interpreter's first line, imports done, model built (checkpoint
@@ -327,20 +341,25 @@ def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict
     procs = sorted(by_pid.values(), key=lambda p: p.get("proc", 0.0))
     splits = []
     for i, (failed, following) in enumerate(zip(procs, procs[1:], strict=False)):
-        if i + 1 >= len(attempts) or "exception" not in failed or "opt" not in following:
+        end = following.get("opt", following.get("exception"))  # an attempt that OOMs again ends there
+        needed = ("proc", "imported", "model", "data")
+        if i + 1 >= len(attempts) or "exception" not in failed or end is None or any(k not in following
+                                                                                      for k in needed):
             continue
         ended, started = attempts[i][2], attempts[i + 1][1]
         points = [failed["exception"], failed.get("exit", failed["exception"]), ended, started,
-                  following["proc"], following["imported"], following["model"], following["data"],
-                  following["opt"]]
-        splits.append({seg: round(b - a, 3) for seg, a, b in zip(SEGMENTS, points[:-1], points[1:], strict=True)})
+                  *(following[k] for k in needed), end]
+        split: dict[str, Any] = {seg: round(b - a, 3)
+                                 for seg, a, b in zip(SEGMENTS, points[:-1], points[1:], strict=True)}
+        split["then"] = "step" if "opt" in following else "oom"
+        splits.append(split)
     return splits
 
 
 # ----- output
 
 
-def markdown(rows: Sequence[dict[str, Any]], sweep_row: dict[str, Any], splits: Sequence[dict[str, float]],
+def markdown(rows: Sequence[dict[str, Any]], sweep_row: dict[str, Any], splits: Sequence[dict[str, Any]],
              argv: Sequence[str], machine: str, elapsed: float) -> str:
     lines = [
         "# oomguard and the tools users would pick instead",
@@ -371,12 +390,20 @@ def markdown(rows: Sequence[dict[str, Any]], sweep_row: dict[str, Any], splits: 
         lines += ["", f"Sweep (samples/s at each micro-batch that fits): {sizes}. Best that fits: micro-batch "
                   f"{sweep_row['micro_batch']} at {sweep_row['samples_per_s']} samples/s; the largest size that fits "
                   f"is {sweep_row['largest_fitting']}, {sweep_row['smallest_failing']} does not."]
+    again = next((r["second_run"] for r in rows if "second_run" in r), None)
+    if again:
+        lines += ["", f"`oomguard-run` again on the same job (a new run directory, the fit store the first run left): "
+                  f"{again['ooms']} OOMs, micro-batch {again['micro_batch']}, global {again['trained_global']}, "
+                  f"settled in {again['settle_s']} s, {again['wall_s']} s wall. The rows above start from an empty "
+                  "fit store."]
     if splits:
         lines += ["", "Where an `oomguard-run` restart's time goes (seconds, from the OOM to the next attempt's first "
                   "optimizer step; the script's own records and oomguard's journal):", "",
                   "| restart | " + " | ".join(SEGMENTS) + " | total |", "|---" * (len(SEGMENTS) + 2) + "|"]
         for i, s in enumerate(splits, 1):
-            lines.append(f"| {i} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {sum(s.values()):.2f} |")
+            then = "" if s["then"] == "step" else " (OOM again)"
+            total = sum(s[seg] for seg in SEGMENTS)
+            lines.append(f"| {i}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
     lines += ["", "Columns: the global batch asked for and the one the last optimizer step really trained on "
               "(the samples whose backward completed, from the model's own records); the micro-batch of that step; "
               "OOMs (forwards whose backward never completed); seconds from launch to the first optimizer step at "
@@ -467,12 +494,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         sweep_row, _ = sweep(args, work)
         best = sweep_row.get("samples_per_s")
-        splits: list[dict[str, float]] = []
+        splits: list[dict[str, Any]] = []
         for name in args.only:
             row, out = contender_row(name, args, work, best)
             rows.append(row)
-            if name == "oomguard-run" and out is not None:
-                splits = restart_split(read_records(out.records), work / "run")
+            if name == "oomguard-run" and out is not None and "skipped" not in row:
+                splits = row["restart_split"] = restart_split(read_records(out.records), work / "run")
+                row["second_run"] = second_run(args, work)
     elapsed = time.time() - began
     result = [*rows, sweep_row]
     given = list(argv if argv is not None else sys.argv[1:])
