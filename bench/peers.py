@@ -27,7 +27,7 @@ bisection for the largest size that fits, each probe in a fresh process) so "the
 is measured.
 
     python bench/peers.py                       # CPU, about 4-6 minutes on 2 cores
-    python bench/peers.py --device cuda --budget-mb 2048 --json peers.json
+    python bench/peers.py --device cuda --json peers.json   # untested here: no GPU was lent
 
 Writes docs/peers.md (the table, the exact command and machine) and docs/peers.png (the chart).
 """
@@ -447,7 +447,7 @@ def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> Non
     plt.close(fig)
 
 
-def machine_line(device: str) -> str:
+def machine_line(device: str, load_at_start: float) -> str:
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -459,27 +459,31 @@ def machine_line(device: str) -> str:
     if device == "cuda":
         where = f"{torch.cuda.get_device_name()} with {where}"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"{where}; Python {platform.python_version()}, torch {torch.__version__}; {stamp}"
+    # Other work on the box slows every contender alike but makes the figures noisier: say how busy it was.
+    load = f"1-minute load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    return f"{where}; Python {platform.python_version()}, torch {torch.__version__}; {stamp}; {load}"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps each contender must train")
-    p.add_argument("--json", type=Path, default=None, help="write the rows to FILE as a JSON list")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the rows to FILE as a JSON list")
     p.add_argument("--global-batch", type=int, default=64, help="the global batch asked for (also the micro-batch)")
     p.add_argument("--budget-mb", type=int, default=None,
-                   help="memory each process may add after its first forward (default: 180 on CPU, 2048 on CUDA)")
+                   help="memory each process may add after its first forward (default: 180 on CPU, 120 on CUDA); "
+                   "pick it so that --global-batch does not fit")
     p.add_argument("--sweep-steps", type=int, default=5, help="steps timed at each size of the sweep")
     p.add_argument("--no-bisect", dest="bisect", action="store_false",
                    help="sweep only the divisors of the global batch (no search for the largest size that fits)")
-    p.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), help="run only these")
+    p.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), metavar="NAME",
+                   help=f"run only these contenders (the sweep always runs): {', '.join(CONTENDERS)}")
     p.add_argument("--docs", type=Path, default=DOCS, help="where peers.md and peers.png go ('-': nowhere)")
     p.add_argument("--work", type=Path, default=None, help="keep the records and run directories here")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one contender may take")
     args = p.parse_args(argv)
     if args.budget_mb is None:
-        args.budget_mb = 2048 if args.device == "cuda" else 180
+        args.budget_mb = 120 if args.device == "cuda" else 180
     if args.steps < 2:
         p.error("--steps must be at least 2 (samples/s needs two steps)")
     return args
@@ -487,7 +491,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    began = time.time()
+    began, load = time.time(), os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="oomguard-peers-") as tmp:
         work = args.work or Path(tmp)
@@ -504,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.time() - began
     result = [*rows, sweep_row]
     given = list(argv if argv is not None else sys.argv[1:])
-    text = markdown(rows, sweep_row, splits, given, machine_line(args.device), elapsed)
+    text = markdown(rows, sweep_row, splits, given, machine_line(args.device, load), elapsed)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
