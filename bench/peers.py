@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -448,8 +449,6 @@ def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> Non
 
 
 def machine_line(device: str, load_at_start: float) -> str:
-    import torch
-
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -457,11 +456,13 @@ def machine_line(device: str, load_at_start: float) -> str:
         pass
     where = f"{os.cpu_count()}-core CPU ({cpu}), 1 training thread per contender"
     if device == "cuda":
+        import torch
+
         where = f"{torch.cuda.get_device_name()} with {where}"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     # Other work on the box slows every contender alike but makes the figures noisier: say how busy it was.
     load = f"1-minute load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-    return f"{where}; Python {platform.python_version()}, torch {torch.__version__}; {stamp}; {load}"
+    return f"{where}; Python {platform.python_version()}, torch {importlib.metadata.version('torch')}; {stamp}; {load}"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -476,6 +477,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep-steps", type=int, default=5, help="steps timed at each size of the sweep")
     p.add_argument("--no-bisect", dest="bisect", action="store_false",
                    help="sweep only the divisors of the global batch (no search for the largest size that fits)")
+    p.add_argument("--no-second-run", dest="second_run", action="store_false",
+                   help="do not run oomguard-run a second time with the fit store the first run left")
     p.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), metavar="NAME",
                    help=f"run only these contenders (the sweep always runs): {', '.join(CONTENDERS)}")
     p.add_argument("--docs", type=Path, default=DOCS, help="where peers.md and peers.png go ('-': nowhere)")
@@ -504,7 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             if name == "oomguard-run" and out is not None and "skipped" not in row:
                 splits = row["restart_split"] = restart_split(read_records(out.records), work / "run")
-                row["second_run"] = second_run(args, work)
+                if args.second_run:
+                    row["second_run"] = second_run(args, work)
     elapsed = time.time() - began
     result = [*rows, sweep_row]
     given = list(argv if argv is not None else sys.argv[1:])

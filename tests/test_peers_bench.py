@@ -98,7 +98,7 @@ bench_extra = pytest.mark.skipif(
 def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     out, docs, work = tmp_path / "peers.json", tmp_path / "docs", tmp_path / "work"
     cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "--steps", "3", "--global-batch", "16",
-           "--budget-mb", "100", "--sweep-steps", "2", "--no-bisect", "--only", "oomguard-run",
+           "--budget-mb", "100", "--sweep-steps", "2", "--no-bisect", "--no-second-run", "--only", "oomguard-run",
            "composer-auto-microbatch", "--json", str(out), "--docs", str(docs), "--work", str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -107,7 +107,6 @@ def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     for name in ("oomguard-run",):  # the session's path through the harness is a peer's; its own tests cover it
         row = rows[name]
         assert set(peers.KEYS) <= set(row), row
-        assert row["second_run"]["ooms"] == 0 and row["second_run"]["trained_global"] == 16, row
         assert row["restart_split"] and set(peers.SEGMENTS) <= set(row["restart_split"][0]), row
         # the global batch stays exact although 16 did not fit: a smaller micro-batch, accumulated
         assert row["requested_global"] == row["trained_global"] == 16, row
