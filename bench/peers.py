@@ -16,8 +16,8 @@ bench/peerkit/ says what it follows):
   official example (examples/by_feature/automatic_gradient_accumulation.py).
 - ``lightning-batch-size-finder``: Lightning's ``BatchSizeFinder`` callback, then ``fit``.
 - ``composer-auto-microbatch``: Composer's ``device_train_microbatch_size="auto"`` (package
-  ``mosaicml``); skipped with its reason when it is not importable: every release pins an older
-  torch, so it cannot be installed beside torch 2.13.
+  ``mosaicml``): always skipped, with its reason: every release pins an older torch, so it cannot
+  be installed beside torch 2.13, and its 'auto' mode refuses any device but a GPU.
 
 Nothing is taken from a tool's own report: every figure comes from the records the model itself
 writes (each forward, each completed backward with whether the gradients were fresh, each
@@ -78,6 +78,8 @@ KEYS = ("contender", "requested_global", "trained_global", "micro_batch", "ooms"
         "samples_per_s", "ratio_to_best", "steps_redone")
 COMPOSER_WHY = ("mosaicml (Composer) is not installed: every release pins torch<2.7.1 (0.32.1: torch>=2.6,<2.7.1), "
                 "so pip cannot install it beside torch 2.13.0 without replacing torch")
+# composer/trainer/trainer.py, _is_auto_microbatching: 'auto' raises ValueError on any device but a GPU.
+COMPOSER_CPU = "Composer's device_train_microbatch_size='auto' only runs on a GPU (it raises ValueError on CPU)"
 
 
 # ----- reading the script's own records
@@ -232,20 +234,20 @@ def run(name: str, cmd: list[str], env: dict[str, str], work: Path, timeout: flo
     return Outcome(name, launch, time.time(), code, records, stderr, work)
 
 
-def skip_reason(name: str) -> str | None:
+def skip_reason(name: str, device: str) -> str | None:
     module = NEEDS.get(name)
-    if module is None or importlib.util.find_spec(module) is not None:
-        return None
+    installed = module is None or importlib.util.find_spec(module) is not None
     if name == "composer-auto-microbatch":
-        return COMPOSER_WHY
-    return f"{module} is not installed: pip install -e '.[bench]'"
+        why = [] if installed else [COMPOSER_WHY]
+        why += [COMPOSER_CPU] if device == "cpu" else []
+        why += [] if why else ["no Composer script yet (Composer could not be installed here to test one)"]
+        return "; ".join(why)
+    return None if installed else f"{module} is not installed: pip install -e '.[bench]'"
 
 
 def contender_row(name: str, args: argparse.Namespace, work: Path, best: float | None) -> tuple[dict[str, Any],
                                                                                                Outcome | None]:
-    why = skip_reason(name)
-    if why is None and name == "composer-auto-microbatch":
-        why = "composer is importable, but this benchmark has no Composer script yet (it could not be run here)"
+    why = skip_reason(name, args.device)
     if why is not None:
         print(f"{name}: skipped: {why}", flush=True)
         return {"contender": name, "skipped": why}, None
