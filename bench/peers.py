@@ -213,6 +213,8 @@ def command_for(name: str, args: argparse.Namespace, work: Path) -> tuple[list[s
         cmd = [sys.executable, "-m", "oomguard", "run", "--run-dir", str(work / "run"), "--no-web",
                "--global-batch", g, "--micro-batch", g, "--checkpoint", str(ckpt / "checkpoint-*"),
                "--resume-args", "--resume-from {checkpoint}", "--",
+               # exit_stamp.py only records when the script's process is reaped (the restart split)
+               sys.executable, "-I", "-S", str(KIT / "exit_stamp.py"),
                sys.executable, str(KIT / "train_plain.py"), "--batch-size", "{micro_batch}",
                "--gradient-accumulation-steps", "{grad_accum}", "--steps", n, "--output", str(ckpt)]
         # A fresh fit store: a remembered size would skip the OOMs this benchmark is about (a second
@@ -320,15 +322,16 @@ def sweep(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[di
 # ----- the restart path: where the time between an OOM and the next first step goes
 
 
-SEGMENTS = ("oom to exit", "exit to decision", "decision to spawn", "interpreter start", "imports",
+SEGMENTS = ("oom to atexit", "teardown", "notice and decide", "spawn", "interpreter start", "imports",
             "model build", "data", "first step")  # "first step": or, when the size fails too, its OOM
 
 
 def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict[str, Any]]:
-    """For each restart: seconds from the OOM (the script's excepthook record) to its exit record,
-    to the supervisor's decision (journal: attempt ended), to the next worker's spawn (journal:
-    attempt started), to the new interpreter's first line, imports done, model built (checkpoint
-    loaded), first batch drawn and first optimizer step done (the script's records)."""
+    """For each restart: seconds from the OOM (the script's excepthook record) to its atexit
+    record, to the process reaped (exit_stamp.py: the interpreter's teardown), to the supervisor's
+    decision (journal: attempt ended), to the next worker's spawn (journal: attempt started), to
+    the new interpreter's first line, imports done, model built (checkpoint loaded), first batch
+    drawn and first optimizer step done (the script's records)."""
     journal = run_dir / "journal.sqlite"
     if not journal.exists():
         return []
@@ -339,7 +342,7 @@ def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict
         db.close()
     by_pid: dict[int, dict[str, float]] = {}
     for rec in records:
-        if rec["ev"] in ("proc", "imported", "model", "data", "exception", "exit", "opt"):
+        if rec["ev"] in ("proc", "imported", "model", "data", "exception", "exit", "reaped", "opt"):
             by_pid.setdefault(rec["pid"], {}).setdefault(rec["ev"], rec["t"])
     procs = sorted(by_pid.values(), key=lambda p: p.get("proc", 0.0))
     splits = []
@@ -350,7 +353,8 @@ def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict
                                                                                       for k in needed):
             continue
         ended, started = attempts[i][2], attempts[i + 1][1]
-        points = [failed["exception"], failed.get("exit", failed["exception"]), ended, started,
+        exited = failed.get("exit", failed["exception"])
+        points = [failed["exception"], exited, failed.get("reaped", exited), ended, started,
                   *(following[k] for k in needed), end]
         split: dict[str, Any] = {seg: round(b - a, 3)
                                  for seg, a, b in zip(SEGMENTS, points[:-1], points[1:], strict=True)}

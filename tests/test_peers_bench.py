@@ -107,7 +107,8 @@ def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     for name in ("oomguard-run",):  # the session's path through the harness is a peer's; its own tests cover it
         row = rows[name]
         assert set(peers.KEYS) <= set(row), row
-        assert row["restart_split"] and set(peers.SEGMENTS) <= set(row["restart_split"][0]), row
+        split = row["restart_split"][0]
+        assert set(peers.SEGMENTS) <= set(split) and split["teardown"] > 0 and split["imports"] > 0, row
         # the global batch stays exact although 16 did not fit: a smaller micro-batch, accumulated
         assert row["requested_global"] == row["trained_global"] == 16, row
         assert row["micro_batch"] < 16 and row["ooms"] >= 1 and row["steps_redone"] >= 0, row
