@@ -74,6 +74,25 @@ NEEDS = {  # contender -> the module it cannot run without (the [bench] extra in
     "lightning-batch-size-finder": "lightning",
     "composer-auto-microbatch": "composer",
 }
+HOW = {
+    "oomguard-run": "`oomguard run --global-batch N --micro-batch N` around an unmodified argparse script "
+                    "(`--batch-size {micro_batch} --gradient-accumulation-steps {grad_accum}`); an OOM ends the "
+                    "process and the supervisor restarts it at a smaller divisor, the global batch kept; an empty "
+                    "fit store.",
+    "oomguard-session": "`Session(model, optimizer, loss_fn, SessionConfig(global_batch=N, micro_batch=N))`: the "
+                        "same step retried in the process at a smaller divisor.",
+    "hf-auto-find-batch-size": "`Trainer` with `TrainingArguments(per_device_train_batch_size=N, "
+                               "auto_find_batch_size=True)`: the training loop restarts at `int(0.9 × size)`; "
+                               "accumulation unchanged.",
+    "accelerate-find-executable-batch-size": "`@find_executable_batch_size` as in accelerate's "
+                                             "`examples/by_feature/automatic_gradient_accumulation.py`: accumulation "
+                                             "`N // size`, size `int(0.9 × size)` after each OOM.",
+    "lightning-batch-size-finder": "`Trainer(callbacks=[BatchSizeFinder()])` then `fit`: doubles from 2 with 3 "
+                                   "trial steps per size until an OOM, restores the weights, fits at the last size "
+                                   "that worked.",
+    "composer-auto-microbatch": "`device_train_microbatch_size=\"auto\"` (mosaicml): halves the micro-batch in "
+                                "the process, batch kept; GPU only.",
+}
 KEYS = ("contender", "requested_global", "trained_global", "micro_batch", "ooms", "settle_s", "wall_s",
         "samples_per_s", "ratio_to_best", "steps_redone")
 COMPOSER_WHY = ("mosaicml (Composer) is not installed: every release pins torch<2.7.1 (0.32.1: torch>=2.6,<2.7.1), "
@@ -411,6 +430,8 @@ def markdown(rows: Sequence[dict[str, Any]], sweep_row: dict[str, Any], splits: 
             then = "" if s["then"] == "step" else " (OOM again)"
             total = sum(s[seg] for seg in SEGMENTS)
             lines.append(f"| {i}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
+    lines += ["", "How each contender runs (each script in `bench/peerkit/` says what of the tool's source and "
+              "documentation it follows):", "", *(f"- `{name}`: {HOW[name]}" for name in CONTENDERS)]
     lines += ["", "Columns: the global batch asked for and the one the last optimizer step really trained on "
               "(the samples whose backward completed, from the model's own records); the micro-batch of that step; "
               "OOMs (forwards whose backward never completed); seconds from launch to the first optimizer step at "
