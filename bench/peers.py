@@ -501,7 +501,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-mb", type=int, default=None,
                    help="memory each process may add after its first forward (default: 180 on CPU, 120 on CUDA); "
                    "pick it so that --global-batch does not fit")
-    p.add_argument("--sweep-steps", type=int, default=5, help="steps timed at each size of the sweep")
+    p.add_argument("--sweep-steps", type=int, default=8, help="steps timed at each size of the sweep")
     p.add_argument("--no-bisect", dest="bisect", action="store_false",
                    help="sweep only the divisors of the global batch (no search for the largest size that fits)")
     p.add_argument("--no-second-run", dest="second_run", action="store_false",
