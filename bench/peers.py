@@ -118,7 +118,6 @@ class Trace:
 
     steps: list[Step] = field(default_factory=list)
     ooms: list[float] = field(default_factory=list)  # when each OOM'd forward (or step) started
-    marks: list[dict[str, Any]] = field(default_factory=list)  # proc / imported / model / data / exception
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -164,8 +163,6 @@ def trace(records: Sequence[dict[str, Any]]) -> Trace:
             pending_opt = None
             since_bwd = False
             out.steps.append(Step(rec["t"], samples, micro, rec["pid"]))
-        elif ev in ("proc", "imported", "model", "data", "exception", "exit", "cap"):
-            out.marks.append(rec)
     settle_pending()
     return out
 
