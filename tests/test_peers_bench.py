@@ -122,5 +122,5 @@ def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     if importlib.util.find_spec("composer") is None:
         assert "torch" in rows["composer-auto-microbatch"]["skipped"]
     sweep = rows["sweep"]
-    assert sweep["micro_batch"] in (1, 2, 4, 8) and sweep["samples_per_s"] > 0 and sweep["smallest_failing"] == 16
+    assert sweep["micro_batch"] in (1, 2, 4, 8) and sweep["samples_per_s"] > 0 and sweep["smallest_failing"] in (8, 16)
     assert "oomguard-run" in (docs / "peers.md").read_text() and (docs / "peers.png").stat().st_size > 10_000
