@@ -33,7 +33,7 @@ def report(tmp_path: Path) -> dict:  # type: ignore[type-arg]
 def check_recovered(tmp_path: Path, global_batch: int) -> dict:  # type: ignore[type-arg]
     doc = status(tmp_path / "run")
     assert doc["state"] == "succeeded" and doc["global_batch"] == global_batch
-    assert (doc["micro_batch"], doc["grad_accum"]) == (8, global_batch // 8)
+    assert (doc["micro_batch"], doc["grad_accum"]) == (8, global_batch // 8), doc["failures"]
     assert [f["kind"] for f in doc["failures"]] == ["host_oom"]
     assert "DefaultCPUAllocator: can't allocate memory" in doc["failures"][0]["evidence"]
     return doc
