@@ -92,6 +92,23 @@ def test_without_steps_the_first_quarter_is_warmup() -> None:
     assert trend.per_s == pytest.approx(8 * MB, rel=0.01)
 
 
+def test_without_steps_a_rise_of_seconds_is_a_spike_and_one_of_minutes_a_leak() -> None:
+    """Measured: a torchrun rank filling a 1.5 GiB cgroup rose 200 MB/s on a line for 6 s before the
+    kernel killed it. Without steps, only the rise's length says whether training went on."""
+    ramp = [Reading(i * 0.5, 700 * MB + (0 if i < 8 else (i - 8) * 100 * MB)) for i in range(22)]
+    trend = steady_rise(ramp)
+    assert trend is not None and trend.r2 > 0.9 and not trend.steady()
+    assert attribute(ramp, Evidence(), 4).cause is Cause.PER_SAMPLE
+    creep = [Reading(float(i), 400 * MB + i * 4 * MB) for i in range(60)]
+    assert attribute(creep, Evidence(), 4).cause is Cause.LEAK
+
+
+def test_memory_that_rises_while_the_reported_step_stands_still_is_no_leak() -> None:
+    stuck = [Reading(float(i), 400 * MB + i * 8 * MB, 7) for i in range(60)]
+    trend = steady_rise([Reading(0.0, 300 * MB, 5), *stuck])
+    assert trend is not None and trend.steps == 0 and not trend.steady()
+
+
 # --- phase ---------------------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ def ranks_started(stdout: str) -> list[dict[str, float]]:
 
 def check_two_rounds(out: subprocess.CompletedProcess[str], run_dir: Path, ck: Path, kind: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "RuntimeWarning" not in out.stderr  # e.g. watchdog's, about re-watching a renamed checkpoint dir
     doc = status(run_dir)
     assert doc["state"] == "succeeded"
     assert [f["kind"] for f in doc["failures"]] == [kind]

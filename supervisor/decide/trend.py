@@ -29,6 +29,11 @@ MIN_RISE_FRACTION = 0.10
 MIN_RISE_BYTES = 16 * MIB
 FALL_FRACTION = 0.8  # a reading below this share of the highest one before it: the worker is dying
 MIN_STEPS = 3  # with steps, memory must keep rising over at least this many training steps
+# Without steps, the only sign that training went on while memory rose is how long it rose. One
+# step's transient (a big batch allocating, an evaluation, pages swapped out as a cgroup fills)
+# lasts seconds: measured, a rank filling a 1.5 GiB cgroup rose on a line (R² 0.96-0.98) for 5-6 s
+# before the kernel killed it. A leak that ends a run builds up over many steps, minutes at least.
+MIN_STEPLESS_SPAN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Trend:
     r2: float  # coefficient of determination of the time fit
     readings: int  # how many readings the fit used
     span_s: float
-    steps: int | None  # training steps covered by the fit
+    steps: int | None  # training steps covered by the fit; None when the worker reports no steps
     first: int  # fitted bytes at the start and end of the stretch
     last: int
     steps_r2: float | None = None  # how steadily the steps advanced (R² of step against time)
@@ -66,7 +71,9 @@ class Trend:
             return False
         # "Trained steadily at its size": memory that rises while the steps stand still is a phase
         # (a long evaluation, a load), not a leak per step.
-        return self.steps is None or (self.steps >= MIN_STEPS and (self.steps_r2 or 0.0) >= MIN_R2)
+        if self.steps is None:
+            return self.span_s >= MIN_STEPLESS_SPAN_S
+        return self.steps >= MIN_STEPS and (self.steps_r2 or 0.0) >= MIN_R2
 
     def describe(self, what: str) -> str:
         """``worker RSS grew 4.0 MB/step, 39 MB/s (R² 0.99 over 42 samples, 12 s)``."""
@@ -104,10 +111,11 @@ def steady_rise(readings: Sequence[Reading]) -> Trend | None:
     steps = [r.step for r in points if r.step is not None]
     per_step = steps_r2 = None
     covered = None
-    if len(steps) == len(points) and steps[-1] > steps[0]:
-        covered = steps[-1] - steps[0]
-        per_step = statistics.linear_regression([float(s) for s in steps], ys)[0]
-        steps_r2 = _r_squared(ts, [float(s) for s in steps])
+    if len(steps) == len(points):
+        covered = steps[-1] - steps[0]  # 0: the steps stood still while memory moved
+        if covered > 0:
+            per_step = statistics.linear_regression([float(s) for s in steps], ys)[0]
+            steps_r2 = _r_squared(ts, [float(s) for s in steps])
     return Trend(slope, per_step, r2, len(points), ts[-1] - ts[0], covered,
                  int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept), steps_r2)
 

@@ -14,6 +14,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,11 @@ class CheckpointIndex:
         """Start watching; returns which observer is in use."""
         if not self.patterns:
             return "none"
+        # watchdog 7 re-adds the watch of a directory renamed inside the tree (a checkpoint written to
+        # a temp dir, then renamed into place) and warns with its whole watch table, kilobytes per
+        # rename on the user's terminal. The watch stays correct; the warning says nothing to them.
+        warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch",
+                                category=RuntimeWarning)
         for observer_type in (Observer, PollingObserver):
             observer = observer_type()
             try:
