@@ -122,5 +122,9 @@ def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     if importlib.util.find_spec("composer") is None:
         assert "torch" in rows["composer-auto-microbatch"]["skipped"]
     sweep = rows["sweep"]
-    assert sweep["micro_batch"] in (1, 2, 4, 8) and sweep["samples_per_s"] > 0 and sweep["smallest_failing"] in (8, 16)
+    assert sweep["micro_batch"] in peers.divisors(16) and sweep["samples_per_s"] > 0
+    # 16 sits at the budget's edge: the sweep's one process (sizes in turn, its allocator warm) may fit
+    # it where oomguard's fresh worker did not; then nothing failed and 16 is the largest that fits.
+    assert sweep["smallest_failing"] in (8, 16) or (sweep["smallest_failing"] is None
+                                                    and sweep["largest_fitting"] == 16)
     assert "oomguard-run" in (docs / "peers.md").read_text() and (docs / "peers.png").stat().st_size > 10_000
