@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import MemoryCgroups
+
+from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +22,41 @@ def fit_store_per_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[MemoryCgroups]:
+    """Makes real memory cgroups (v1 or v2) under this process's own memory cgroup, each with a limit, for a test
+    to put oomguard itself into (``echo $$ > PATH/cgroup.procs && exec ...``); all removed after the test.
+
+    ``make(limit_bytes, name="oomguard-test")`` returns the directory ``NAME-PID-N``. The test is skipped where
+    there is no memory controller or a cgroup cannot be made or limited (not root, a read-only cgroupfs).
+    """
+    found = own_memory_cgroup()
+    if found is None:
+        pytest.skip("no memory cgroup controller on this machine")
+    parent, version = found
+    limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
+    made: list[Path] = []
+
+    def make(limit_bytes: int, name: str = "oomguard-test") -> Path:
+        path = parent / f"{name}-{os.getpid()}-{len(made)}"
+        try:
+            path.mkdir()
+        except OSError as exc:
+            pytest.skip(f"cannot create a memory cgroup under {parent}: {exc}")
+        made.append(path)  # removed after the test even if its limit cannot be set
+        try:
+            (path / limit_file).write_text(str(limit_bytes))
+        except OSError as exc:
+            pytest.skip(f"cannot set {limit_file} of a memory cgroup under {parent}: {exc}")
+        return path
+
+    yield make
+    for path in reversed(made):
+        for _ in range(50):  # rmdir fails while a process the kernel killed in it is still being reaped
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

@@ -8,10 +8,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(Path(__file__).resolve().parent / "workers" / "behave.py")
+
+
+class MemoryCgroups(Protocol):
+    """The ``memory_cgroup`` fixture (tests/conftest.py): ``make(limit_bytes, name=...)`` makes a real memory
+    cgroup with that limit under this process's own and returns its directory."""
+
+    def __call__(self, limit_bytes: int, name: str = ...) -> Path: ...
 
 
 def oomguard(*args: str, timeout: float = 60, cwd: Path | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:

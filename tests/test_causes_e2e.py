@@ -10,48 +10,19 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, status
+from support import ROOT, MemoryCgroups, status
 
-from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import read_report
 
 PY = sys.executable
 CAUSES = str(Path(__file__).resolve().parent / "workers" / "causes.py")
+CGROUP = "oomguard-causes"  # the memory cgroups' name (tests/conftest.py's memory_cgroup)
+MIB = 2**20
 FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2", "--sample-interval", "0.2", "--grace-period", "5"]
-
-
-@pytest.fixture
-def cgroup_of() -> Iterator[object]:
-    """Makes memory cgroups of a given size that a test puts oomguard itself into."""
-    found = own_memory_cgroup()
-    if found is None:
-        pytest.skip("no memory cgroup controller on this machine")
-    parent, version = found
-    made: list[Path] = []
-
-    def make(limit_mib: int) -> Path:
-        path = parent / f"oomguard-causes-{os.getpid()}-{len(made)}"
-        try:
-            path.mkdir()
-            (path / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(limit_mib * 2**20))
-        except OSError as exc:
-            pytest.skip(f"cannot create a memory cgroup under {parent}: {exc}")
-        made.append(path)
-        return path
-
-    yield make
-    for path in made:
-        for _ in range(50):
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def run_in(cgroup: Path, run_dir: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -81,13 +52,14 @@ def steps_redone(run_dir: Path) -> int:
 
 
 def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
-        cgroup_of, tmp_path: Path, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+        memory_cgroup: MemoryCgroups, tmp_path: Path, run_dir: Path) -> None:
+    cgroup = memory_cgroup(400 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
     cmd = [PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "16", "--global-batch",
            "64", "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "leak", "--ckpt-dir", str(ck), "--steps", "120",
            "--step-time", "0.1", "--leak-mb", "4", "--per-sample-mb", "2"]
     joined = " ".join(f"'{a}'" for a in cmd)
-    proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cgroup_of(400)}/cgroup.procs && exec {joined}"],
+    proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     forecasts = set()  # what `oomguard status` showed while it ran
@@ -133,10 +105,12 @@ def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
           f"{steps_redone(run_dir)}, attempts {doc['attempt']}")
 
 
-def test_a_leak_faster_than_checkpoints_gives_up_with_one_line(cgroup_of, tmp_path: Path, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_leak_faster_than_checkpoints_gives_up_with_one_line(
+        memory_cgroup: MemoryCgroups, tmp_path: Path, run_dir: Path) -> None:
     """No --checkpoint: nothing to restart from, so the forecast can only warn; the kernel kills it,
     the leak is attributed from the samples, and the second kill with no progress gives up."""
-    out = run_in(cgroup_of(300), run_dir, "--micro-batch", "16", "--global-batch", "64", "--",
+    cgroup = memory_cgroup(300 * MIB, name=CGROUP)
+    out = run_in(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64", "--",
                  PY, CAUSES, "leak", "--ckpt-dir", str(tmp_path / "ck"), "--steps", "1000", "--step-time", "0.1")
     assert out.returncode == 1, out.stderr
     doc = status(run_dir)
@@ -147,9 +121,11 @@ def test_a_leak_faster_than_checkpoints_gives_up_with_one_line(cgroup_of, tmp_pa
     assert "no progress between restarts" in doc["reason"] and "\n" not in doc["reason"]
 
 
-def test_b_memory_that_grows_with_the_micro_batch_still_halves(cgroup_of, tmp_path: Path, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_b_memory_that_grows_with_the_micro_batch_still_halves(
+        memory_cgroup: MemoryCgroups, tmp_path: Path, run_dir: Path) -> None:
+    cgroup = memory_cgroup(300 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
-    out = run_in(cgroup_of(300), run_dir, "--micro-batch", "16", "--global-batch", "64",
+    out = run_in(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64",
                  "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "per_sample", "--ckpt-dir", str(ck), "--steps", "20",
                  "--step-time", "0.05", "--per-sample-mb", "40")
     assert out.returncode == 0, out.stderr
@@ -160,9 +136,10 @@ def test_b_memory_that_grows_with_the_micro_batch_still_halves(cgroup_of, tmp_pa
 
 
 def test_c_a_dataloader_worker_killed_by_the_oom_killer_halves_the_workers_first(
-        cgroup_of, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+        memory_cgroup: MemoryCgroups, run_dir: Path) -> None:
     pytest.importorskip("torch")
-    out = run_in(cgroup_of(420), run_dir, "--micro-batch", "8", "--global-batch", "64", "--num-workers", "2",
+    cgroup = memory_cgroup(420 * MIB, name=CGROUP)
+    out = run_in(cgroup, run_dir, "--micro-batch", "8", "--global-batch", "64", "--num-workers", "2",
                  "--", PY, CAUSES, "dataloader", "--num-workers", "{num_workers}", "--worker-cache-mb", "160")
     assert out.returncode == 0, out.stderr
     doc = status(run_dir)

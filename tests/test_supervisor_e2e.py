@@ -7,14 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from support import ROOT, WORKER, oomguard, status
+from support import ROOT, WORKER, MemoryCgroups, oomguard, status
 
-from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
@@ -55,33 +53,12 @@ def test_fragmentation_first_retries_same_batch_with_expandable_segments(run_dir
     assert doc["micro_batch"] == 16 and doc["expandable_segments"] is True
 
 
-@pytest.fixture
-def limited_cgroup() -> Iterator[Path]:
-    """A memory cgroup of 300 MiB that the test puts oomguard itself into."""
-    found = own_memory_cgroup()
-    if found is None:
-        pytest.skip("no memory cgroup controller on this machine")
-    parent, version = found
-    path = parent / f"oomguard-test-{os.getpid()}"
-    try:
-        path.mkdir()
-        (path / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(300 * 2**20))
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup under {parent}: {exc}")
-    yield path
-    for _ in range(50):
-        try:
-            path.rmdir()
-            break
-        except OSError:
-            time.sleep(0.1)
-
-
-def test_b_kernel_oom_killer_in_a_memory_cgroup(run_dir: Path, limited_cgroup: Path) -> None:
+def test_b_kernel_oom_killer_in_a_memory_cgroup(run_dir: Path, memory_cgroup: MemoryCgroups) -> None:
+    cgroup = memory_cgroup(300 * 2**20)  # 300 MiB that the test puts oomguard itself into
     argv = [PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "16",
             "--global-batch", "64", "--", PY, WORKER, "allocate", "--mb-per-sample", "40"]
     joined = " ".join(f"'{a}'" for a in argv)
-    out = subprocess.run(["sh", "-c", f"echo $$ > {limited_cgroup}/cgroup.procs && exec {joined}"],
+    out = subprocess.run(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     doc = status(run_dir)

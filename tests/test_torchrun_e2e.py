@@ -12,14 +12,10 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from support import ROOT, status
+from support import ROOT, MemoryCgroups, status
 
-from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
@@ -76,35 +72,16 @@ def test_allocator_oom_on_rank_1_under_a_torchrun_command(tmp_path: Path, run_di
     assert (run_dir / "logs" / "attempt-1.ranks").is_dir()  # torchrun's --log-dir: the ranks' error files
 
 
-@pytest.fixture
-def cgroup_1500m() -> Iterator[Path]:
-    """A memory cgroup of 1.5 GiB for oomguard, torchrun and two ranks (about 1 GiB together)."""
-    found = own_memory_cgroup()
-    if found is None:
-        pytest.skip("no memory cgroup controller on this machine")
-    parent, version = found
-    path = parent / f"oomguard-torchrun-test-{os.getpid()}"
-    try:
-        path.mkdir()
-        (path / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(1500 * 2**20))
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup under {parent}: {exc}")
-    yield path
-    for _ in range(50):
-        try:
-            path.rmdir()
-            break
-        except OSError:
-            time.sleep(0.1)
-
-
-def test_kernel_oom_kill_of_rank_1_is_host_oom_not_crash(tmp_path: Path, run_dir: Path, cgroup_1500m: Path) -> None:
+def test_kernel_oom_kill_of_rank_1_is_host_oom_not_crash(tmp_path: Path, run_dir: Path,
+                                                         memory_cgroup: MemoryCgroups) -> None:
     """--nproc-per-node wraps a plain python command in torchrun; the kernel kills rank 1."""
+    # 1.5 GiB for oomguard, torchrun and two ranks (about 1 GiB together)
+    cgroup = memory_cgroup(1500 * 2**20, name="oomguard-torchrun-test")
     ck = tmp_path / "ck"
     argv = oomguard_argv(run_dir, ck, "--nproc-per-node", "2",
                          command=[PY, SCRIPT, *SCRIPT_ARGS, "--ckpt-dir", str(ck), "--fault", "touch"])
     joined = " ".join(f"'{a}'" for a in argv)
-    out = subprocess.run(["sh", "-c", f"echo $$ > {cgroup_1500m}/cgroup.procs && exec {joined}"],
+    out = subprocess.run(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"],
                          capture_output=True, text=True, timeout=150, env={**os.environ, "PYTHONPATH": str(ROOT)})
     check_two_rounds(out, run_dir, ck, "host_oom")
     failure = status(run_dir)["failures"][0]
