@@ -21,16 +21,14 @@ import psutil
 
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
-from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, Verdict
+from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.forecast import Forecast, Move
+from oomguard.supervisor.decide.forecast import Move
 from oomguard.supervisor.decide.fragmentation import judge
 from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.ranks import classify_attempt
 from oomguard.supervisor.decide.tuning import Tuner
-from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
-from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, Coordinator, PeerLost
+from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
@@ -46,7 +44,6 @@ from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment, remove_stale
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
-from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import (
     AttemptFiles,
     alloc_conf,
@@ -55,9 +52,10 @@ from oomguard.supervisor.run.runtime import (
     expandable_already,
     placeholder_values,
 )
-from oomguard.supervisor.run.settle import AttemptProcesses, end, wait_for_gpus
+from oomguard.supervisor.run.settle import Handover
 from oomguard.supervisor.run.states import RunState, check_transition
-from oomguard.supervisor.run.trendwatch import TrendWatch
+from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
+from oomguard.supervisor.run.world import World
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
@@ -97,7 +95,7 @@ class Supervisor:
         self.journal: Journal
         self.degradations = Degradations(log)  # our own bookkeeping failing: said once, never fatal
         self._lock = RunLock(self.run_dir)
-        self._containment: Containment | None = None
+        self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
         self.index = CheckpointIndex(config.checkpoints, self.cwd)
         self.sampler = Sampler()
         self.last_sample: MemorySample | None = None
@@ -107,16 +105,9 @@ class Supervisor:
         self.edits: list[Edit] = []  # --edit, checked when the run opens
         self.tickers: list[Callable[[], object]] = []  # called every loop tick (e.g. systemd watchdog)
         self.trend = TrendWatch()  # this attempt's memory trend and forecast (a new one per attempt)
-        self._forecast_written = 0.0
-        self._forecast_shown = False
+        self.forecast_board: ForecastBoard
         self._next_thin = time.monotonic() + THIN_EVERY
-        self.shape = config.dist_shape  # ranks and nodes under torchrun; None for one process
-        self.ranks: TorchrunAttempt | None = None
-        multi = self.shape is not None and self.shape.nnodes > 1
-        self.nodes = Coordinator(self.shape, config.peer_timeout) if self.shape and multi else None
-        self._peer_stop: int | None = None  # the node whose failure made us stop this attempt
-        self.procs_seen = AttemptProcesses()  # the last attempt's processes, for restarting onto free memory
-        self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
+        self.world = World(config.dist_shape, config.peer_timeout, self._event)  # ranks and nodes
         self._published = 0
 
     # --- setup ---------------------------------------------------------------------------------
@@ -135,6 +126,7 @@ class Supervisor:
         self._lock.acquire()
         remove_stale(log)  # memory cgroups that killed supervisors could not remove
         self.journal = ResilientJournal(self.run_dir, self.degradations)
+        self.forecast_board = ForecastBoard(self.journal.set_meta)
         fresh = not self.journal.meta().get("plan")
         self._restore()
         self._learn(fresh)
@@ -240,8 +232,7 @@ class Supervisor:
         self.index.start()
         try:
             code = self._loop()
-            if self.nodes is not None:
-                self.nodes.finish()
+            self.world.finish()
             return code
         except PeerLost as exc:  # another node or node 0's store is gone: one line, a code to requeue on
             if self.state is RunState.RUNNING:
@@ -253,17 +244,14 @@ class Supervisor:
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
             self.index.stop()
             self.sampler.close()
-            if self._containment is not None:
-                self._containment.remove()
+            self.handover.remove()
             self.journal.set_meta(worker_pid=None)
             self._lock.release()
 
     def _loop(self) -> int:
         self._transition(RunState.STARTING, f"supervisor pid {os.getpid()} started")
-        if self.nodes is not None:
-            self.nodes.connect()
-            log(f"node {self.nodes.shape.node_rank} of {self.nodes.shape.nnodes}: decisions shared through "
-                f"node 0's store (rendezvous port + 1)")
+        if (joined := self.world.connect()) is not None:
+            log(joined)
         while True:
             if self.stopping:
                 return self._stopped()
@@ -340,18 +328,16 @@ class Supervisor:
         checkpoint = self.index.newest(self.journal.bad_checkpoints(), worker_alive=False)
         for existing in self.index.refresh():  # known before this attempt: not its progress
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
-        if self.nodes is not None:  # every node: node 0's plan and checkpoint
-            self.plan, checkpoint, agreed = agree_start(self.nodes, self.attempt, self.plan, checkpoint)
+        self.plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
+        if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
-            self._event("round_start", round=self.attempt, node=self.nodes.shape.node_rank, **agreed)
-        self._peer_stop = None
         files = AttemptFiles.of(self.run_dir, self.attempt)
         values = placeholder_values(self.config, self.plan, self.attempt, checkpoint)
         argv = build_argv(self.config, self.plan, values, checkpoint is not None)
         if self.edits:  # --edit: this attempt's copies of the config files, and the argv pointed at them
             argv = apply_edits(self.edits, argv, values, self.cwd, self.run_dir / "edits" / f"attempt-{self.attempt}")
         env = build_env(self.config, self.plan, values, files)
-        argv = self._under_torchrun(argv, env, files)
+        argv = self.world.command(argv, env, files, self.attempt)
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = replace(self.plan, expandable_segments=True)
         self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
@@ -370,30 +356,9 @@ class Supervisor:
         self._watch(watch, ChannelReader(files.events), files)
         self.worker.reap()
         assert self.worker.returncode is not None
-        return self._verdict(box.exit_facts(self.worker.returncode, watch), watch), watch, checkpoint
-
-    def _under_torchrun(self, argv: list[str], env: dict[str, str], files: AttemptFiles) -> list[str]:
-        """With ranks: the attempt's torchrun argv (ranks' error files under the run directory) and
-        the environment torchrun passes on; a single-process run keeps its argv."""
-        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), f"attempt-{self.attempt}")
-        if self.ranks is None:
-            return argv
-        env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
-        env["OOMGUARD_NODE_RANK"] = str(self.shape.node_rank if self.shape else 0)
-        return self.ranks.argv
-
-    def _verdict(self, facts: ExitFacts, watch: AttemptWatch) -> Verdict:
-        """How the attempt ended: by its root-cause rank under torchrun, and the same on every node."""
-        cause = self.ranks.root_cause() if self.ranks is not None and facts.returncode else None
-        if cause is not None:
-            self._event("root_cause", **cause.as_dict())
+        facts = box.exit_facts(self.worker.returncode, watch)
         gpus = bool(self.last_sample and self.last_sample.gpus)
-        verdict = classify_attempt(facts, watch.scanner, cause, gpus)
-        if self.nodes is not None:
-            verdict, reports = agree_end(self.nodes, self.attempt, verdict, self._peer_stop)
-            self._event("round_end", round=self.attempt, reports={str(k): v for k, v in reports.items()},
-                        kind=verdict.kind.value if verdict.kind else None, evidence=verdict.evidence)
-        return verdict
+        return self.world.verdict(facts, watch.scanner, gpus, self.attempt), watch, checkpoint
 
     def _checkpoint_step(self, checkpoint: Checkpoint) -> int | None:
         """Its step: from its name, else the step the output showed when it was written."""
@@ -403,54 +368,19 @@ class Supervisor:
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
                       watch: AttemptWatch) -> Containment:
-        """Start the worker in a fresh memory cgroup (the last attempt's is removed first), onto free memory."""
-        self._settle()
-        if self._containment is not None:
-            self._containment.remove()
-        self._containment = box = Containment.create(f"oomguard-{os.getpid()}-worker", self.config.memory_limit)
+        """Start the worker in a fresh memory cgroup, onto free memory."""
+        box = self.handover.next_box(f"oomguard-{os.getpid()}-worker", self.config.memory_limit, self.sampler.gpu,
+                                     self.config.settle_timeout)
         if box.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
         files.checkpoint_request.unlink(missing_ok=True)
-        self.procs_seen = AttemptProcesses()
-        self.worker = WorkerProcess(argv, env, self.cwd, files.log, self._line_sink(watch), self.echo, box.procs,
+        self.worker = WorkerProcess(argv, env, self.cwd, files.log, self.world.line_sink(watch.feed_line), self.echo,
+                                    box.procs,
                                     log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
         self.worker.start(self.wake)
         self.sampler.cgroup = box.reader()
         self.journal.set_meta(worker_pid=self.worker.pgid)
         return box
-
-    def _line_sink(self, watch: AttemptWatch) -> Callable[[str], None]:
-        """Each output line goes to the attempt's watch (evidence and progress), and to the ranks'
-        scanner under torchrun."""
-        ranks = self.ranks
-        if ranks is None:
-            return watch.feed_line
-
-        def feed(line: str) -> None:
-            watch.feed_line(line)
-            ranks.scanner.feed(line)
-
-        return feed
-
-    def _settle(self) -> None:
-        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
-        memory freed; note the level every device is at before the next attempt."""
-        box = self._containment
-        leftovers = self.procs_seen.alive(box.cgroup.pids() if box is not None and box.cgroup else [])
-        if leftovers:
-            named = end(leftovers)
-            self._event("leftovers_ended", processes=named)
-            log(f"ended the last attempt's leftover processes: {', '.join(named)}")
-        gpu = self.sampler.gpu
-        if gpu is None:
-            return
-        if self._gpu_baseline and self.procs_seen.seen:
-            done = wait_for_gpus(gpu.read, self.procs_seen.seen, self._gpu_baseline, self.config.settle_timeout)
-            self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
-                        holding=done.holding)
-            if not done.settled:
-                log(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
-        self._gpu_baseline = {g.cuda_index: g.used_bytes for g in gpu.read(()).devices}
 
     def _watch(self, watch: AttemptWatch, channel: ChannelReader, files: AttemptFiles) -> None:
         assert self.worker is not None
@@ -474,10 +404,7 @@ class Supervisor:
             self._check_hang(watch)
             self._check_peers()
         self._guarded("channel", self._read_channel, watch, channel)
-        # The attempt's forecast ends with it; the next attempt's first one is shown at once (not held
-        # back by the rate limit of the last write), since attempts between planned restarts are short.
-        self._forecast_shown = False
-        self.journal.set_meta(forecast=None)
+        self.forecast_board.clear()
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
         self._guarded("checkpoints", self._check_checkpoints, watch, False)
@@ -493,11 +420,8 @@ class Supervisor:
 
     def _check_peers(self) -> None:
         """Another node's attempt failed: ours would only wait in a collective for its ranks."""
-        if self.nodes is None or self._peer_stop is not None or self.worker is None:
-            return
-        peer = self.nodes.peer_failed(self.attempt)
-        if peer is not None:
-            self._peer_stop = peer
+        peer = self.world.peer_failed(self.attempt)
+        if peer is not None and self.worker is not None:
             log(f"node {peer} failed in round {self.attempt}; stopping this node's ranks")
             self.worker.stop(min(self.config.grace_period, 10.0))
 
@@ -530,7 +454,7 @@ class Supervisor:
         """One memory sample: journal it, fold the attempt's peak, act on the thresholds."""
         assert self.worker is not None
         sample = self.sampler.sample(self.worker.worker_pid or self.worker.pgid)
-        self.procs_seen.add(self.worker.tree())
+        self.handover.procs.add(self.worker.tree())
         self.last_sample = sample
         watch.peak = fold_peak(watch.peak, sample)
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
@@ -552,7 +476,7 @@ class Supervisor:
         """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
         after next, restart right after the next one (asking for it when the limit is nearer)."""
         forecast = self.trend.add(sample, watch.last_step, self.config.memory_limit, self.config.soft_threshold)
-        self._publish_forecast(forecast)
+        self.forecast_board.show(forecast)
         if forecast is None or forecast.move is Move.WATCH or not self.config.checkpoints:
             return  # without checkpoints a restart would redo everything: the forecast is only shown
         if self.trend.restart_reason is None:
@@ -565,21 +489,6 @@ class Supervisor:
             self.trend.asked = True
             watch.last_request = time.monotonic()
             self._ask_for_checkpoint(files, f"memory forecast: {forecast.text}")
-
-    def _publish_forecast(self, forecast: Forecast | None) -> None:
-        """The forecast in the meta (status, dashboard); rewritten at most every few seconds."""
-        now = time.monotonic()
-        shown = self._forecast_shown
-        if forecast is None and not shown:
-            return
-        if forecast is not None and shown and now - self._forecast_written < 5.0:
-            return
-        self._forecast_written = now
-        self._forecast_shown = forecast is not None
-        self.journal.set_meta(forecast=None if forecast is None else {
-            "text": forecast.text, "seconds_to_limit": round(forecast.seconds_to_limit, 1),
-            "bytes_per_s": round(forecast.per_s), "budget": forecast.budget, "limit": forecast.limit,
-            "move": forecast.move.value, "t": time.time()})
 
     def _consider_growth(self, watch: AttemptWatch) -> None:
         """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
@@ -662,8 +571,7 @@ class Supervisor:
                         why=hint.reason)
         decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
                           fit_hint=hint.micro_batch if hint else None)
-        if self.nodes is not None:  # node 0 decides for every node
-            decision = agree_decision(self.nodes, self.attempt, decision)
+        decision = self.world.decision(self.attempt, decision)
         self.failures.append(failure)
         self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
                                  exit_code=verdict.exit_code, signal=verdict.signal, kind=verdict.kind.value,

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from oomguard.supervisor.observe.gpu import GpuSnapshot
+from oomguard.supervisor.observe.gpu import GpuMonitor, GpuSnapshot
+from oomguard.supervisor.run.containment import Containment
 
 POLL = 0.5  # seconds between NVML readings while waiting
 TOLERANCE = 512 * 2**20  # used memory this close to the level before the attempt counts as back
@@ -99,3 +100,46 @@ def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
             extra = (gpu.used_bytes - baseline[gpu.cuda_index]) / 2**30
             parts.append(f"GPU {gpu.cuda_index}: {extra:.1f} GiB more in use than before the attempt")
     return "; ".join(parts)
+
+
+class Handover:
+    """From one attempt to the next: the last one's leftovers ended, its GPU memory back, then a
+    fresh memory cgroup (the last one removed) for the next. ``event`` and ``say`` are the loop's."""
+
+    def __init__(self, event: Callable[..., None], say: Callable[[str], None]) -> None:
+        self.box: Containment | None = None  # the current attempt's cgroup
+        self.procs = AttemptProcesses()  # the current attempt's processes, as sampling sees them
+        self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
+        self._event = event
+        self._say = say
+
+    def next_box(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
+                 settle_timeout: float) -> Containment:
+        self._settle(gpu, settle_timeout)
+        self.remove()
+        self.box = Containment.create(name, memory_limit)
+        self.procs = AttemptProcesses()
+        return self.box
+
+    def remove(self) -> None:
+        if self.box is not None:
+            self.box.remove()
+
+    def _settle(self, gpu: GpuMonitor | None, timeout: float) -> None:
+        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
+        memory freed; note the level every device is at before the next attempt."""
+        box = self.box
+        leftovers = self.procs.alive(box.cgroup.pids() if box is not None and box.cgroup else [])
+        if leftovers:
+            named = end(leftovers)
+            self._event("leftovers_ended", processes=named)
+            self._say(f"ended the last attempt's leftover processes: {', '.join(named)}")
+        if gpu is None:
+            return
+        if self._gpu_baseline and self.procs.seen:
+            done = wait_for_gpus(gpu.read, self.procs.seen, self._gpu_baseline, timeout)
+            self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
+                        holding=done.holding)
+            if not done.settled:
+                self._say(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
+        self._gpu_baseline = {g.cuda_index: g.used_bytes for g in gpu.read(()).devices}

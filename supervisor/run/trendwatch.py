@@ -9,6 +9,8 @@ forecast is acted on once per attempt.
 from __future__ import annotations
 
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from oomguard.supervisor.decide.attribution import Attribution, Evidence, attribute
@@ -88,3 +90,33 @@ class TrendWatch:
         """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
         trend = steady_rise(self.series.get("GPU memory") or self.series.get(HOST, []))
         return trend is not None and trend.steady()
+
+
+class ForecastBoard:
+    """The forecast in the journal's meta (status, dashboard, status line): rewritten at most every
+    ``every`` seconds while it holds, at once when it appears or goes."""
+
+    def __init__(self, set_meta: Callable[..., None], every: float = 5.0) -> None:
+        self._set_meta = set_meta
+        self.every = every
+        self._written = 0.0
+        self._shown = False
+
+    def show(self, found: Forecast | None) -> None:
+        now = time.monotonic()
+        if found is None and not self._shown:
+            return
+        if found is not None and self._shown and now - self._written < self.every:
+            return
+        self._written = now
+        self._shown = found is not None
+        self._set_meta(forecast=None if found is None else {
+            "text": found.text, "seconds_to_limit": round(found.seconds_to_limit, 1),
+            "bytes_per_s": round(found.per_s), "budget": found.budget, "limit": found.limit,
+            "move": found.move.value, "t": time.time()})
+
+    def clear(self) -> None:
+        """The attempt's forecast ends with it; the next attempt's first one is shown at once (not
+        held back by the last write), since attempts between planned restarts are short."""
+        self._shown = False
+        self._set_meta(forecast=None)
