@@ -1,5 +1,5 @@
-"""Every ``oomguard ...`` command line in README.md's code blocks goes through the real parser, so the
-README cannot drift from the CLI: a form the README shows must parse (and, for ``run``, validate)."""
+"""Every ``oomguard ...`` command line in the code blocks of README.md and docs/ goes through the real
+parser, so they cannot drift from the CLI: a form they show must parse (and, for ``run``, validate)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from oomguard.supervisor.cli import build_parser
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.ops import systemd
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _WORD = re.compile(r"^[a-z][a-z-]*$")
+ABBREVIATED = "<abbreviated>"  # the end of an argv whose options were left out with "..."
 
 
 def _subcommands() -> set[str]:
@@ -39,10 +42,19 @@ def _logical_lines(block: str) -> list[str]:
     return out + ([pending] if pending else [])
 
 
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """As ``cli.main`` does: the options, and the training command after the first ``--``."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1:]
+    return argv, []
+
+
 def _commands(text: str) -> list[list[str]]:
     """``oomguard SUBCOMMAND ...`` argv lists, wherever on a line they start (``docker exec train
     oomguard status ...``). A usage synopsis (``[--opt N]``) is not a command; ``...`` stands for
-    "more of the user's own arguments" and is dropped."""
+    "more of the user's own arguments" and is dropped; among oomguard's own options it stands for
+    options shown in full elsewhere, and the argv then ends in ``ABBREVIATED`` (parsed, not validated)."""
     found: list[list[str]] = []
     known = _subcommands()
     for block in _FENCE.findall(text):
@@ -56,22 +68,16 @@ def _commands(text: str) -> list[list[str]]:
                 # inside a line (docker exec train oomguard status) only a known subcommand is one
                 nxt = tokens[i + 1]
                 if token == "oomguard" and (nxt in known or i == 0 and _WORD.match(nxt)):
+                    options, _ = _split(tokens[i + 1:])
                     argv = [t for t in tokens[i + 1:] if t != "..."]
                     if not any(t.startswith("[") for t in argv):
-                        found.append(argv)
+                        found.append(argv + ([ABBREVIATED] if "..." in options else []))
                     break
     return found
 
 
 COMMANDS = _commands(README.read_text())
-
-
-def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """As ``cli.main`` does: the options, and the training command after the first ``--``."""
-    if "--" in argv:
-        at = argv.index("--")
-        return argv[:at], argv[at + 1:]
-    return argv, []
+DOC_COMMANDS = [(doc.name, argv) for doc in DOCS for argv in _commands(doc.read_text())]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace | None:
@@ -101,6 +107,19 @@ def test_the_readme_has_the_forms_users_copy() -> None:
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
 def test_readme_command_parses(argv: list[str]) -> None:
+    _check(argv)
+
+
+@pytest.mark.parametrize("argv", [argv for _, argv in DOC_COMMANDS],
+                         ids=[f"{doc}: {' '.join(argv)[:50]}" for doc, argv in DOC_COMMANDS])
+def test_docs_command_parses(argv: list[str]) -> None:
+    _check(argv)
+
+
+def _check(argv: list[str]) -> None:
+    if argv[-1] == ABBREVIATED:  # options left out on purpose: the parser must take what is shown
+        _parse(_split(argv[:-1])[0])
+        return
     options, command = _split(argv)
     if options[0] == "service":  # oomguard service [opts] -- RUN OPTIONS -- COMMAND
         args = _parse(options)
