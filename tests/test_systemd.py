@@ -265,14 +265,6 @@ def test_command_bad_input_exits_2(
     assert needle in err and err.count("\n") == 1
 
 
-def test_write_atomic_replaces_content(tmp_path: Path) -> None:
-    target = tmp_path / "sub" / "unit.service"
-    systemd.write_atomic(target, "one\n")
-    systemd.write_atomic(target, "two\n")
-    assert target.read_text() == "two\n"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["unit.service"]
-
-
 def test_wired_into_the_oomguard_cli(
     oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,16 +17,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import uvicorn
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.durable import write_atomic
 from oomguard.web.app import Control, create_app
 from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback
-from oomguard.web.files import write_private
 from oomguard.web.sse import ChangeBroker
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ DEFAULT_PORT = 8765
 TOKEN_NAME = "token"
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
+RESTART_FIRST = 2.0  # seconds before a crashed dashboard is started again; doubled on each failure
+RESTART_MAX = 300.0
 
 
 class _ThreadServer(uvicorn.Server):
@@ -56,6 +58,17 @@ class WebServer:
     broker: ChangeBroker
     url: str  # where clients on this machine reach it
     token: str
+    sock: socket.socket  # the listening socket: closed here, since a crashed server may not have
+    ended: list[BaseException] = field(default_factory=list)  # what the server thread died of
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rstrip("/").rsplit(":", 1)[1])
+
+    @property
+    def crashed(self) -> bool:
+        """The thread ended without being asked to."""
+        return not self.thread.is_alive() and not self.server.should_exit
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Close live streams, let requests finish, then give up waiting (the thread is a daemon)."""
@@ -65,6 +78,7 @@ class WebServer:
         if self.thread.is_alive():
             self.server.force_exit = True
             self.thread.join(timeout / 2)
+        self.sock.close()
 
 
 def check_exposure(host: str, token: str | None) -> None:
@@ -116,7 +130,7 @@ def start_server(run_dir: Path, control: Control | None, host: str, port: int, *
     token = token if token is not None else secrets.token_urlsafe(32)
     check_exposure(host, token)
     sock = bind(host, port, fallback)
-    write_private(Path(run_dir) / TOKEN_NAME, token + "\n")
+    write_atomic(Path(run_dir) / TOKEN_NAME, token + "\n", 0o600)  # `oomguard stop` reads it whole
     broker = ChangeBroker()
     app = create_app(Path(run_dir), control, token, broker=broker)
     # log_config=None: leave the supervisor's logging alone; access_log off: 200 req/s of polling
@@ -127,10 +141,19 @@ def start_server(run_dir: Path, control: Control | None, host: str, port: int, *
                             timeout_graceful_shutdown=2, lifespan="on", limit_concurrency=cap,
                             backlog=BACKLOG, http=bounded_protocol(cap))
     server = _ThreadServer(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="oomguard-web", daemon=True)
+    ended: list[BaseException] = []
+    thread = threading.Thread(target=_serve, args=(server, sock, ended), name="oomguard-web", daemon=True)
     thread.start()
     _wait_started(server, thread)
-    return WebServer(server, thread, broker, _url(host, sock.getsockname()[1]), token)
+    return WebServer(server, thread, broker, _url(host, sock.getsockname()[1]), token, sock, ended)
+
+
+def _serve(server: uvicorn.Server, sock: socket.socket, ended: list[BaseException]) -> None:
+    """The thread's body: what ends it is kept for the degradation line, not printed as a traceback."""
+    try:
+        server.run(sockets=[sock])
+    except BaseException as exc:  # whatever it was (uvicorn exits with SystemExit), the supervisor says it
+        ended.append(exc)
 
 
 def _wait_started(server: uvicorn.Server, thread: threading.Thread) -> None:
@@ -141,14 +164,68 @@ def _wait_started(server: uvicorn.Server, thread: threading.Thread) -> None:
         time.sleep(0.01)
 
 
-def start_dashboard(supervisor: Supervisor) -> WebServer:
+class Dashboard:
+    """The supervisor's dashboard, kept up. A server thread that ends on its own (a bug, a resource
+    gone) is a degradation, said once, and is started again on the same port with the same token
+    (bookmarks and cookies keep working), after RESTART_FIRST seconds and then backing off to
+    RESTART_MAX; the run never waits on it. The loop calls ``tick`` every half second."""
+
+    def __init__(self, supervisor: Supervisor, web: WebServer) -> None:
+        self.supervisor = supervisor
+        self.web = web
+        self.restarts = 0
+        self._delay = RESTART_FIRST
+        self._retry_at: float | None = None
+        self._attach()
+
+    def _attach(self) -> None:
+        self.supervisor.listeners.append(self.web.broker)
+        self.supervisor.journal.set_meta(web_url=self.web.url)
+
+    def _detach(self) -> None:
+        if self.web.broker in self.supervisor.listeners:
+            self.supervisor.listeners.remove(self.web.broker)
+        with contextlib.suppress(sqlite3.Error):  # the journal may already be closed
+            self.supervisor.journal.set_meta(web_url=None)
+
+    def tick(self) -> None:
+        if not self.web.crashed:
+            return
+        now = time.monotonic()
+        if self._retry_at is None:
+            self._detach()
+            self.web.sock.close()
+            why = f" ({type(self.web.ended[0]).__name__}: {self.web.ended[0]})" if self.web.ended else ""
+            self.supervisor.degradations.failed("web", f"the dashboard server stopped{why}; the run goes on "
+                                                f"without it, restarting it in {self._delay:g} s")
+            self._retry_at = now + self._delay
+            return
+        if now < self._retry_at:
+            return
+        config = self.supervisor.config
+        try:
+            web = start_server(self.supervisor.run_dir, self.supervisor, config.host, self.web.port,
+                               token=self.web.token)
+        except (OSError, RuntimeError, UsageError):  # the port taken meanwhile, the thread dying again
+            self._delay = min(self._delay * 2, RESTART_MAX)
+            self._retry_at = now + self._delay
+            return
+        self.web, self.restarts, self._delay, self._retry_at = web, self.restarts + 1, RESTART_FIRST, None
+        self._attach()
+        self.supervisor.degradations.recovered("web")
+
+    def stop(self) -> None:
+        self._detach()
+        self.web.stop()
+
+
+def start_dashboard(supervisor: Supervisor) -> Dashboard:
     """Serve the supervisor's run: wake live streams on its events, record the URL for the CLI."""
     config = supervisor.config
     web = start_server(supervisor.run_dir, supervisor, config.host, config.port,
                        fallback=config.port == DEFAULT_PORT)
-    supervisor.listeners.append(web.broker)
-    supervisor.journal.set_meta(web_url=web.url)
-    supervisor.tickers.append(lambda: _watch(supervisor, web))
+    dashboard = Dashboard(supervisor, web)
+    supervisor.tickers.append(dashboard.tick)
     moved = ""
     if config.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
         moved = f" (port {DEFAULT_PORT} is in use)"
@@ -158,24 +235,15 @@ def start_dashboard(supervisor: Supervisor) -> WebServer:
         print(f"[oomguard] WARNING: the dashboard listens on {config.host}, reachable from the network; every "
               f"request needs the token. Open {_exposed_link(config.host, web)} once in your browser "
               "(it keeps the token as a cookie); do not share that link", file=sys.stderr, flush=True)
-    return web
-
-
-def _watch(supervisor: Supervisor, web: WebServer) -> None:
-    """The dashboard's thread ending on its own is a degradation (said once); supervision goes on."""
-    if not web.thread.is_alive() and not web.server.should_exit:
-        supervisor.degradations.failed("web", "the dashboard server stopped; the run goes on without it")
+    return dashboard
 
 
 def _exposed_link(host: str, web: WebServer) -> str:
     name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-    port = web.url.rstrip("/").rsplit(":", 1)[1]
-    return (f"http://[{name}]:{port}/" if ":" in name else f"http://{name}:{port}/") + f"?token={web.token}"
+    return (f"http://[{name}]:{web.port}/" if ":" in name else f"http://{name}:{web.port}/") + f"?token={web.token}"
 
 
-def stop_dashboard(supervisor: Supervisor, web: WebServer) -> None:
-    if web.broker in supervisor.listeners:
-        supervisor.listeners.remove(web.broker)
-    with contextlib.suppress(sqlite3.Error):  # the journal may already be closed
-        supervisor.journal.set_meta(web_url=None)
-    web.stop()
+def stop_dashboard(supervisor: Supervisor, dashboard: Dashboard) -> None:
+    if dashboard.tick in supervisor.tickers:
+        supervisor.tickers.remove(dashboard.tick)
+    dashboard.stop()

@@ -21,13 +21,13 @@ import re
 import shlex
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.durable import write_atomic
 
 USER = "user"
 SYSTEM = "system"
@@ -227,27 +227,6 @@ def _check_scope(scope: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Durable writes and the command line
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` so that ``path`` holds either the old or the new content after a crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def find_oomguard() -> str:

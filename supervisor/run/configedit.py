@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.run.placeholders import render
 
 FORMATS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
@@ -169,18 +170,6 @@ def apply_edits(edits: Sequence[Edit], argv: Sequence[str], values: Mapping[str,
         for edit in group:
             node, key = _parent(doc, edit)
             node[key] = _typed(render(edit.value, values), node[key])
-        copy = _write(out_dir / path.name, _dump(doc, path))
+        copy = write_atomic(out_dir / path.name, _dump(doc, path))  # a worker that starts reads a whole file
         result = [(prefix + str(copy)) if (prefix := _names(t, path, cwd)) is not None else t for t in result]
     return result
-
-
-def _write(path: Path, text: str) -> Path:
-    """Atomically: a worker that starts reads a whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path

@@ -38,6 +38,7 @@ from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
 from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.degraded import Degradations
+from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
@@ -528,7 +529,7 @@ class Supervisor:
         """The request file is always written (scripts poll it); the signal only goes to a worker
         that handles it."""
         assert self.worker is not None
-        files.checkpoint_request.write_text(f"{time.time()} {why}\n")
+        write_atomic(files.checkpoint_request, f"{time.time()} {why}\n")
         sig = signal.Signals[self.config.checkpoint_signal]
         sent = self.worker.send_if_handled(sig)
         self._event("checkpoint_request", reason=why, signal=sig.name if sent else None)

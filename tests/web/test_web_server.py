@@ -8,15 +8,21 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from harness import REPO, WORKER
 
+from oomguard.supervisor.cli import build_parser
+from oomguard.supervisor.config import build_config
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.journal import Journal
-from oomguard.web.server import check_exposure, start_server
+from oomguard.supervisor.run.loop import Supervisor
+from oomguard.web import server as server_module
+from oomguard.web.server import check_exposure, start_dashboard, start_server, stop_dashboard
 
 
 @pytest.fixture()
@@ -130,3 +136,51 @@ def test_without_a_token_control_is_disabled(run_dir: Path) -> None:
     assert client.post("/api/control/stop", headers={"Authorization": "Bearer x"}).status_code == 403
     assert client.post("/api/control/stop").status_code == 401
     assert control.calls == []
+
+
+def test_a_crashed_dashboard_is_said_once_and_served_again_on_its_port(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server thread dies of a bug: the run goes on, the degradation is said, and the dashboard
+    comes back at the same URL with the same token; the supervisor never waits on it."""
+    monkeypatch.setattr(server_module, "RESTART_FIRST", 0.2)
+    options = vars(build_parser().parse_args(["run", "--run-dir", str(tmp_path / "run"), "--micro-batch", "4",
+                                              "--grad-accum", "1", "--port", "0"]))
+    config = build_config({k: v for k, v in options.items() if k not in ("func", "subcommand")},
+                          [sys.executable, "-c", "pass"])
+    said: list[str] = []
+    sup = Supervisor(config)
+    sup.degradations = Degradations(said.append)
+    sup.open()
+    dashboard = start_dashboard(sup)
+    url, token = dashboard.web.url, dashboard.web.token
+    try:
+        assert httpx.get(url + "healthz").json()["ok"] is True
+
+        async def boom(counter: int) -> bool:
+            raise RuntimeError("injected fault in the server loop")
+
+        dashboard.web.server.on_tick = boom  # type: ignore[method-assign]
+        dashboard.web.thread.join(5)
+        assert not dashboard.web.thread.is_alive()
+        for ticker in sup.tickers:
+            ticker()
+        [problem] = sup.degradations.active()
+        assert problem["component"] == "web" and "injected fault" in problem["message"]
+        assert sup.journal.meta().get("web_url") is None  # status does not send anyone to a dead port
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "healthz")
+        deadline = time.monotonic() + 10
+        while sup.degradations.active() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            for ticker in sup.tickers:
+                ticker()
+        assert not sup.degradations.active() and dashboard.restarts == 1
+        assert dashboard.web.url == url and dashboard.web.token == token
+        assert httpx.get(url + "healthz").json()["ok"] is True
+        auth = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(url + "api/status", headers=auth).status_code == 200
+        assert sup.journal.meta()["web_url"] == url
+        assert [line.split(" ", 1)[0] for line in said] == ["web", "web"]  # failed once, recovered once
+    finally:
+        stop_dashboard(sup, dashboard)
+        sup.close()
