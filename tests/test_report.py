@@ -16,7 +16,7 @@ from support import oomguard
 
 import oomguard.supervisor.record.journal as journal_module
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import build_report, format_duration, format_report
+from oomguard.supervisor.record.report import CLOSED_INTERRUPTED, build_report, format_duration, format_report
 
 KINDS = ["cuda_oom", "crash", "host_oom", "killed", "memory_limit", "hang"]
 
@@ -240,13 +240,17 @@ def test_scripted_journal_exact_figures(scripted: tuple[Journal, Clock]) -> None
     assert "steps lost (redone): at least 13" in text
 
 
-def test_unfinished_run_with_an_interrupted_attempt(scripted: tuple[Journal, Clock]) -> None:
-    """A supervisor killed mid-attempt leaves no exit; the next session's attempt follows it."""
+@pytest.mark.parametrize("closed", [False, True], ids=["left open", "closed by the next supervisor"])
+def test_unfinished_run_with_an_interrupted_attempt(scripted: tuple[Journal, Clock], closed: bool) -> None:
+    """A supervisor killed mid-attempt leaves no exit; the next session closes the attempt as
+    interrupted (at its own start, which is not when the attempt died) and starts another."""
     journal, clock = scripted
     journal.start_attempt(1, 11, plan(8, 1), None, ["train"], "logs/attempt-1.log")
     at(clock, 1010)
     journal.event("worker_progress", 1, step=4)
     at(clock, 1100)
+    if closed:
+        journal.end_attempt(1, decision=CLOSED_INTERRUPTED)
     journal.start_attempt(2, 12, plan(8, 1), None, ["train"], "logs/attempt-2.log")
     journal.transition("starting", "running", "attempt 2", 2)
     report = build_report(journal)

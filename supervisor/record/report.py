@@ -30,6 +30,8 @@ from oomguard.supervisor.record.journal import Journal, open_existing
 
 TERMINAL = ("succeeded", "failed", "stopped")
 INTERRUPTED = "interrupted"  # an attempt that ended without a recorded exit (stopped, supervisor died)
+# The decision a restarted supervisor writes for an attempt its killed predecessor left open.
+CLOSED_INTERRUPTED = f"{INTERRUPTED}: its supervisor ended while it ran"
 _PAGE = 5000
 _BATCH_KEYS = ("micro_batch", "grad_accum", "global_batch", "world_size", "expandable_segments",
                "fallbacks_applied")
@@ -132,7 +134,8 @@ def _lost_seconds(start: float, end: float, resume: dict[str, Any] | None,
 def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str, Any]) -> dict[str, Any]:
     n = attempt["attempt"]
     start = attempt["started"]
-    end = attempt["ended"] or ctx["last_t"].get(n, start)
+    # Closed later by the next supervisor: when that happened says nothing of when the attempt died.
+    end = (None if _interrupted(attempt) else attempt["ended"]) or ctx["last_t"].get(n, start)
     written = _written_during(ctx["checkpoints"], start, end)
     own = ctx["by_path"].get(attempt["checkpoint"] or "", {})
     last_step, source = _last_step(attempt, ctx["steps"].get(n), written, own.get("step"))
@@ -174,9 +177,13 @@ def _failures(attempts: list[dict[str, Any]], ctx: dict[str, Any]) -> list[dict[
     for i, attempt in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         planned = attempt["ended"] is not None and attempt["decision"] and not attempt["kind"]
-        if attempt["kind"] or (nxt is not None and not planned):
+        if attempt["kind"] or (nxt is not None and (_interrupted(attempt) or not planned)):
             out.append(_failure(attempt, nxt, ctx))
     return out
+
+
+def _interrupted(attempt: dict[str, Any]) -> bool:
+    return not attempt["kind"] and str(attempt["decision"] or "").startswith(CLOSED_INTERRUPTED)
 
 
 # --- batch configuration over time --------------------------------------------------------------

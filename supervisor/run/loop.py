@@ -40,6 +40,7 @@ from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.report import CLOSED_INTERRUPTED
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment, remove_stale
@@ -155,7 +156,7 @@ class Supervisor:
         """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted."""
         for row in self.journal.attempts():
             if row["ended"] is None:
-                self.journal.end_attempt(row["attempt"], decision="interrupted: its supervisor ended while it ran")
+                self.journal.end_attempt(row["attempt"], decision=CLOSED_INTERRUPTED)
                 self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"])
                 log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as interrupted")
 
