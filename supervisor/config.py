@@ -253,6 +253,11 @@ class RunConfig:
             raise UsageError("--world-size", f"{self.world_size} disagrees with {shape.nproc_per_node} ranks × "
                              f"{shape.nnodes} nodes", "leave --world-size out: torchrun's shape sets it")
         object.__setattr__(self, "world_size", shape.world_size)
+        if self.grow and shape.nnodes > 1:
+            # Growing is decided from this node's memory readings alone and restarts only this node's
+            # ranks; the other nodes would wait in a collective for them and then disagree on the plan.
+            raise UsageError("--grow", f"cannot be used with --nnodes {shape.nnodes}: each node would decide it "
+                             "alone", "leave --grow out; with one node, --grow works under torchrun")
 
     @property
     def dist_shape(self) -> Shape | None:

@@ -40,6 +40,8 @@ def test_toml_and_cli_merge(tmp_path: Path) -> None:
     ({"micro_batch": "8", "grad_accum": "2"}, ["python", "{nope}"], "unknown placeholder {nope}"),
     ({"micro_batch": "8", "grad_accum": "x"}, ["x"], "--grad-accum: bad value"),
     ({"micro_batch": "8", "grad_accum": "2", "checkpoint_signal": "SIGFOO"}, ["x"], "--checkpoint-signal"),
+    ({"micro_batch": "8", "grad_accum": "2", "grow": True, "nnodes": "2", "node_rank": "0",
+      "rdzv_endpoint": "node0:29400"}, ["python", "train.py"], "--grow: cannot be used with --nnodes 2"),
 ])
 def test_bad_values_name_the_option(opts: dict[str, str], command: list[str], needle: str) -> None:
     with pytest.raises(UsageError) as err:
