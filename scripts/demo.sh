@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 RUN=${RUN_DIR:-runs/demo}
 rm -rf "$RUN"
+# The demo's own fit store, fresh each time: with the user's (~/.cache/oomguard), a second demo
+# would start at the size the first one settled on and show no failure at all.
+export OOMGUARD_CACHE_DIR="$RUN/fit-store"
 status=0
 .venv/bin/oomguard run --run-dir "$RUN" --port "${PORT:-8765}" --global-batch 128 --micro-batch 128 \
   --checkpoint "$RUN/ckpt/checkpoint-*" -- \
