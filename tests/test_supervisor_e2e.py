@@ -150,6 +150,15 @@ def test_g_truncated_newest_checkpoint_falls_back(run_dir: Path, tmp_path: Path)
     assert "--resume-from" in attempts[1]["command"]
 
 
+def test_checkpoint_step_of_a_name_without_a_step_comes_from_the_output(run_dir: Path, tmp_path: Path) -> None:
+    """``{checkpoint_step}`` for nanoGPT's ``ckpt.pt``: the step the output showed when it was written."""
+    ck = tmp_path / "ck"
+    out = run(run_dir, "--micro-batch", "8", "--grad-accum", "2", "--checkpoint", f"{ck}/ckpt.txt",
+              "--resume-args", "--resume-step {checkpoint_step}", worker=["stepless_checkpoint", "--ckpt-dir", str(ck)])
+    assert out.returncode == 0, out.stderr
+    assert "resume step given '4', in the file '4'" in out.stdout
+
+
 def test_second_supervisor_refused_and_sigterm_stops_the_group(run_dir: Path, tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     proc = start(run_dir, pidfile)

@@ -331,6 +331,8 @@ class Supervisor:
         for existing in self.index.refresh():  # known before this attempt: not its progress
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
         self.plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
+        if checkpoint is not None and checkpoint.step is None:  # nanoGPT's ckpt.pt: {checkpoint_step} from the output
+            checkpoint = replace(checkpoint, step=self._checkpoint_step(checkpoint))
         if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
         files = AttemptFiles.of(self.run_dir, self.attempt)

@@ -14,7 +14,7 @@ from pathlib import Path
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["torch_oom", "fragmented", "allocate", "hang", "crash", "pidfile", "resume",
-                                    "grow_rss", "model"])
+                                    "grow_rss", "model", "stepless_checkpoint"])
     p.add_argument("--fixed-mb", type=int, default=10)
     p.add_argument("--hold", type=float, default=3.0)
     p.add_argument("--ckpt-dir", type=Path)
@@ -22,6 +22,7 @@ def main() -> None:
     p.add_argument("--mb-per-sample", type=int, default=40)
     p.add_argument("--pidfile", type=Path)
     p.add_argument("--resume-from", type=Path)
+    p.add_argument("--resume-step", help="the step to resume at, as the supervisor rendered it")
     args = p.parse_args()
     micro = int(os.environ["OOMGUARD_MICRO_BATCH"])
     attempt = int(os.environ["OOMGUARD_ATTEMPT"])
@@ -120,6 +121,24 @@ def resume(args: argparse.Namespace, micro: int, attempt: int) -> None:
     if args.resume_from is not None:
         state = torch.load(args.resume_from / "state.pt")
         print(f"resumed from {args.resume_from} step {state['step']}", flush=True)
+
+
+def stepless_checkpoint(args: argparse.Namespace, micro: int, attempt: int) -> None:
+    """nanoGPT's shape: ``step N:`` lines, one checkpoint file with no step in its name rewritten
+    every 2 steps; the first attempt crashes after step 5. A resumed one says the step it was given."""
+    ckpt = args.ckpt_dir / "ckpt.txt"
+    if args.resume_step is not None:
+        print(f"resume step given {args.resume_step!r}, in the file {ckpt.read_text()!r}", flush=True)
+        return
+    args.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for step in range(1, 6):
+        time.sleep(0.3)
+        print(f"step {step}: loss 1.0", flush=True)
+        if step % 2 == 0:
+            (args.ckpt_dir / ".ckpt.tmp").write_text(str(step))
+            os.replace(args.ckpt_dir / ".ckpt.tmp", ckpt)
+    if attempt == 1:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
