@@ -104,6 +104,8 @@ class AttemptLog:
         head = self.max_bytes // 2
         if self._cut_at is None:
             room = max(0, head - self._size)
+            if len(data) > room and (newline := data.rfind(b"\n", 0, room)) >= 0:
+                room = newline + 1  # the cut between two lines, not through one
             self._raw(data[:room])
             if len(data) <= room:
                 return
@@ -119,7 +121,12 @@ class AttemptLog:
         quarter = max(1, self.max_bytes // 4)
         if self._size - self._cut_at <= 2 * quarter:
             return
-        newest = os.pread(self._fd, quarter, self._size - quarter)
+        # One byte more than the quarter: the tail starts after a newline, with a whole line.
+        newest = os.pread(self._fd, quarter + 1, self._size - quarter - 1)
+        if (newline := newest.find(b"\n")) >= 0:
+            newest = newest[newline + 1:]
+        else:
+            newest = newest[1:]  # one line longer than the quarter: kept as its end
         os.ftruncate(self._fd, self._cut_at)  # O_APPEND: the next write lands at the new end
         self._size = self._cut_at
         self._raw(newest)

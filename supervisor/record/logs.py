@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.attemptlog import CUT_MARKER
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.status import supervisor_alive
 
@@ -25,6 +26,8 @@ POLL = 0.2  # seconds between looks at the log and the journal while following
 TERMINAL = ("succeeded", "failed", "stopped")
 _LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
 _CHUNK = 1 << 16
+SEEN = 4096  # bytes of what was printed last, kept to find our place again in a compacted log
+GAP = b"\n[oomguard] ... part of the output was cut (--log-max-bytes) before it could be printed ...\n"
 
 
 def log_file(run_dir: Path, attempt: int) -> Path:
@@ -68,6 +71,57 @@ def copy_new(source: BinaryIO, out: BinaryIO) -> int:
     return total
 
 
+class LogReader:
+    """One attempt's log, read as it grows; a compaction between two looks neither repeats nor
+    skips output without saying so.
+
+    With ``--log-max-bytes`` the writer compacts the log in place (``attemptlog.py``): the newest
+    part of the tail moves down to where the cut is, so our offset no longer points after what we
+    printed. We notice because the bytes just before our offset stop matching the last ones we
+    printed, and find our place again by searching the tail for them. If the writer dropped them
+    before we read on (a burst bigger than the cap between two looks), one line says so and we go
+    on from the oldest byte still kept.
+    """
+
+    def __init__(self, source: BinaryIO) -> None:
+        self.source = source
+        self.pos = 0
+        self.seen = b""
+
+    def copy_new(self, out: BinaryIO) -> int:
+        self._find_our_place(out)
+        self.source.seek(self.pos)
+        total = 0
+        while chunk := self.source.read(_CHUNK):
+            out.write(chunk)
+            total += len(chunk)
+            self.seen = (self.seen + chunk)[-SEEN:]  # what was printed, not what the file holds by now
+        self.pos += total
+        if total:
+            out.flush()
+        return total
+
+    def _find_our_place(self, out: BinaryIO) -> None:
+        if not self.seen:
+            return
+        self.source.seek(self.pos - len(self.seen))
+        if self.source.read(len(self.seen)) == self.seen:
+            return
+        self.source.seek(0)
+        data = self.source.read()
+        cut = data.find(CUT_MARKER)
+        tail = cut + len(CUT_MARKER) if cut >= 0 else 0
+        # The first match in the tail: should the output repeat itself exactly, print again rather
+        # than skip. A small cap keeps less than SEEN bytes of the tail: try shorter ends of it.
+        for size in (SEEN, 1024, 256, 64):
+            needle = self.seen[-size:]
+            if (at := data.find(needle, tail)) >= 0:
+                self.pos = at + len(needle)
+                return
+        out.write(GAP)
+        self.pos = tail
+
+
 def run_over(journal: Journal) -> Callable[[], str | None]:
     """A check for the end of following: returns why (state and reason) once the run is over."""
 
@@ -88,18 +142,20 @@ def follow(run_dir: Path, attempt: int | None, out: BinaryIO, over: Callable[[],
     """Print ``attempt``'s log and every later one as it grows until ``over()`` says why to stop."""
     current = attempt
     source: BinaryIO | None = None
+    reader: LogReader | None = None
     try:
         while True:
             why = over()  # asked before reading, so nothing written before the end is missed
             if source is None and current is not None and log_file(run_dir, current).exists():
                 source = open(log_file(run_dir, current), "rb")  # closed in finally
-            if source is not None:
-                copy_new(source, out)
+                reader = LogReader(source)
+            if reader is not None:
+                reader.copy_new(out)
             nxt = _next_attempt(run_dir, current)
             if nxt is not None:
                 if source is not None:
                     source.close()
-                source, current = None, nxt
+                source, reader, current = None, None, nxt
                 out.write(f"\n==> {log_file(run_dir, nxt).name} <==\n".encode())
                 continue
             if why is not None:
