@@ -17,7 +17,6 @@ import time
 
 STARTED = time.time()
 
-import argparse  # noqa: E402
 
 import torch  # noqa: E402
 import workload  # noqa: E402
@@ -30,10 +29,7 @@ workload.mark("imported")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args()
+    args = workload.contender_args(__doc__)
     workload.setup()
     accelerator = Accelerator(cpu=workload.device().type == "cpu")
     observed_batch_size = args.global_batch

@@ -17,7 +17,6 @@ import time
 
 STARTED = time.time()
 
-import argparse  # noqa: E402
 import tempfile  # noqa: E402
 
 import workload  # noqa: E402
@@ -28,10 +27,7 @@ workload.mark("imported")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args()
+    args = workload.contender_args(__doc__)
     workload.setup()
     with tempfile.TemporaryDirectory(prefix="peers-hf-") as out:
         training_args = TrainingArguments(

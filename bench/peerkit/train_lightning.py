@@ -18,7 +18,6 @@ import time
 
 STARTED = time.time()
 
-import argparse  # noqa: E402
 import tempfile  # noqa: E402
 
 import lightning as L  # noqa: E402
@@ -49,10 +48,7 @@ class LitGPT(L.LightningModule):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args()
+    args = workload.contender_args(__doc__)
     workload.setup()
     module = LitGPT(args.global_batch, args.steps * args.global_batch * 2)
     with tempfile.TemporaryDirectory(prefix="peers-lightning-") as root:

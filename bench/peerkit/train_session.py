@@ -14,7 +14,6 @@ import time
 
 STARTED = time.time()
 
-import argparse  # noqa: E402
 
 import torch  # noqa: E402
 import workload  # noqa: E402
@@ -26,10 +25,7 @@ workload.mark("imported")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args()
+    args = workload.contender_args(__doc__)
     workload.setup()
     dev = workload.device()
     model = workload.TinyGPT().to(dev)

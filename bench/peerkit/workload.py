@@ -19,6 +19,7 @@ stay the plain scripts users write:
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import math
@@ -46,6 +47,14 @@ class Shape:
 
 SHAPE = Shape()
 SEED = 0
+
+
+def contender_args(doc: str) -> argparse.Namespace:
+    """What every peer's script takes: the global batch asked for and the optimizer steps."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--steps", type=int, default=20)
+    return p.parse_args()
 
 
 def device() -> torch.device:
