@@ -332,7 +332,7 @@ class Supervisor:
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
         self.plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
         if checkpoint is not None and checkpoint.step is None:  # nanoGPT's ckpt.pt: {checkpoint_step} from the output
-            checkpoint = replace(checkpoint, step=self._checkpoint_step(checkpoint))
+            checkpoint = replace(checkpoint, step=self._step_from_output(checkpoint))
         if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
         files = AttemptFiles.of(self.run_dir, self.attempt)
@@ -352,7 +352,7 @@ class Supervisor:
         self.journal.start_attempt(self.attempt, self.worker.pgid, self.plan.as_dict(),
                                    checkpoint.path if checkpoint else None, argv, str(files.log))
         if checkpoint is not None:
-            self._event("resume_point", path=checkpoint.path, step=self._checkpoint_step(checkpoint))
+            self._event("resume_point", path=checkpoint.path, step=checkpoint.step)
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {self.plan.batch.micro_batch}"
                          f" × accumulation {self.plan.batch.grad_accum} × world {self.plan.batch.world_size}"
                          f" = {self.plan.batch.global_batch}"
@@ -364,10 +364,8 @@ class Supervisor:
         gpus = bool(self.last_sample and self.last_sample.gpus)
         return self.world.verdict(facts, watch.scanner, gpus, self.attempt), watch, checkpoint
 
-    def _checkpoint_step(self, checkpoint: Checkpoint) -> int | None:
-        """Its step: from its name, else the step the output showed when it was written."""
-        if checkpoint.step is not None:
-            return checkpoint.step
+    def _step_from_output(self, checkpoint: Checkpoint) -> int | None:
+        """The step the output showed when a checkpoint without a step in its name was written."""
         return next((c["step"] for c in self.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], files: AttemptFiles,
