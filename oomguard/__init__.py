@@ -8,9 +8,9 @@ Two halves under one name:
 - ``from oomguard import Session`` (``oomguard.worker``) is the opt-in library for scripts that want
   recovery inside the process, atomic checkpoints and exact resume.
 
-The repository keeps ``supervisor/``, ``worker/`` and ``web/`` at its top; this package links them in
-as ``oomguard.supervisor``, ``oomguard.worker`` and ``oomguard.web`` so nothing is installed under
-another project's import name (``supervisor`` is supervisord's, ``web`` is web.py's).
+The three parts live one level down, as real directories: ``oomguard/supervisor/``,
+``oomguard/worker/`` and ``oomguard/web/``, so nothing is installed under another project's import
+name (``supervisor`` is supervisord's, ``web`` is web.py's).
 
 The worker names below are imported on first use (PEP 562): the supervisor imports this package
 and must not pay for importing torch.

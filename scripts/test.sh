@@ -16,7 +16,7 @@ fi
 if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null 2>&1 || true
 fi
-.venv/bin/ruff check oomguard supervisor worker web tests bench examples scripts
+.venv/bin/ruff check oomguard tests bench examples scripts
 .venv/bin/mypy
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 .venv/bin/pytest -q "$@"

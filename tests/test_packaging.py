@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def _sh(*argv: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     # Not from the checkout: `python -c` puts the working directory first on sys.path, and the
-    # checkout's own supervisor/ folder would then stand in for supervisord's package.
+    # checkout's own oomguard/ folder would then stand in for the installed wheel.
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False,
                           cwd=Path(argv[0]).anchor)
 
@@ -30,14 +30,10 @@ def _sh(*argv: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this tree, built from a copy so the checkout gets no build/ or egg-info."""
     src = tmp_path_factory.mktemp("src") / "oomguard"
-    keep = ["pyproject.toml", "README.md", "oomguard", "supervisor", "worker", "web"]
     src.mkdir()
-    for name in keep:
-        origin = ROOT / name
-        if origin.is_dir() and not origin.is_symlink():
-            shutil.copytree(origin, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(origin, src / name, follow_symlinks=False)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "oomguard", src / "oomguard", ignore=shutil.ignore_patterns("__pycache__"))
     out = src.parent / "dist"
     built = _sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, src)
     assert built.returncode == 0, built.stderr
