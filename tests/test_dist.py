@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.decide.classify import ExitFacts, FailureKind
-from oomguard.supervisor.decide.ranks import classify_attempt
+from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
 from oomguard.supervisor.dist.errorfiles import RankScanner, read_error_files, root_cause
 from oomguard.supervisor.dist.torchrun import Shape, attempt_argv, parse, shape_of, wrap
 from oomguard.supervisor.errors import UsageError
@@ -125,7 +124,7 @@ def test_an_oom_beats_the_collective_timeout_it_caused_and_torchruns_guess() -> 
               "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     cause = root_cause(scanner(output, block), {})
     assert cause is not None and cause.rank == 1 and cause.oom_kind == "cuda_oom"
-    verdict = classify_attempt(ExitFacts(1), OutputScanner(), cause, gpus=True)
+    verdict = classify(ExitFacts(1), OutputScanner(), cause, gpus=True)
     assert verdict.kind is FailureKind.CUDA_OOM
     assert verdict.evidence.startswith("rank 1 (local rank 1, GPU 1) on node7: torch.OutOfMemoryError")
 
@@ -147,18 +146,18 @@ def test_error_files_are_read_per_local_rank(tmp_path: Path) -> None:
 def test_kernel_kill_of_a_rank_is_host_oom_only_when_the_counter_rose() -> None:
     cause = root_cause(scanner(BLOCK), {})
     facts = ExitFacts(1, oom_kills_before=0, oom_kills_after=1, oom_counter="cgroup /w")
-    verdict = classify_attempt(facts, OutputScanner(), cause)
+    verdict = classify(facts, OutputScanner(), cause)
     assert verdict.kind is FailureKind.HOST_OOM and verdict.signal == signal.SIGKILL
     assert verdict.evidence.startswith("rank 1 (local rank 1) on node7: killed by the kernel OOM killer")
-    limit = classify_attempt(ExitFacts(1, 0, 1, "cgroup /w", limit_hit=True), OutputScanner(), cause)
+    limit = classify(ExitFacts(1, 0, 1, "cgroup /w", limit_hit=True), OutputScanner(), cause)
     assert limit.kind is FailureKind.MEMORY_LIMIT
-    assert classify_attempt(ExitFacts(1, 0, 0), OutputScanner(), cause).kind is FailureKind.KILLED
+    assert classify(ExitFacts(1, 0, 0), OutputScanner(), cause).kind is FailureKind.KILLED
 
 
 def test_a_crash_names_the_rank_and_its_error_not_torchruns_banner() -> None:
     block = BLOCK.replace("-9 (pid: 12687)  (SIGKILL)", "1 (pid: 12687)")
     cause = root_cause(scanner("[rank1]: ValueError: bad shard 7\n", block), {})
-    verdict = classify_attempt(ExitFacts(1), OutputScanner(), cause)
+    verdict = classify(ExitFacts(1), OutputScanner(), cause)
     assert verdict.kind is FailureKind.CRASH and "rank 1" in verdict.evidence
     assert verdict.evidence.endswith("ValueError: bad shard 7")
 
@@ -189,5 +188,5 @@ def test_oom_text_without_a_rank_prefix_is_still_the_oom_of_the_blamed_rank() ->
     block = BLOCK.replace("-9 (pid: 12687)  (SIGKILL)", "1 (pid: 12687)")
     scan = OutputScanner()
     scan.feed("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB")
-    verdict = classify_attempt(ExitFacts(1), scan, root_cause(scanner(block), {}))
+    verdict = classify(ExitFacts(1), scan, root_cause(scanner(block), {}))
     assert verdict.kind is FailureKind.HOST_OOM and verdict.evidence.startswith("rank 1 (local rank 1)")

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import generate_latest
 from test_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
-from oomguard.supervisor.decide.tuning import Tuner
+from oomguard.supervisor.decide.tuning import SizeTuner
 from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.observe.thresholds import Action, Thresholds, evaluate
+from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
 from oomguard.supervisor.record.journal import Journal
 from oomguard.web.metrics import make_registry
 
@@ -45,9 +45,9 @@ def test_every_gpu_and_every_rank_is_read_and_the_tightest_gpu_decides(ranks: li
     assert [(d["cuda_index"], d["ranks"]) for d in row["gpus"]] == [(0, {"0": 58 * GIB}), (1, {"1": 37 * GIB})]
     # 39/40 on GPU 1 is past a 95 % soft threshold although GPU 0 (60/80) is not: GPU 1 decides.
     verdict = evaluate(sample, Thresholds(soft_fraction=0.95), False)
-    assert verdict.action is Action.CHECKPOINT and "GPU 1 (NVIDIA A100 40GB)" in verdict.evidence
+    assert verdict.action is MemoryAction.CHECKPOINT and "GPU 1 (NVIDIA A100 40GB)" in verdict.evidence
     # The memory model fits every rank under the smallest device.
-    assert Tuner(16, 1, 0.05).capacity(sample) == 40 * GIB
+    assert SizeTuner(16, 1, 0.05).capacity(sample) == 40 * GIB
     # /metrics shows every GPU and every rank on it.
     (tmp_path / "run").mkdir()
     journal = Journal(tmp_path / "run")

@@ -13,7 +13,7 @@ import pytest
 
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
 from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample, Pressure, Sampler
-from oomguard.supervisor.observe.thresholds import Action, Thresholds, evaluate, parse_fraction
+from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate, parse_fraction
 
 GIB = 1024**3
 MIB = 1024**2
@@ -34,26 +34,26 @@ def sample(
 
 
 def test_quiet_sample_needs_nothing() -> None:
-    assert evaluate(sample(gpus=(gpu(40 * GIB),)), Thresholds(), False).action is Action.NONE
+    assert evaluate(sample(gpus=(gpu(40 * GIB),)), Thresholds(), False).action is MemoryAction.NONE
 
 
 def test_gpu_at_soft_threshold_requests_checkpoint() -> None:
     verdict = evaluate(sample(gpus=(gpu(77 * GIB),)), Thresholds(soft_fraction=0.95), False)
-    assert verdict.action is Action.CHECKPOINT and verdict.reason == "soft_threshold"
+    assert verdict.action is MemoryAction.CHECKPOINT and verdict.reason == "soft_threshold"
     assert "GPU 0" in verdict.evidence and "--soft-threshold 95%" in verdict.evidence
 
 
 def test_pending_request_is_not_repeated() -> None:
     verdict = evaluate(sample(gpus=(gpu(77 * GIB),)), Thresholds(), True)
-    assert verdict.action is Action.NONE and "pending" in verdict.reason
+    assert verdict.action is MemoryAction.NONE and "pending" in verdict.reason
 
 
 def test_memory_limit_soft_then_hard() -> None:
     limits = Thresholds(soft_fraction=0.9, memory_limit_bytes=10 * GIB)
-    assert evaluate(sample(rss=8 * GIB), limits, False).action is Action.NONE
-    assert evaluate(sample(rss=9 * GIB), limits, False).action is Action.CHECKPOINT
+    assert evaluate(sample(rss=8 * GIB), limits, False).action is MemoryAction.NONE
+    assert evaluate(sample(rss=9 * GIB), limits, False).action is MemoryAction.CHECKPOINT
     hard = evaluate(sample(rss=10 * GIB), limits, True)  # hard wins even with a request pending
-    assert hard.action is Action.STOP and hard.reason == "memory_limit" and "--memory-limit" in hard.evidence
+    assert hard.action is MemoryAction.STOP and hard.reason == "memory_limit" and "--memory-limit" in hard.evidence
 
 
 def test_cgroup_working_set_counts_not_cache() -> None:
@@ -65,21 +65,21 @@ def test_cgroup_working_set_counts_not_cache() -> None:
         limit_bytes=16 * GIB,
         oom_kills=0,
     )
-    assert evaluate(sample(cgroup=cg), Thresholds(), False).action is Action.NONE
+    assert evaluate(sample(cgroup=cg), Thresholds(), False).action is MemoryAction.NONE
     tight = CgroupMemory("/sys/fs/cgroup/job", 2, 16 * GIB, 15 * GIB + 512 * MIB, 16 * GIB, 0)
     verdict = evaluate(sample(cgroup=tight), Thresholds(), False)
-    assert verdict.action is Action.CHECKPOINT and "cgroup" in verdict.evidence
+    assert verdict.action is MemoryAction.CHECKPOINT and "cgroup" in verdict.evidence
 
 
 def test_host_nearly_full_requests_checkpoint() -> None:
     verdict = evaluate(sample(available=GIB), Thresholds(), False)
-    assert verdict.action is Action.CHECKPOINT and "host memory" in verdict.evidence
+    assert verdict.action is MemoryAction.CHECKPOINT and "host memory" in verdict.evidence
 
 
 def test_psi_trigger_only_when_configured() -> None:
-    assert evaluate(sample(psi=60.0), Thresholds(), False).action is Action.NONE
+    assert evaluate(sample(psi=60.0), Thresholds(), False).action is MemoryAction.NONE
     verdict = evaluate(sample(psi=60.0), Thresholds(psi_some_avg10=25.0), False)
-    assert verdict.action is Action.CHECKPOINT and verdict.reason == "memory_pressure"
+    assert verdict.action is MemoryAction.CHECKPOINT and verdict.reason == "memory_pressure"
 
 
 @pytest.mark.parametrize(
@@ -124,22 +124,22 @@ def test_real_worker_gets_checkpoint_request_before_the_hard_stop(tmp_path: Path
     worker = subprocess.Popen([sys.executable, "-c", GROWER, str(marker)])
     limits = Thresholds(soft_fraction=0.6, memory_limit_bytes=400 * MIB)
     sampler = Sampler(gpu=GpuMonitor(visible_devices=""))
-    actions: list[Action] = []
+    actions: list[MemoryAction] = []
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and Action.STOP not in actions:
+        while time.monotonic() < deadline and MemoryAction.STOP not in actions:
             verdict = evaluate(
-                sampler.sample(worker.pid), limits, checkpoint_pending=Action.CHECKPOINT in actions
+                sampler.sample(worker.pid), limits, checkpoint_pending=MemoryAction.CHECKPOINT in actions
             )
-            if verdict.action is Action.CHECKPOINT:
+            if verdict.action is MemoryAction.CHECKPOINT:
                 os.kill(worker.pid, signal.SIGUSR1)
             actions.append(verdict.action)
             time.sleep(0.05)
     finally:
         worker.kill()
         worker.wait()
-    assert Action.CHECKPOINT in actions and actions[-1] is Action.STOP
-    assert actions.index(Action.CHECKPOINT) < actions.index(Action.STOP)
-    assert actions.count(Action.CHECKPOINT) == 1  # once pending, not repeated
+    assert MemoryAction.CHECKPOINT in actions and actions[-1] is MemoryAction.STOP
+    assert actions.index(MemoryAction.CHECKPOINT) < actions.index(MemoryAction.STOP)
+    assert actions.count(MemoryAction.CHECKPOINT) == 1  # once pending, not repeated
     held = int(marker.read_text())  # the worker saw the request while still under the hard limit
     assert 0.5 * 400 * MIB <= held < 400 * MIB

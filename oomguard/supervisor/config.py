@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,35 +19,12 @@ from oomguard.supervisor.decide.batch import BatchPlan, divisors
 from oomguard.supervisor.dist.torchrun import Shape, shape_of
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.run.placeholders import check_template, used
+from oomguard.supervisor.units import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size such as ``512M``, ``1.5GiB``, ``2GB`` or ``1048576`` (binary units)."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"{text!r} is not a size")
-    number, unit, _ = match.groups()
-    value = int(float(number) * 1024 ** _POWERS[unit.lower()])
-    if value <= 0:
-        raise ValueError(f"{text!r} is not a positive size")
-    return value
-
-
-def format_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
 
 def _opt(flag: str, help: str, parse: Callable[[str], Any] | None = None, **extra: Any) -> dict[str, Any]:
     """Field metadata: the CLI flag, its help and how to parse a string value."""

@@ -79,7 +79,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(sqlite3.OperationalError, unavailable)
 
 
-_UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {"model": models.Problem,
+_UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {"model": models.ProblemView,
                                                        "description": "no journal yet, or it is busy"}}
 
 
@@ -122,14 +122,14 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any =
         """Chart markers: OOMs and other failures, restarts, batch changes, checkpoints."""
         return markers.markers(pool.get())
 
-    @app.get("/api/checkpoints", response_model=list[models.Checkpoint], responses=_UNAVAILABLE,
+    @app.get("/api/checkpoints", response_model=list[models.CheckpointView], responses=_UNAVAILABLE,
              tags=["read"])
     def get_checkpoints(limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[dict[str, Any]]:
         """Checkpoints seen, newest first (bad ones flagged with the reason)."""
         return pool.get().checkpoints()[:limit]
 
     @app.get("/api/attempts/{attempt}/log", response_model=models.LogTail, tags=["read"],
-             responses={404: {"model": models.Problem, "description": "no log for that attempt"}})
+             responses={404: {"model": models.ProblemView, "description": "no log for that attempt"}})
     def get_log(attempt: Annotated[int, PathParam(ge=1, le=MAX_ATTEMPT)],
                 lines: Annotated[int, Query(ge=1, le=5000)] = 200) -> dict[str, Any]:
         """The last lines of one attempt's log. Attempts are named by number only, never by path."""
@@ -162,7 +162,7 @@ def _add_live_routes(app: FastAPI, pool: JournalPool, broker: ChangeBroker) -> N
     @app.get("/api/stream", response_class=StreamingResponse, tags=["read"],
              responses={200: {"content": {"text/event-stream": {}},
                               "description": "events `status`, `journal` (with ids) and `sample`"},
-                        503: {"model": models.Problem, "description": "too many live streams"}})
+                        503: {"model": models.ProblemView, "description": "too many live streams"}})
     async def live(since: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
                    last_event_id: Annotated[int | None, Header(ge=0, le=MAX_ID)] = None) -> Response:
         """Server-sent events of changes; reconnecting clients resume after ``Last-Event-ID``."""
@@ -202,9 +202,9 @@ def _authorizer(token: str | None) -> Callable[..., None]:
 def _add_control_routes(app: FastAPI, control: Control | None, token: str | None) -> None:
     authorize = _authorizer(token)
     problems: dict[int | str, dict[str, Any]] = {
-        401: {"model": models.Problem, "description": "no bearer token"},
-        403: {"model": models.Problem, "description": "wrong token, or control disabled"},
-        503: {"model": models.Problem, "description": "no supervisor to control"}}
+        401: {"model": models.ProblemView, "description": "no bearer token"},
+        403: {"model": models.ProblemView, "description": "wrong token, or control disabled"},
+        503: {"model": models.ProblemView, "description": "no supervisor to control"}}
 
     def act(what: Literal["checkpoint", "restart", "stop"]) -> dict[str, Any]:
         if control is None:

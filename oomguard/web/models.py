@@ -15,7 +15,7 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class Checkpoint(_Open):
+class CheckpointView(_Open):
     path: str
     step: int | None = None
     mtime: float
@@ -25,7 +25,7 @@ class Checkpoint(_Open):
     reason: str | None = None
 
 
-class Failure(_Open):
+class FailureView(_Open):
     attempt: int
     kind: str
     micro_batch: int
@@ -58,11 +58,11 @@ class Status(_Open):
     alloc_conf: dict[str, str] | None = None  # PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the worker got them
     worker_pid: int | None = None
     checkpoint: str | None = None
-    newest_checkpoint: Checkpoint | None = None
+    newest_checkpoint: CheckpointView | None = None
     progress: dict[str, Any] | None = None
     started: float | None = None
     updated: float | None = None
-    failures: list[Failure]
+    failures: list[FailureView]
 
 
 class Attempt(_Open):
@@ -135,5 +135,5 @@ class ControlResult(BaseModel):
     accepted: bool
 
 
-class Problem(BaseModel):
+class ProblemView(BaseModel):
     detail: str

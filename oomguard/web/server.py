@@ -13,7 +13,6 @@ import errno
 import secrets
 import socket
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.console import say
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.web.app import Control, create_app
 from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback
@@ -229,12 +229,11 @@ def start_dashboard(supervisor: Supervisor) -> Dashboard:
     moved = ""
     if config.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
         moved = f" (port {DEFAULT_PORT} is in use)"
-    print(f"[oomguard] dashboard: {web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}",
-          file=sys.stderr, flush=True)
+    say(f"dashboard: {web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}")
     if not is_loopback(config.host):
-        print(f"[oomguard] WARNING: the dashboard listens on {config.host}, reachable from the network; every "
-              f"request needs the token. Open {_exposed_link(config.host, web)} once in your browser "
-              "(it keeps the token as a cookie); do not share that link", file=sys.stderr, flush=True)
+        say(f"WARNING: the dashboard listens on {config.host}, reachable from the network; every "
+            f"request needs the token. Open {_exposed_link(config.host, web)} once in your browser "
+            "(it keeps the token as a cookie); do not share that link")
     return dashboard
 
 

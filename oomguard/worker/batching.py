@@ -36,7 +36,7 @@ def split_sizes(total: int, micro_batch: int) -> list[int]:
 
 
 @dataclass
-class Decision:
+class BatchDecision:
     """What the tuner wants after an event: a new micro-batch and why (protocol ``reason``)."""
 
     micro_batch: int
@@ -74,7 +74,7 @@ class Tuner:
         # A starting size that does not divide the batch gives a shorter last micro-batch.
         return -(-self.per_process // self.current)
 
-    def on_oom(self) -> Decision | None:
+    def on_oom(self) -> BatchDecision | None:
         """The size to retry at after an OOM, or None when nothing smaller is allowed."""
         self.failed.add(self.current)
         self.stable_steps = 0
@@ -83,7 +83,7 @@ class Tuner:
         smaller = shrink(self.per_process, self.current, self.floor)
         return None if smaller is None else self._switch(smaller, "oom", trial=False)
 
-    def on_success(self, bytes_per_sample: float | None, headroom: float | None) -> Decision | None:
+    def on_success(self, bytes_per_sample: float | None, headroom: float | None) -> BatchDecision | None:
         """Count a completed step; maybe propose a larger size that the memory model says fits."""
         self.stable, self.trial = self.current, False
         self.stable_steps += 1
@@ -99,9 +99,9 @@ class Tuner:
             return False  # no measurement, no gamble
         return bytes_per_sample * candidate <= (1.0 - self.margin) * headroom
 
-    def _switch(self, size: int, reason: str, *, trial: bool) -> Decision:
+    def _switch(self, size: int, reason: str, *, trial: bool) -> BatchDecision:
         self.current, self.trial, self.stable_steps = size, trial, 0
-        return Decision(size, reason)
+        return BatchDecision(size, reason)
 
     def state_dict(self) -> dict[str, Any]:
         return {"current": self.stable or self.current, "failed": sorted(self.failed)}

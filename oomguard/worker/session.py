@@ -35,7 +35,7 @@ from torch.amp.grad_scaler import _refresh_per_optimizer_state
 from torch.utils.data import Dataset
 
 from oomguard.worker import checkpoint, ddp, oom, protocol, rng
-from oomguard.worker.batching import Decision, Tuner, divisors, split_sizes
+from oomguard.worker.batching import BatchDecision, Tuner, divisors, split_sizes
 from oomguard.worker.channel import Channel, Requests
 from oomguard.worker.data import batch_size, draw, slice_batch
 from oomguard.worker.memory import MemoryProbe
@@ -416,7 +416,7 @@ class Session:
             f"giving up on this process at micro_batch={failed} ({why}); restart from a checkpoint. {message}"
         )
 
-    def _announce(self, decision: Decision) -> None:
+    def _announce(self, decision: BatchDecision) -> None:
         self.channel.batch(decision.micro_batch, self.grad_accum, decision.reason, step=self.step_count)
 
     def _die(self, kind: str, exc: BaseException) -> NoReturn:
@@ -451,7 +451,7 @@ class Session:
             self._announce(decision)
         self._at_boundary()
 
-    def _agree_on_growth(self, decision: Decision | None) -> Decision | None:
+    def _agree_on_growth(self, decision: BatchDecision | None) -> BatchDecision | None:
         """Each rank measures its own memory; the ranks grow only when every one of them can."""
         assert self._ranks is not None
         agreed = self._ranks.smallest(self.tuner.current)

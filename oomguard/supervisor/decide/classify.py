@@ -1,7 +1,8 @@
 """What ended an attempt: a ``FailureKind`` and the evidence that decided it.
 
 ``classify`` turns the exit status, the evidence ``observe.output.OutputScanner`` kept from the
-worker's output and the OOM-kill counters into a kind. It is pure, so the tests feed it text and numbers.
+worker's output, the OOM-kill counters and, under torchrun, the root-cause rank into a kind. It is
+pure, so the tests feed it text and numbers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import enum
 import signal
 from dataclasses import dataclass
 
+from oomguard.supervisor.dist.errorfiles import RootCause
 from oomguard.supervisor.observe.output import OutputScanner
 
 
@@ -58,19 +60,26 @@ def _split_status(returncode: int) -> tuple[int | None, int | None]:
     return returncode, None
 
 
-def _worker_kind(record: dict[str, object]) -> FailureKind | None:
-    kind = str(record.get("kind", ""))
-    return {"cuda_oom": FailureKind.CUDA_OOM, "host_oom": FailureKind.HOST_OOM}.get(kind)
+_OOM_KINDS = {"cuda_oom": FailureKind.CUDA_OOM, "host_oom": FailureKind.HOST_OOM}
 
 
-def classify(facts: ExitFacts, scan: OutputScanner) -> Verdict:
-    """Decide the kind of an attempt's end; the first rule that matches wins, most specific first."""
-    code, sig = _split_status(facts.returncode)
+def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = None, gpus: bool = False) -> Verdict:
+    """Decide the kind of an attempt's end; the first rule that matches wins, most specific first.
+
+    Under torchrun the supervised process is the agent, which exits 1 whatever killed a rank, so
+    with a root-cause rank (``dist.errorfiles.root_cause``) the rules read that rank's exit and the
+    evidence names it; collective timeouts on the surviving ranks are consequences and never decide.
+    """
     if facts.returncode == 0:
         return Verdict(None, "exit code 0", None, 0)
+    code, sig = _split_status(facts.returncode)
+    where = ""
+    if cause is not None and not (facts.hung or facts.stopped_for_memory):  # oomguard's own stops name no rank
+        code = cause.exitcode if cause.exitcode is not None and cause.exitcode >= 0 else None
+        sig, where = cause.signal, f"{cause.where(gpus)}: "
 
     def verdict(kind: FailureKind, evidence: str) -> Verdict:
-        return Verdict(kind, evidence, sig, code)
+        return Verdict(kind, where + evidence, sig, code)
 
     if facts.hung:
         return verdict(FailureKind.HANG, facts.hung)
@@ -81,12 +90,13 @@ def classify(facts: ExitFacts, scan: OutputScanner) -> Verdict:
         if facts.limit_hit:
             return verdict(FailureKind.MEMORY_LIMIT, f"{counter} at oomguard's --memory-limit")
         return verdict(FailureKind.HOST_OOM, f"killed by the kernel OOM killer ({counter})")
-    if scan.dataloader and _counter_rose(facts):  # the main process lives on to report its worker's death
+    if cause is None and scan.dataloader and _counter_rose(facts):  # the main process lives on to report it
         counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
         return verdict(FailureKind.MEMORY_LIMIT if facts.limit_hit else FailureKind.HOST_OOM,
                        f"{scan.dataloader.strip()} (killed by the kernel OOM killer: {counter})")
-    if facts.worker_failure and (kind := _worker_kind(facts.worker_failure)):
-        return verdict(kind, str(facts.worker_failure.get("message", "")))
+    # A structured report (the rank's error file, the worker library's record) before parsed text.
+    if (reported := _reported(cause, facts.worker_failure)) is not None:
+        return verdict(*reported)
     if scan.device_oom:
         return verdict(FailureKind.CUDA_OOM, scan.device_oom.strip())
     if scan.host_oom:
@@ -96,8 +106,20 @@ def classify(facts: ExitFacts, scan: OutputScanner) -> Verdict:
         return verdict(FailureKind.KILLED, f"terminated by {name}; no OOM-kill counter moved")
     if scan.disk_full:  # it exited on its own, having said it could not write
         return verdict(FailureKind.DISK_FULL, scan.disk_full.strip())
+    if cause is not None:
+        return verdict(FailureKind.CRASH, f"exit code {cause.exitcode}: {cause.message}"
+                       if cause.exitcode is not None else cause.message)
     last = next((line.strip() for line in reversed(scan.tail[-20:]) if line.strip()), "")
     return verdict(FailureKind.CRASH, f"exit code {code}" + (f": {last}" if last else ""))
+
+
+def _reported(cause: RootCause | None, record: dict[str, object] | None) -> tuple[FailureKind, str] | None:
+    """An allocation failure the failing process reported itself: its rank's error, else its record."""
+    if cause is not None and cause.oom_kind in _OOM_KINDS:
+        return _OOM_KINDS[cause.oom_kind], cause.message
+    if record and (kind := _OOM_KINDS.get(str(record.get("kind", "")))):
+        return kind, str(record.get("message", ""))
+    return None
 
 
 def _counter_rose(facts: ExitFacts) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from oomguard.supervisor.decide.memmodel import Point, divisors
+from oomguard.supervisor.units import format_size
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS fits (
@@ -59,7 +60,7 @@ class JobKey:
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def describe(self) -> str:
-        gpus = ", ".join(f"{name} {total / 1024**3:.0f} GiB" for name, total in self.gpus) or "no GPU"
+        gpus = ", ".join(f"{name} {format_size(total)}" for name, total in self.gpus) or "no GPU"
         return f"{' '.join(self.command)[:200]} | {gpus} | world {self.world_size}"
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-def format_size(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+from oomguard.supervisor.units import format_size
 
 # Reserved-but-unallocated memory at or above this share of the memory the process may use is what
 # blocked the allocation: 16 GiB of 79 GiB is (a defragmented allocator gets that much back);

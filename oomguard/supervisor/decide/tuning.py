@@ -19,7 +19,7 @@ MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
 
 
 @dataclass
-class Tuner:
+class SizeTuner:
     per_process_batch: int
     min_micro: int
     margin: float

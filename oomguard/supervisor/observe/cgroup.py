@@ -94,12 +94,6 @@ class MemoryCgroup:
         except OSError:
             return False
 
-    def usage(self) -> int | None:
-        try:
-            return int(self._file("memory.usage_in_bytes", "memory.current").read_text())
-        except (OSError, ValueError):
-            return None
-
     def pids(self) -> list[int]:
         try:
             return [int(p) for p in self.procs.read_text().split()]

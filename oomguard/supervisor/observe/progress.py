@@ -33,15 +33,12 @@ class AttemptWatch:
     last_step: int | None = None
     new_checkpoint: bool = False
     worker_failure: dict[str, Any] | None = None
-    stopped_for_memory: str | None = None
-    hung: str | None = None
     peak: AttemptPeak | None = None
     progress: dict[str, Any] | None = None  # the newest progress record, written with the next sample
     last_progress_event: float = -PROGRESS_EVENT_EVERY
     started: float = field(default_factory=time.monotonic)
     last_request: float = -REQUEST_COOLDOWN
     grow_to: int | None = None  # --grow: restart at this micro-batch once the next checkpoint lands
-    growing: bool = False  # the worker was stopped to grow
     matcher: StepMatcher = field(default_factory=StepMatcher)
     output_steps: int = 0  # step increases read from the output (scripts without the worker library)
     first_progress: float | None = None  # monotonic time of the first step seen
@@ -123,12 +120,12 @@ class AttemptWatch:
         return kind != protocol.HEARTBEAT
 
     def hang_reason(self, last_output: float, timeout: float, now: float) -> str | None:
-        """Why the worker counts as hung (once), or None: no output and no progress for ``timeout``."""
+        """Why the worker counts as hung, or None: no output and no progress for ``timeout``."""
         # Where steps are known (records or output), output without a new step is not progress:
         # a script printing warnings in a loop is still hung.
         steps_known = self.progress_records > 0 or self.output_steps > 0
         quiet = now - (self.last_progress if steps_known else max(last_output, self.last_progress))
-        if timeout <= 0 or quiet < timeout or self.hung:
+        if timeout <= 0 or quiet < timeout:
             return None
         what = "progress" if steps_known else "output or progress"
         return f"no {what} for {quiet:.0f} s (--hang-timeout {timeout:g})"

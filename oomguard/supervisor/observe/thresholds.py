@@ -1,6 +1,6 @@
 """Acting before the crash: a pure function from one memory sample to what the loop should do.
 
-``evaluate(sample, thresholds, checkpoint_pending)`` returns a ``Verdict``:
+``evaluate(sample, thresholds, checkpoint_pending)`` returns a ``MemoryVerdict``:
 
 - ``STOP`` (hard): the worker's process tree is over ``--memory-limit``. The loop stops it cleanly
   (SIGTERM, grace, SIGKILL) and records a ``memory_limit`` failure, so the kernel's OOM killer never
@@ -19,11 +19,10 @@ import enum
 from dataclasses import dataclass
 
 from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.units import format_size
 
-_GIB = 1024**3
 
-
-class Action(enum.Enum):
+class MemoryAction(enum.Enum):
     """What the loop should do about memory now."""
 
     NONE = "none"
@@ -75,54 +74,54 @@ def parse_fraction(text: str) -> float:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class MemoryVerdict:
     """The decision and its evidence (the figure that decided, for the journal and status)."""
 
-    action: Action
+    action: MemoryAction
     reason: str = ""
     evidence: str = ""
 
 
-def evaluate(sample: MemorySample, thresholds: Thresholds, checkpoint_pending: bool) -> Verdict:
+def evaluate(sample: MemorySample, thresholds: Thresholds, checkpoint_pending: bool) -> MemoryVerdict:
     """What to do about ``sample``: stop beats checkpoint beats nothing."""
     hard = _hard_limit(sample, thresholds)
     if hard is not None:
         return hard
     soft = _soft_trigger(sample, thresholds)
     if soft is None:
-        return Verdict(Action.NONE)
+        return MemoryVerdict(MemoryAction.NONE)
     if checkpoint_pending:
         # The worker is (or should be) saving already; a second signal would only interrupt it.
-        return Verdict(Action.NONE, "checkpoint request already pending", soft.evidence)
+        return MemoryVerdict(MemoryAction.NONE, "checkpoint request already pending", soft.evidence)
     return soft
 
 
-def _hard_limit(sample: MemorySample, thresholds: Thresholds) -> Verdict | None:
+def _hard_limit(sample: MemorySample, thresholds: Thresholds) -> MemoryVerdict | None:
     limit, rss = thresholds.memory_limit_bytes, sample.worker_rss_bytes
     if limit is None or rss is None or rss < limit:
         return None
-    return Verdict(
-        Action.STOP,
+    return MemoryVerdict(
+        MemoryAction.STOP,
         "memory_limit",
-        f"worker tree RSS {_size(rss)} >= --memory-limit {_size(limit)} (pids {_pids(sample)})",
+        f"worker tree RSS {format_size(rss)} >= --memory-limit {format_size(limit)} (pids {_pids(sample)})",
     )
 
 
-def _soft_trigger(sample: MemorySample, thresholds: Thresholds) -> Verdict | None:
+def _soft_trigger(sample: MemorySample, thresholds: Thresholds) -> MemoryVerdict | None:
     """The first budget at or over the soft fraction, or PSI over its level."""
     for label, used, budget in _budgets(sample, thresholds):
         if budget > 0 and used >= thresholds.soft_fraction * budget:
-            return Verdict(
-                Action.CHECKPOINT,
+            return MemoryVerdict(
+                MemoryAction.CHECKPOINT,
                 "soft_threshold",
-                f"{label} {_size(used)} of {_size(budget)} = {used / budget:.1%}"
+                f"{label} {format_size(used)} of {format_size(budget)} = {used / budget:.1%}"
                 f" >= --soft-threshold {thresholds.soft_fraction:.0%}",
             )
     psi = sample.pressure
     level = thresholds.psi_some_avg10
     if level is not None and psi is not None and psi.some_avg10 >= level:
-        return Verdict(
-            Action.CHECKPOINT,
+        return MemoryVerdict(
+            MemoryAction.CHECKPOINT,
             "memory_pressure",
             f"PSI memory some avg10 {psi.some_avg10:.1f}% >= --psi-threshold {level:g}%",
         )
@@ -145,10 +144,6 @@ def _budgets(sample: MemorySample, thresholds: Thresholds) -> list[tuple[str, in
     in_use = sample.host_total_bytes - sample.host_available_bytes
     budgets.append(("host memory in use", in_use, sample.host_total_bytes))
     return budgets
-
-
-def _size(n: int) -> str:
-    return f"{n / _GIB:.2f} GiB" if n >= _GIB else f"{n / 1024**2:.0f} MiB"
 
 
 def _pids(sample: MemorySample) -> str:

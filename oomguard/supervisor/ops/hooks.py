@@ -7,6 +7,7 @@ sent from their own thread, sd_notify is one datagram).
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from oomguard.supervisor.ops.notify import (
 )
 from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog
 from oomguard.supervisor.ops.statusline import StatusLine
+from oomguard.supervisor.record import console
 
 if TYPE_CHECKING:
     from oomguard.supervisor.run.loop import Supervisor
@@ -103,13 +105,27 @@ def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
                 "samples_per_s": progress.get("samples_per_s"),
                 "forecast": sup.trend.forecast.text if sup.trend.forecast else None}
 
-    from oomguard.supervisor.run import loop
-
     sup.echo = _whole_lines(lambda raw: line.print_worker_line(raw.decode("utf-8", "replace")))
-    loop.log_sink[0] = line.log
+    console.show_through(_LineHandler(line))
     sup.listeners.append(lambda name, data: line.update(snapshot()))
     sup.tickers.append(_every(1.0, lambda: line.update(snapshot())))
-    return line.close
+
+    def close() -> None:
+        line.close()
+        console.reset()
+
+    return close
+
+
+class _LineHandler(logging.Handler):
+    """The supervisor's messages, printed above the status line (which redraws beneath them)."""
+
+    def __init__(self, line: StatusLine) -> None:
+        super().__init__()
+        self.line = line
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.line.log(self.format(record))
 
 
 def _whole_lines(show: Callable[[bytes], None], keep: int = 1 << 16) -> Callable[[bytes], None]:

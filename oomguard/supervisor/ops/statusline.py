@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-GIB = 1024**3
+from oomguard.supervisor.units import GIB, format_size
+
 _STATE_STYLE = {
     "running": "bold green",
     "starting": "bold cyan",
@@ -93,7 +94,7 @@ def _memory_text(snapshot: Mapping[str, Any]) -> str:
         texts.append(f"GPU {gpu / GIB:.1f}" + (f"/{gpu_total / GIB:.1f} GiB" if gpu_total else " GiB"))
     host = snapshot.get("host_bytes")
     if host is not None:
-        texts.append(f"host {host / GIB:.1f} GiB")
+        texts.append(f"host {format_size(host)}")
     return "  ".join(texts)
 
 

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     world_size INTEGER NOT NULL, checkpoint TEXT, command TEXT NOT NULL, log_path TEXT NOT NULL,
     expandable_segments INTEGER NOT NULL DEFAULT 0, fallbacks_applied INTEGER NOT NULL DEFAULT 0,
     returncode INTEGER, exit_code INTEGER, signal INTEGER, kind TEXT, evidence TEXT, decision TEXT,
-    last_step INTEGER, peak_rss INTEGER, peak_gpu INTEGER);
+    last_step INTEGER, peak_rss INTEGER, peak_gpu INTEGER, ending TEXT, stop_reason TEXT);
 CREATE TABLE IF NOT EXISTS checkpoints (
     path TEXT PRIMARY KEY, step INTEGER, mtime REAL NOT NULL, first_seen REAL NOT NULL,
     attempt INTEGER, bad INTEGER NOT NULL DEFAULT 0, reason TEXT);
@@ -39,6 +39,11 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE INDEX IF NOT EXISTS samples_t ON samples (t);
 CREATE INDEX IF NOT EXISTS events_attempt ON events (attempt);
 """
+
+
+# Columns added after the first release: how an attempt ended (run.states.Ending) and why oomguard
+# stopped its worker (run.states.StopReason).
+_ADDED_COLUMNS = (("ending", "TEXT"), ("stop_reason", "TEXT"))
 
 
 def journal_path(run_dir: Path) -> Path:
@@ -74,8 +79,18 @@ class Journal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            self._add_columns()
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+
+    def _add_columns(self) -> None:
+        """A journal written before a column existed gets it (NULL for its old rows): a run directory
+        outlives upgrades of oomguard."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(attempts)")}
+        for column, kind in _ADDED_COLUMNS:
+            if column not in have:
+                self._db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
+        self._db.commit()
 
     def close(self) -> None:
         with self._lock:
@@ -125,7 +140,7 @@ class Journal:
 
     def end_attempt(self, attempt: int, **fields: Any) -> None:
         allowed = {"returncode", "exit_code", "signal", "kind", "evidence", "decision", "last_step",
-                   "peak_rss", "peak_gpu"}
+                   "peak_rss", "peak_gpu", "ending", "stop_reason"}
         cols = [k for k in fields if k in allowed]
         with self._write() as db:
             db.execute(f"UPDATE attempts SET ended = ?, {', '.join(f'{c} = ?' for c in cols)} "

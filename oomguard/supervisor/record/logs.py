@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.attemptlog import CUT_MARKER
+from oomguard.supervisor.record.console import say
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.status import supervisor_alive
 
@@ -189,7 +190,7 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
                 copy_new(source, out)
             return 0
         why = follow(run_dir, attempt, out, run_over(journal))
-        print(f"[oomguard] {why}", file=sys.stderr, flush=True)
+        say(why)
         return 0
     finally:
         journal.close()

@@ -27,9 +27,10 @@ from typing import Any
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.journal import Journal, open_existing
+from oomguard.supervisor.run.states import Ending, StopReason
 
 TERMINAL = ("succeeded", "failed", "stopped")
-INTERRUPTED = "interrupted"  # an attempt that ended without a recorded exit (stopped, supervisor died)
+INTERRUPTED = Ending.INTERRUPTED.value  # an attempt that ended without a recorded exit (its supervisor died)
 # The decision a restarted supervisor writes for an attempt its killed predecessor left open.
 CLOSED_INTERRUPTED = f"{INTERRUPTED}: its supervisor ended while it ran"
 _PAGE = 5000
@@ -171,19 +172,38 @@ def _decision_record(decision: dict[str, Any] | None, attempt: dict[str, Any]) -
 
 
 def _failures(attempts: list[dict[str, Any]], ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per attempt that failed (it has a kind) or was interrupted (no exit recorded, yet
-    another attempt followed). A planned restart (``--grow``) records its decision and is no failure."""
+    """One record per attempt that failed, or was interrupted (its supervisor died, or no end was
+    recorded, yet another attempt followed). The user's stop, a planned restart and ``--grow`` are
+    no failures: the journal's ``ending`` column says which an attempt was."""
     out = []
     for i, attempt in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
-        planned = attempt["ended"] is not None and attempt["decision"] and not attempt["kind"]
-        if attempt["kind"] or (nxt is not None and (_interrupted(attempt) or not planned)):
+        ending = ending_of_row(attempt)
+        if (ending is not None and ending.is_failure) or (
+                nxt is not None and ending in (None, Ending.INTERRUPTED)):
             out.append(_failure(attempt, nxt, ctx))
     return out
 
 
+def ending_of_row(attempt: dict[str, Any]) -> Ending | None:
+    """How a journaled attempt ended; None while it has no recorded end. Journals written before the
+    ``ending`` column existed are read by what they did write (a kind means a failure)."""
+    if attempt.get("ending"):
+        return Ending(attempt["ending"])
+    if attempt["ended"] is None:
+        return None
+    decision = str(attempt["decision"] or "")
+    if attempt["kind"]:
+        return Ending.HANG if attempt["kind"] == "hang" else Ending.FAILED
+    if decision.startswith(INTERRUPTED):
+        return Ending.INTERRUPTED
+    if decision == "finished":
+        return Ending.FINISHED
+    return Ending.GROW if decision.startswith("grow") else Ending.PLANNED_RESTART
+
+
 def _interrupted(attempt: dict[str, Any]) -> bool:
-    return not attempt["kind"] and str(attempt["decision"] or "").startswith(CLOSED_INTERRUPTED)
+    return ending_of_row(attempt) is Ending.INTERRUPTED
 
 
 # --- batch configuration over time --------------------------------------------------------------
@@ -282,8 +302,8 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "checkpoints": _checkpoint_summary(checkpoints),
         "progress": meta.get("progress"),
         "planned_restarts": [{"attempt": a["attempt"], "reason": a["decision"], "cause": causes.get(a["attempt"])}
-                             for a in attempts if a["decision"] and not a["kind"]
-                             and str(a["decision"]).startswith("planned restart")],
+                             for a in attempts if ending_of_row(a) is Ending.PLANNED_RESTART
+                             and a.get("stop_reason") != StopReason.RESTART.value],
     }
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import psutil
 
-from oomguard.supervisor.config import format_size
 from oomguard.supervisor.record.journal import Journal, open_existing
+from oomguard.supervisor.units import format_size
 
 
 def supervisor_alive(meta: dict[str, Any]) -> bool:

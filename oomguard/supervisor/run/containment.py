@@ -18,6 +18,8 @@ from oomguard.supervisor.decide.classify import ExitFacts
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
 from oomguard.supervisor.observe.memory import CgroupReader
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.run.outcome import Stop
+from oomguard.supervisor.run.states import StopReason
 
 
 @dataclass
@@ -47,13 +49,15 @@ class Containment:
     def reader(self) -> CgroupReader | None:
         return CgroupReader(self.cgroup.path, self.cgroup.version) if self.cgroup else None
 
-    def exit_facts(self, returncode: int, watch: AttemptWatch) -> ExitFacts:
-        """Everything classification needs about how the attempt ended."""
+    def exit_facts(self, returncode: int, watch: AttemptWatch, stop: Stop | None) -> ExitFacts:
+        """Everything classification needs about how the attempt ended, and why oomguard stopped it."""
         cgroup = self.cgroup
+        why = stop.detail if stop is not None else None
         return ExitFacts(returncode, self.oom_kills_before, self.oom_kills(),
                          f"cgroup {cgroup.path}" if cgroup else "/proc/vmstat",
                          limit_hit=cgroup.limit_hit() if cgroup else False,
-                         stopped_for_memory=watch.stopped_for_memory, hung=watch.hung,
+                         stopped_for_memory=why if stop is not None and stop.reason is StopReason.MEMORY else None,
+                         hung=why if stop is not None and stop.reason is StopReason.HANG else None,
                          worker_failure=watch.worker_failure)
 
     def remove(self) -> None:

@@ -3,7 +3,7 @@ newest forecast and the restart planned from it.
 
 The decisions are pure (``decide.forecast``, ``decide.attribution``); this object only keeps what
 they are fed and what the loop has already done about them (planned, asked, stopping), so a
-forecast is acted on once per attempt.
+forecast is acted on once per attempt. Stopping the worker for the restart is the loop's (``Stop``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ class TrendWatch:
     forecast: Forecast | None = None
     restart_reason: str | None = None  # planned: restart right after the next checkpoint lands
     asked: bool = False  # a checkpoint was asked for because of the forecast
-    restarting: bool = False  # the worker was stopped for the planned restart
 
     def add(self, sample: MemorySample, step: int | None, memory_limit: int | None,
             fraction: float) -> Forecast | None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from oomguard.supervisor.decide.classify import ExitFacts, Verdict
+from oomguard.supervisor.decide.classify import ExitFacts, Verdict, classify
 from oomguard.supervisor.decide.policy import Decision, Plan
-from oomguard.supervisor.decide.ranks import classify_attempt
 from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
 from oomguard.supervisor.dist.coordination import Coordinator
 from oomguard.supervisor.dist.torchrun import Shape
@@ -83,7 +82,7 @@ class World:
         cause = self.ranks.root_cause() if self.ranks is not None and facts.returncode else None
         if cause is not None:
             self._event("root_cause", **cause.as_dict())
-        verdict = classify_attempt(facts, scanner, cause, gpus)
+        verdict = classify(facts, scanner, cause, gpus)
         if self.nodes is not None:
             verdict, reports = agree_end(self.nodes, attempt, verdict, self.peer_stop)
             self._event("round_end", round=attempt, reports={str(k): v for k, v in reports.items()},
