@@ -380,7 +380,7 @@ class Supervisor:
         current = self.current = Current(
             files, checkpoint, AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
-        box = self._start_worker(argv, env, current)
+        containment = self._start_worker(argv, env, current)
         worker = current.worker
         assert worker is not None
         self.journal.start_attempt(self.attempt, worker.pgid, self.plan.as_dict(),
@@ -394,7 +394,7 @@ class Supervisor:
         self._watch(current, ChannelReader(files.events))
         worker.reap()
         assert worker.returncode is not None
-        facts = box.exit_facts(worker.returncode, current.watch, current.stop)
+        facts = containment.exit_facts(worker.returncode, current.watch, current.stop)
         gpus = bool(self.last_sample and self.last_sample.gpus)
         verdict = self.world.verdict(facts, current.watch.scanner, gpus, self.attempt)
         ending = ending_of(current.stop, verdict, self.stopping)
@@ -431,18 +431,18 @@ class Supervisor:
 
     def _start_worker(self, argv: list[str], env: dict[str, str], current: Current) -> Containment:
         """Start the worker in a fresh memory cgroup, onto free memory."""
-        box = self.handover.next_box(f"oomguard-{os.getpid()}-worker", self.config.memory_limit, self.sampler.gpu,
-                                     self.config.settle_timeout)
-        if box.cgroup is None and self.attempt == 1:
-            log(f"no memory cgroup ({box.why_none}); --memory-limit is enforced by watching RSS")
+        containment = self.handover.next_containment(f"oomguard-{os.getpid()}-worker", self.config.memory_limit,
+                                                     self.sampler.gpu, self.config.settle_timeout)
+        if containment.cgroup is None and self.attempt == 1:
+            log(f"no memory cgroup ({containment.why_none}); --memory-limit is enforced by watching RSS")
         current.files.checkpoint_request.unlink(missing_ok=True)
         current.worker = WorkerProcess(argv, env, self.cwd, current.files.log,
-                                       self.world.line_sink(current.watch.feed_line), self.echo, box.procs,
+                                       self.world.line_sink(current.watch.feed_line), self.echo, containment.procs,
                                        log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
         current.worker.start(self.control.wake)
-        self.sampler.cgroup = box.reader()
+        self.sampler.cgroup = containment.reader()
         self.journal.set_meta(worker_pid=current.worker.pgid)
-        return box
+        return containment
 
     def _stop_worker(self, reason: StopReason, detail: str, grow_to: int | None = None,
                      first: Callable[[], object] | None = None) -> None:

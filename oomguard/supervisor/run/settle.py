@@ -107,29 +107,30 @@ class Handover:
     fresh memory cgroup (the last one removed) for the next. ``event`` and ``say`` are the loop's."""
 
     def __init__(self, event: Callable[..., None], say: Callable[[str], None]) -> None:
-        self.box: Containment | None = None  # the current attempt's cgroup
+        self.containment: Containment | None = None  # the current attempt's cgroup
         self.procs = AttemptProcesses()  # the current attempt's processes, as sampling sees them
         self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
         self._event = event
         self._say = say
 
-    def next_box(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
+    def next_containment(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
                  settle_timeout: float) -> Containment:
         self._settle(gpu, settle_timeout)
         self.remove()
-        self.box = Containment.create(name, memory_limit)
+        self.containment = Containment.create(name, memory_limit)
         self.procs = AttemptProcesses()
-        return self.box
+        return self.containment
 
     def remove(self) -> None:
-        if self.box is not None:
-            self.box.remove()
+        if self.containment is not None:
+            self.containment.remove()
 
     def _settle(self, gpu: GpuMonitor | None, timeout: float) -> None:
         """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
         memory freed; note the level every device is at before the next attempt."""
-        box = self.box
-        leftovers = self.procs.alive(box.cgroup.pids() if box is not None and box.cgroup else [])
+        containment = self.containment
+        cgroup = containment.cgroup if containment is not None else None
+        leftovers = self.procs.alive(cgroup.pids() if cgroup is not None else [])
         if leftovers:
             named = end(leftovers)
             self._event("leftovers_ended", processes=named)
