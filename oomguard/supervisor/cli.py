@@ -15,7 +15,7 @@ from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.ops import doctor, systemd
-from oomguard.supervisor.record import logs, report
+from oomguard.supervisor.record import logs, report, runs
 from oomguard.web.client import register as web_commands
 
 
@@ -95,6 +95,7 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 EXTRA_COMMANDS.append(web_commands)  # oomguard checkpoint | restart | stop
 EXTRA_COMMANDS += [report.add_report_command, logs.add_logs_command]  # oomguard report | logs
 EXTRA_COMMANDS += [systemd.add_service_command, doctor.add_doctor_command]  # oomguard service | doctor
+EXTRA_COMMANDS.append(runs.add_ls_command)  # oomguard ls
 
 
 def main(argv: Sequence[str] | None = None) -> int:
