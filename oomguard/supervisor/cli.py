@@ -17,6 +17,7 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
 from oomguard.web.client import register as web_commands
+from oomguard.web.client import register_dashboard
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,6 +98,7 @@ EXTRA_COMMANDS += [report.add_report_command, logs.add_logs_command]  # oomguard
 EXTRA_COMMANDS += [systemd.add_service_command, doctor.add_doctor_command]  # oomguard service | doctor
 EXTRA_COMMANDS.append(runs.add_ls_command)  # oomguard ls
 EXTRA_COMMANDS.append(notify.add_notify_test_command)  # oomguard notify-test
+EXTRA_COMMANDS.append(register_dashboard)  # oomguard dashboard: the many-runs page
 
 
 def main(argv: Sequence[str] | None = None) -> int:

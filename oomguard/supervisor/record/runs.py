@@ -204,7 +204,7 @@ def _cmd_ls(args: argparse.Namespace, command: Sequence[str]) -> int:
     return 0
 
 
-def _depth(text: str) -> int:
+def depth(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -218,7 +218,7 @@ def add_ls_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ls", help="list every run under directories: state, batch, failures, "
                                    "checkpoint, progress, supervisor, dashboard")
     parser.add_argument("dirs", nargs="*", metavar="DIR", help="where to look (default: the current directory)")
-    parser.add_argument("--depth", type=_depth, default=MAX_DEPTH, metavar="N",
+    parser.add_argument("--depth", type=depth, default=MAX_DEPTH, metavar="N",
                         help=f"how many directory levels below each DIR to search (default: {MAX_DEPTH})")
     parser.add_argument("--json", action="store_true", help="print the runs as a JSON list")
     parser.set_defaults(func=_cmd_ls)
