@@ -308,7 +308,7 @@ class _Lane:
 
     def _run(self) -> None:
         while (note := self.queue.get()) is not None:
-            why = self._try_with_backoff(note)
+            why, tries = self._try_with_backoff(note)
             if why is None:
                 self.delivered += 1
                 if self.health is not None:
@@ -317,17 +317,17 @@ class _Lane:
                 self.failed += 1
                 if self.health is not None:
                     self.health.failed(self.component, why, unit="notifications",
-                                       what=f" ({self.config.retries + 1} tries)")
+                                       what=f" ({tries} {'try' if tries == 1 else 'tries'})")
 
-    def _try_with_backoff(self, note: Notification) -> str | None:
-        delay = self.config.backoff_s
-        why: str | None = "stopped"
-        for _ in range(self.config.retries + 1):
+    def _try_with_backoff(self, note: Notification) -> tuple[str | None, int]:
+        """(None, tries) once delivered, else (the last reason, tries); closing ends the backoff early."""
+        tries, delay = 0, self.config.backoff_s
+        while True:
+            tries += 1
             why = deliver(self.target, note, self.config.timeout_s)
-            if why is None or self.stop.wait(delay):
-                return why
+            if why is None or tries > self.config.retries or self.stop.wait(delay):
+                return why, tries
             delay *= 2
-        return why
 
 
 class Notifier:
