@@ -84,7 +84,8 @@ def _usage_token(action: argparse.Action) -> str:
     if not action.option_strings:
         if action.nargs == argparse.REMAINDER:
             return f"-- {_metavar(action).upper()}..."
-        return _metavar(action)
+        name = _metavar(action)
+        return {"*": f"[{name} ...]", "+": f"{name} [{name} ...]", "?": f"[{name}]"}.get(str(action.nargs), name)
     flag = action.option_strings[-1]  # the long form reads best in a synopsis
     token = f"{flag} {_metavar(action)}" if _takes_value(action) else flag
     return token if action.required else f"[{token}]"

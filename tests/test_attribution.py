@@ -323,7 +323,7 @@ def test_the_forecast_and_the_cause_are_shown_in_the_status_line_and_status_text
 
 
 def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
-    """attach_webhooks against a real HTTP receiver on 127.0.0.1."""
+    """attach_notifications against a real HTTP receiver on 127.0.0.1."""
     import threading
     import time
     from pathlib import Path
@@ -331,14 +331,15 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
 
     from test_notify import Receiver
 
-    from oomguard.supervisor.ops.hooks import attach_webhooks
+    from oomguard.supervisor.ops.hooks import attach_notifications
+    from oomguard.supervisor.record.degraded import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         sup = SimpleNamespace(config=SimpleNamespace(notify=(server.url + "/hook",)), run_dir=Path("/tmp/run"),
-                              listeners=[], plan=PLAN, attempt=3)
-        close = attach_webhooks(sup)  # type: ignore[arg-type]
+                              listeners=[], tickers=[], degradations=Degradations(print), plan=PLAN, attempt=3)
+        close = attach_notifications(sup)  # type: ignore[arg-type]
         (listener,) = sup.listeners
         leak = {"action": "restart", "kind": "host_oom", "cause": "leak", "reason": "leak: worker RSS grew 4.0 MB/step",
                 "micro_batch": 16, "grad_accum": 4, "evidence": "killed"}
@@ -350,8 +351,8 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
         time.sleep(0.3)
         assert close is not None
         close()
-        titles = [body.get("title", "") for _, body in server.requests]
-        assert len(server.requests) == 2 and "memory leak" in titles[0], server.requests
+        events = [body["event"] for _, body in server.requests]
+        assert events == ["leak", "recovered"] and "memory leak" in server.requests[0][1]["title"], server.requests
     finally:
         server.shutdown()
         server.server_close()

@@ -1,4 +1,5 @@
-"""Webhooks against a real HTTP receiver on 127.0.0.1: formats, retries, one down, one slow."""
+"""Notifications against a real HTTP receiver on 127.0.0.1: real Apprise deliveries (``json://``, ``ntfy://``),
+plain webhooks, retries with backoff, a failing service as one degradation, a slow one, bad URLs."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support import oomguard
 
 from oomguard.supervisor.ops import notify
-from oomguard.supervisor.ops.notify import NotifyConfig, NotifyConfigError, Webhook, WebhookNotifier
+from oomguard.supervisor.ops.notify import Notifier, NotifyConfig, NotifyConfigError, Target, parse_target
+from oomguard.supervisor.record.degraded import Degradations
+
+HOST = socket.gethostname()
 
 
 class Receiver(ThreadingHTTPServer):
@@ -23,6 +30,7 @@ class Receiver(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.headers: list[dict[str, str]] = []
         self.statuses: list[int] = []  # answers to give, in order; then 200
         self.delay_s = 0.0
         self.got = threading.Condition()
@@ -30,6 +38,10 @@ class Receiver(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @property
+    def hostport(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
 
     def wait_for(self, count: int, timeout_s: float = 5.0) -> None:
         with self.got:
@@ -43,6 +55,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with self.server.got:
             self.server.requests.append((self.path, body))
+            self.server.headers.append(dict(self.headers))
             self.server.got.notify_all()
             status = self.server.statuses.pop(0) if self.server.statuses else 200
         time.sleep(self.server.delay_s)
@@ -64,86 +77,134 @@ def receiver() -> Iterator[Receiver]:
     server.server_close()
 
 
-def _notifier(*hooks: Webhook, **overrides: Any) -> WebhookNotifier:
+def _notifier(*specs: str, health: Any = None, **overrides: Any) -> Notifier:
     settings: dict[str, Any] = {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.05, **overrides}
-    return WebhookNotifier(NotifyConfig(webhooks=hooks, **settings))
+    return Notifier(notify.notify_config(specs, **settings), health=health)
 
 
-def _closed_port_url() -> str:
+def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/hook"  # nothing listens there now: connection refused
+        return int(sock.getsockname()[1])  # nothing listens there once closed: connection refused
 
 
-def test_generic_json(receiver: Receiver) -> None:
-    sender = _notifier(Webhook(receiver.url + "/hook"))
+def test_apprise_delivers_to_a_local_json_endpoint(receiver: Receiver) -> None:
+    sender = _notifier(f"json://{receiver.hostport}/hook")
+    assert sender.lanes[0].target.apprise
     assert sender.send(notify.recovered("gpt", "cuda_oom", 16, 8, 8, attempt=2))
     assert sender.close(5.0)
-    path, body = receiver.requests[0]
+    (path, body), = receiver.requests
     assert path == "/hook"
-    assert body["event"] == "recovered" and body["run"] == "gpt"
-    assert body["message"] == "cuda_oom at micro-batch 16; restarting at 8 x 8 accumulation"
-    assert body["details"] == {"attempt": 2}
-    assert body["time"].endswith("+00:00")
+    assert body == {"version": "1.0", "title": "oomguard: gpt recovered from cuda_oom",
+                    "message": "cuda_oom at micro-batch 16; restarting at 8 x 8 accumulation\n"
+                               f"gpt on {HOST}, attempt 2",
+                    "attachments": [], "type": "info"}
+    assert receiver.headers[0]["Content-Type"] == "application/json"
     assert sender.delivered == 1 and sender.failed == 0
 
 
-def test_slack_and_ntfy_bodies(receiver: Receiver) -> None:
-    sender = _notifier(
-        notify.parse_webhook(f"slack={receiver.url}/services/T/B/X"),
-        Webhook(receiver.url + "/mytopic", "ntfy"),
-    )
-    sender.send(notify.gave_up("gpt", "cuda_oom at the minimum micro-batch 1"))
+@pytest.mark.parametrize(("note", "kind"), [(notify.gave_up("gpt", "cuda_oom at the minimum micro-batch 1"), "failure"),
+                                            (notify.succeeded("gpt", "done"), "success"),
+                                            (notify.leak("gpt", "leak: worker RSS grew 4 MB/step"), "warning"),
+                                            (notify.degraded("gpt", "journal", "disk full"), "warning")])
+def test_each_event_has_its_apprise_type(receiver: Receiver, note: notify.Notification, kind: str) -> None:
+    sender = _notifier(f"json://{receiver.hostport}/")
+    sender.send(note)
     assert sender.close(5.0)
-    (slack_path, slack), (ntfy_path, ntfy) = receiver.requests
-    assert slack_path == "/services/T/B/X" and set(slack) == {"text"}
-    assert "gpt failed" in slack["text"] and "minimum micro-batch 1" in slack["text"]
-    assert ntfy_path == "/"  # ntfy's JSON publishing goes to the server root
-    assert ntfy["topic"] == "mytopic" and ntfy["priority"] == 5 and ntfy["message"].startswith("cuda_oom")
+    assert receiver.requests[0][1]["type"] == kind and receiver.requests[0][1]["title"] == note.title
 
 
-def test_retries_on_server_errors(receiver: Receiver) -> None:
+def test_plain_webhook_keeps_its_json(receiver: Receiver) -> None:
+    sender = _notifier(receiver.url + "/hook")
+    assert not sender.lanes[0].target.apprise  # no service claims 127.0.0.1: a generic webhook
+    sender.send(notify.recovered("gpt", "cuda_oom", 16, 8, 8, attempt=2))
+    assert sender.close(5.0)
+    path, body = receiver.requests[0]
+    assert path == "/hook" and body["event"] == "recovered" and body["run"] == "gpt"
+    assert body["message"] == "cuda_oom at micro-batch 16; restarting at 8 x 8 accumulation"
+    assert body["details"] == {"attempt": 2} and body["time"].endswith("+00:00")
+
+
+def test_the_older_ntfy_form_goes_through_apprise(receiver: Receiver) -> None:
+    target = parse_target(f"ntfy={receiver.url}/my-training")
+    assert target == Target(f"ntfy://{receiver.hostport}/my-training", apprise=True)
+    sender = _notifier(f"ntfy={receiver.url}/my-training")
+    sender.send(notify.gave_up("gpt", "hang"))
+    assert sender.close(5.0)
+    path, body = receiver.requests[0]
+    assert path == "/" and body["topic"] == "my-training" and body["title"] == "oomguard: gpt failed"
+    assert body["message"].startswith("hang\ngpt on ")
+    assert parse_target("ntfy=https://ntfy.sh/t") == Target("ntfys://ntfy.sh/t", apprise=True)
+
+
+def test_service_urls_are_apprise_and_their_secrets_are_not_shown() -> None:
+    slack = "https://hooks.slack.com/services/T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7FQ"
+    assert parse_target(f"slack={slack}") == Target(slack, apprise=True)  # the older form
+    assert parse_target(slack).apprise
+    telegram = parse_target("tgram://123456789:abcdefg_hijklmnop/12345")
+    assert telegram.apprise and "abcdefg_hijklmnop" not in telegram.shown and telegram.shown.startswith("tgram://")
+    assert "s3cret" not in parse_target("https://example.org/hook/s3cret").shown
+
+
+def test_retries_with_backoff_then_delivers(receiver: Receiver) -> None:
     receiver.statuses = [503, 500]
-    sender = _notifier(Webhook(receiver.url))
+    sender = _notifier(f"json://{receiver.hostport}/", backoff_s=0.2)
+    started = time.monotonic()
     sender.send(notify.succeeded("gpt", "finished 5000 steps"))
     assert sender.close(5.0)
     assert len(receiver.requests) == 3 and sender.delivered == 1
+    assert time.monotonic() - started >= 0.2 + 0.4  # waited, doubling, between tries
 
 
-def test_client_errors_are_not_retried(receiver: Receiver) -> None:
-    receiver.statuses = [404]
-    sender = _notifier(Webhook(receiver.url))
+def test_a_failing_service_is_one_degradation_and_recovers(receiver: Receiver) -> None:
+    said: list[str] = []
+    health = Degradations(said.append)
+    receiver.statuses = [500] * 4  # two notifications, each tried twice, all refused; then accepted
+    sender = _notifier(f"json://{receiver.hostport}/hook", health=health, retries=1)
+    component = f"notify json://{receiver.hostport}/hook"
+    for _ in range(2):
+        sender.send(notify.succeeded("gpt", "done"))
+    receiver.wait_for(4)
+    time.sleep(0.2)
+    assert health.is_degraded(component) and sender.failed == 2
     sender.send(notify.succeeded("gpt", "done"))
-    sender.close(5.0)
-    assert len(receiver.requests) == 1 and sender.failed == 1
+    assert sender.close(5.0)
+    assert not health.is_degraded(component) and sender.delivered == 1
+    assert len(said) == 2, said
+    assert said[0].startswith(f"{component} degraded: Failed to send JSON POST notification")
+    assert said[0].endswith("(2 tries); the worker keeps running")
+    assert said[1].startswith(f"{component} recovered after ") and "(2 notifications lost" in said[1]
 
 
-def test_receiver_down_does_not_block_and_gives_up(receiver: Receiver) -> None:
-    sender = _notifier(Webhook(_closed_port_url()), Webhook(receiver.url))
+def test_a_dead_service_does_not_delay_the_others(receiver: Receiver) -> None:
+    said: list[str] = []
+    sender = _notifier(f"json://127.0.0.1:{_closed_port()}/", f"json://{receiver.hostport}/",
+                       health=Degradations(said.append), retries=2, backoff_s=0.5)
     started = time.monotonic()
     assert sender.send(notify.succeeded("gpt", "done"))
     assert time.monotonic() - started < 0.05
-    assert sender.close(5.0)
-    assert sender.failed == 1 and sender.delivered == 1  # the live one still got it
-    assert len(receiver.requests) == 1
+    receiver.wait_for(1, timeout_s=1.0)  # the live one got it at once, while the dead one backs off
+    assert time.monotonic() - started < 1.0
+    sender.close(10.0)
+    assert sender.failed == 1 and sender.delivered == 1
+    assert len(said) == 1 and "A Connection error occurred sending JSON notification" in said[0]
 
 
-def test_slow_receiver_never_blocks_the_caller(receiver: Receiver) -> None:
+def test_slow_service_never_blocks_the_caller(receiver: Receiver) -> None:
     receiver.delay_s = 1.0
-    sender = _notifier(Webhook(receiver.url), timeout_s=0.3, retries=0, queue_size=2)
+    sender = _notifier(receiver.url, timeout_s=0.3, retries=0, queue_size=2)
     started = time.monotonic()
     results = [sender.send(notify.recovered("gpt", "cuda_oom", 8, 4, 16)) for _ in range(20)]
     elapsed = time.monotonic() - started
     assert elapsed < 0.1, f"send() blocked for {elapsed:.2f}s"
-    assert results[0] and sender.dropped >= 1 and not all(results)  # the bounded queue overflowed
+    assert results[0] and sender.dropped >= 1
     receiver.wait_for(1)
     sender.close(3.0)
     assert sender.failed >= 1  # the 0.3 s timeout cut the slow request short
 
 
 def test_close_is_bounded_while_retrying() -> None:
-    sender = _notifier(Webhook(_closed_port_url()), retries=50, backoff_s=0.2)
+    sender = _notifier(f"json://127.0.0.1:{_closed_port()}/", retries=50, backoff_s=0.2)
     sender.send(notify.succeeded("gpt", "done"))
     started = time.monotonic()
     sender.close(0.5)  # gives up the backoff still waiting
@@ -152,28 +213,71 @@ def test_close_is_bounded_while_retrying() -> None:
 
 
 def test_disabled_and_filtered() -> None:
-    assert not WebhookNotifier(NotifyConfig()).send(notify.succeeded("gpt", "done"))
-    only_failures = _notifier(Webhook("http://127.0.0.1:9/"), events=frozenset({notify.FAILED}))
+    assert not Notifier(NotifyConfig()).send(notify.succeeded("gpt", "done"))
+    only_failures = _notifier("http://127.0.0.1:9/", events=frozenset({notify.FAILED}))
     assert not only_failures.send(notify.succeeded("gpt", "done"))
     assert only_failures.close(1.0)
 
 
-@pytest.mark.parametrize(
-    ("make", "needle"),
-    [
-        (lambda: Webhook("ftp://example.org/x"), "http"),
-        (lambda: Webhook("https://example.org/x", "teams"), "format"),
-        (lambda: Webhook("https://ntfy.sh/", "ntfy"), "topic"),
-        (lambda: NotifyConfig(timeout_s=0), "--notify-timeout"),
-        (lambda: NotifyConfig(events=frozenset({"done"})), "--notify-on"),
-    ],
-)
-def test_bad_config_is_one_line(make: Any, needle: str) -> None:
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("foo://x", "not a URL Apprise can use"),
+    ("tgram://bad", "not a URL Apprise can use"),
+    ("ftp://example.org/x", "not a URL Apprise can use"),
+    ("example.org/hook", "is not a URL"),
+    ("https:///hook", "has no host"),
+    ("slack=http://127.0.0.1:9/x", "slack://TOKEN_A/TOKEN_B/TOKEN_C"),
+    ("ntfy=https://ntfy.sh/", "needs a topic"),
+    ("json=ftp://x", "must be http:// or https://"),
+])
+def test_bad_urls_are_one_line(spec: str, needle: str) -> None:
     with pytest.raises(NotifyConfigError) as caught:
-        make()
-    assert needle in str(caught.value) and "\n" not in str(caught.value)
+        parse_target(spec)
+    text = str(caught.value)
+    assert text.startswith("--notify: ") and needle in text and "\n" not in text
 
 
-def test_parse_webhook() -> None:
-    assert notify.parse_webhook("https://x.org/a=b") == Webhook("https://x.org/a=b", "json")
-    assert notify.parse_webhook("ntfy=https://ntfy.sh/t") == Webhook("https://ntfy.sh/t", "ntfy")
+def test_bad_config_is_one_line() -> None:
+    for make, needle in ((lambda: NotifyConfig(timeout_s=0), "timeout"),
+                         (lambda: NotifyConfig(events=frozenset({"done"})), "unknown")):
+        with pytest.raises(NotifyConfigError, match=needle):
+            make()
+
+
+def test_run_refuses_a_bad_notify_url_before_starting(tmp_path: Path) -> None:
+    out = oomguard("run", "--run-dir", str(tmp_path / "r"), "--notify", "tgram://bad", "--micro-batch", "2",
+                   "--grad-accum", "1", "--", "true")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert out.stderr.startswith("oomguard: error: --notify: 'tgram://…' is not a URL Apprise can use")
+    assert not (tmp_path / "r").exists()
+
+
+def test_notify_test_command(receiver: Receiver) -> None:
+    dead = f"json://127.0.0.1:{_closed_port()}/"
+    ok = oomguard("notify-test", f"json://{receiver.hostport}/hook")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"sent to json://{receiver.hostport}/hook (") and ok.stderr == ""
+    body = receiver.requests[0][1]
+    assert body["title"] == "oomguard: test notification" and "reach you here" in body["message"]
+    failed = oomguard("notify-test", dead, "--timeout", "2")
+    assert failed.returncode == 1 and failed.stdout.startswith("failed: json://127.0.0.1:")
+    assert "A Connection error occurred" in failed.stdout and failed.stderr == ""
+    bad = oomguard("notify-test", "foo://x")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--notify" in bad.stderr
+
+
+def test_each_new_degradation_is_told_once() -> None:
+    from oomguard.supervisor.ops.hooks import _on_degradation
+
+    health = Degradations(lambda text: None)
+    told: list[tuple[str, str]] = []
+    tick = _on_degradation(SimpleNamespace(degradations=health), lambda c, m: told.append((c, m)))  # type: ignore[arg-type]
+    tick()
+    health.failed("journal", "database or disk is full")
+    health.failed("notify json://x/", "refused")  # the notifier's own: said on the console only
+    tick()
+    health.failed("journal", "again")  # the same degradation going on: not told again
+    tick()
+    health.recovered("journal")
+    health.failed("web", "the dashboard server stopped")
+    tick()
+    assert told == [("journal", "database or disk is full"), ("web", "the dashboard server stopped")]

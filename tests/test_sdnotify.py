@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog, watchdog_interval
+from oomguard.supervisor.ops.sdnotify import SystemdNotifier, Watchdog, watchdog_interval
 
 
 class Receiver:
@@ -44,7 +44,7 @@ def receiver(tmp_path: Path) -> Iterator[tuple[Receiver, str]]:
 
 def test_ready_status_stopping(receiver: tuple[Receiver, str]) -> None:
     rx, path = receiver
-    notifier = Notifier.from_env({"NOTIFY_SOCKET": path})
+    notifier = SystemdNotifier.from_env({"NOTIFY_SOCKET": path})
     assert notifier.enabled
     assert notifier.ready("running attempt 1 at micro-batch 8")
     assert rx.recv() == ["READY=1", "STATUS=running attempt 1 at micro-batch 8"]
@@ -58,14 +58,14 @@ def test_abstract_namespace() -> None:
     name = f"oomguard-test-{os.getpid()}"
     rx = Receiver(b"\0" + name.encode())
     try:
-        assert Notifier.from_env({"NOTIFY_SOCKET": "@" + name}).ready()
+        assert SystemdNotifier.from_env({"NOTIFY_SOCKET": "@" + name}).ready()
         assert rx.recv() == ["READY=1"]
     finally:
         rx.sock.close()
 
 
 def test_no_socket_is_a_noop() -> None:
-    notifier = Notifier.from_env({})
+    notifier = SystemdNotifier.from_env({})
     assert not notifier.enabled
     assert not notifier.ready("x") and not notifier.status("x") and not notifier.stopping()
     watchdog = Watchdog.from_env(notifier, {"WATCHDOG_USEC": "1000000"})
@@ -73,7 +73,7 @@ def test_no_socket_is_a_noop() -> None:
 
 
 def test_socket_gone_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    notifier = Notifier(str(tmp_path / "missing.sock"))
+    notifier = SystemdNotifier(str(tmp_path / "missing.sock"))
     assert not notifier.status("a") and not notifier.status("b")
     assert len([r for r in caplog.records if "sd_notify" in r.getMessage()]) == 1  # warned once
 
@@ -82,7 +82,7 @@ def test_watchdog_at_half_interval(receiver: tuple[Receiver, str]) -> None:
     rx, path = receiver
     now = [100.0]
     env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"}
-    watchdog = Watchdog.from_env(Notifier.from_env(env), env, clock=lambda: now[0])
+    watchdog = Watchdog.from_env(SystemdNotifier.from_env(env), env, clock=lambda: now[0])
     assert watchdog.interval_s == 1.0
     sent = []
     for t in (100.0, 100.4, 100.99, 101.0, 101.5, 102.2, 102.3):
@@ -96,7 +96,7 @@ def test_watchdog_at_half_interval(receiver: tuple[Receiver, str]) -> None:
 def test_watchdog_with_the_real_clock(receiver: tuple[Receiver, str]) -> None:
     rx, path = receiver
     env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}  # ping every 50 ms
-    watchdog = Watchdog.from_env(Notifier.from_env(env), env)
+    watchdog = Watchdog.from_env(SystemdNotifier.from_env(env), env)
     assert watchdog.tick() and not watchdog.tick()  # the second call is not due yet
     assert rx.recv() == ["WATCHDOG=1"]
 

@@ -14,9 +14,10 @@ from typing import NoReturn
 from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.ops import doctor, systemd
-from oomguard.supervisor.record import logs, report
+from oomguard.supervisor.ops import doctor, notify, systemd
+from oomguard.supervisor.record import logs, report, runs
 from oomguard.web.client import register as web_commands
+from oomguard.web.client import register_dashboard
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,6 +96,9 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 EXTRA_COMMANDS.append(web_commands)  # oomguard checkpoint | restart | stop
 EXTRA_COMMANDS += [report.add_report_command, logs.add_logs_command]  # oomguard report | logs
 EXTRA_COMMANDS += [systemd.add_service_command, doctor.add_doctor_command]  # oomguard service | doctor
+EXTRA_COMMANDS.append(runs.add_ls_command)  # oomguard ls
+EXTRA_COMMANDS.append(notify.add_notify_test_command)  # oomguard notify-test
+EXTRA_COMMANDS.append(register_dashboard)  # oomguard dashboard: the many-runs page
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,8 +158,9 @@ class RunConfig:
         "--grow tries a larger micro-batch",
         _non_negative, metavar="SECONDS"))
     notify: tuple[str, ...] = field(default=(), metadata=_opt(
-        "--notify", "webhook for failure, success and recovered OOMs: URL, slack=URL or ntfy=URL "
-        "(repeatable)", str, metavar="SPEC", repeat=True))
+        "--notify", "tell a service when the run gives up, succeeds, recovers from an OOM, finds a leak or "
+        "degrades: an Apprise URL (tgram://, discord://, mailto://, ntfys://, slack://, json://...) or a plain "
+        "https:// webhook (repeatable; try one with oomguard notify-test URL)", str, metavar="URL", repeat=True))
     log_max_bytes: int | None = field(default=None, metadata=_opt(
         "--log-max-bytes", "cap on each attempt's log file, e.g. 100M: the head and the tail are kept, "
         "the middle is cut (default: no cap)", parse_size, metavar="SIZE"))
@@ -257,15 +258,15 @@ class RunConfig:
 
     def _check_memory_options(self) -> None:
         from oomguard.supervisor.observe.thresholds import Thresholds
-        from oomguard.supervisor.ops.notify import parse_webhook
+        from oomguard.supervisor.ops.notify import parse_target
 
+        for spec in self.notify:
+            parse_target(spec)  # a NotifyConfigError: one line naming --notify
         try:
             Thresholds(self.soft_threshold, self.psi_threshold, self.memory_limit)
-            for spec in self.notify:
-                parse_webhook(spec)
         except ValueError as exc:
             text = str(exc)
-            option = text.split()[0] if text.startswith("--") else "--notify"
+            option = text.split()[0] if text.startswith("--") else "--soft-threshold"
             raise UsageError(option, text.removeprefix(option).strip(" :"), "see oomguard run --help") from None
 
     def _check_progress_pattern(self) -> None:

@@ -1,4 +1,5 @@
-"""The CLI's side of the API: ``oomguard checkpoint|restart|stop`` and ``oomguard status``.
+"""The CLI's side of the API: ``oomguard checkpoint|restart|stop``, ``oomguard status`` and
+``oomguard dashboard`` (the many-runs page, web/fleet.py; its server is imported only when it runs).
 
 The address comes from the journal (``web_url``, recorded by the running supervisor) and the
 token from ``RUN_DIR/token``; stdlib ``urllib`` keeps these commands quick to start.
@@ -110,3 +111,39 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parser.add_argument("--run-dir", default="oomguard-run",
                             help="the run directory (default: oomguard-run)")
         parser.set_defaults(func=_cmd_control)
+
+
+def _cmd_dashboard(args: argparse.Namespace, command: Sequence[str]) -> int:
+    from oomguard.web.server import serve_fleet
+
+    roots = [Path(d) for d in args.dirs] or [Path.cwd()]
+    for root in roots:
+        if not root.is_dir():
+            raise UsageError("DIR", f"{root} is not a directory", "give directories that hold run directories")
+    return serve_fleet(roots, args.host, args.port, args.depth)
+
+
+def register_dashboard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from oomguard.supervisor.record.runs import MAX_DEPTH, depth
+
+    parser = sub.add_parser("dashboard", help="serve one page listing every run under directories, live, each "
+                            "linked to its own view")
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help="where to look (default: the current directory)")
+    parser.add_argument("--depth", type=depth, default=MAX_DEPTH, metavar="N",
+                        help=f"how many directory levels below each DIR to search (default: {MAX_DEPTH})")
+    parser.add_argument("--host", default="127.0.0.1", metavar="H",
+                        help="address to listen on; any but loopback needs the token link printed at start "
+                        "(default: 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8760, metavar="P",
+                        help="port; a free one when 8760 is taken, 0: any free port (default: 8760)")
+    parser.set_defaults(func=_cmd_dashboard)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535; 0: any free port)")
+    return value

@@ -238,11 +238,47 @@ def start_dashboard(supervisor: Supervisor) -> Dashboard:
 
 
 def _exposed_link(host: str, web: WebServer) -> str:
+    return _public_url(host, web.port) + f"?token={web.token}"
+
+
+def _public_url(host: str, port: int) -> str:
+    """The address others on the network use: the machine's name for a wildcard bind."""
     name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-    return (f"http://[{name}]:{web.port}/" if ":" in name else f"http://{name}:{web.port}/") + f"?token={web.token}"
+    return f"http://[{name}]:{port}/" if ":" in name else f"http://{name}:{port}/"
 
 
 def stop_dashboard(supervisor: Supervisor, dashboard: Dashboard) -> None:
     if dashboard.tick in supervisor.tickers:
         supervisor.tickers.remove(dashboard.tick)
     dashboard.stop()
+
+
+FLEET_PORT = 8760  # beside the runs' 8765, so neither takes the other's default
+
+
+def serve_fleet(roots: list[Path], host: str, port: int, max_depth: int) -> int:
+    """``oomguard dashboard``: serve the many-runs page in the foreground until Ctrl-C or SIGTERM
+    (uvicorn's own signal handling: this process supervises nothing). Same rules as a run's
+    dashboard: loopback by default, the token for every request on any other address."""
+    from oomguard.web.fleet import Runs, create_fleet_app
+
+    token = secrets.token_urlsafe(32)
+    check_exposure(host, token)
+    sock = bind(host, port, fallback=port == FLEET_PORT)
+    app = create_fleet_app(Runs(roots, max_depth))
+    cap = connection_cap()
+    config = uvicorn.Config(guard(app, host, token), log_config=None, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2, lifespan="on", limit_concurrency=cap,
+                            backlog=BACKLOG, http=bounded_protocol(cap))
+    url = _url(host, sock.getsockname()[1])
+    moved = f" (port {FLEET_PORT} is in use)" if port == FLEET_PORT and not url.endswith(f":{FLEET_PORT}/") else ""
+    say(f"all runs under {', '.join(map(str, roots))}: {url}{moved}")
+    if not is_loopback(host):
+        link = f"{_public_url(host, sock.getsockname()[1])}?token={token}"
+        say(f"WARNING: listening on {host}, reachable from the network; every request needs the "
+            f"token. Open {link} once in your browser (it keeps the token as a cookie); do not share that link")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

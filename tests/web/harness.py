@@ -101,3 +101,44 @@ def _wait_for_url(run_dir: Path, proc: subprocess.Popen[bytes], stderr_path: Pat
     raise AssertionError("the dashboard did not come up")
 
 
+
+
+@dataclass
+class Fleet:
+    """``oomguard dashboard DIR...``: the many-runs page, in its own process."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    stderr_path: Path
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path.lstrip("/"), timeout=10, **kw)
+
+    def runs(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.get("api/runs").json()["runs"]
+        return rows
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+def start_fleet(workdir: Path, *roots: Path, host: str = "127.0.0.1") -> Fleet:
+    """Start ``oomguard dashboard`` on port 0 and wait for the address it prints."""
+    stderr_path = workdir / "fleet.stderr"
+    argv = [*OOMGUARD, "dashboard", *map(str, roots), "--host", host, "--port", "0"]
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(argv, cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"oomguard dashboard exited {proc.returncode}: {stderr_path.read_text()}")
+        said = stderr_path.read_text()
+        if "http://" in said:
+            url = said.split("http://", 1)[1].split()[0].split("(")[0]
+            return Fleet(proc, "http://" + url.rstrip(";"), stderr_path)
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("oomguard dashboard did not come up")

@@ -6,6 +6,7 @@ Skipped, with the reason, where either is missing; the test setup installs them 
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Run, start_run
+from harness import Run, start_fleet, start_run
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -91,4 +92,74 @@ def _follows_a_restart_and_a_stop(page: Any, run: Run) -> None:
     assert run.cli("stop").returncode == 0
     expect(page.locator("#state")).to_have_text("stopped", timeout=15_000)
     expect(page.locator("#reason")).to_have_text("The run was stopped on request.")
+    expect(page.locator("#live")).to_have_text("ended", timeout=15_000)  # no reconnecting to a server that is gone
+    time.sleep(2.5)  # past the stream's retry interval: nothing tried again
     assert len(page.context.pages) == before
+
+
+@pytest.fixture()
+def two_runs(tmp_path: Path) -> Iterator[tuple[Run, Run]]:
+    """Two runs on one machine: ``a`` recovers from two OOMs at micro-batch 4, ``b`` trains at once."""
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+    a = start_run(tmp_path / "runs" / "a")
+    try:
+        b = start_run(tmp_path / "runs" / "b", micro=4, global_batch=16)
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        a.wait_for(lambda d: d["state"] == "running" and d["micro_batch"] == 4)
+        b.wait_for(lambda d: d["state"] == "running")
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_many_runs_page_lists_the_runs_live_and_links_to_each(page: Any, two_runs: tuple[Run, Run],
+                                                                tmp_path: Path) -> None:
+    a, b = two_runs
+    damaged = tmp_path / "runs" / "old" / "journal.sqlite"
+    damaged.parent.mkdir()
+    damaged.write_bytes(b"not a journal" * 400)
+    os.utime(damaged, (time.time() - 600, time.time() - 600))
+    fleet = start_fleet(tmp_path, tmp_path / "runs")
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    expect = sync_api.expect
+    try:
+        page.goto(fleet.url)
+        cards = page.locator("#runs article.run")
+        expect(cards).to_have_count(3)
+        expect(page.locator("#counts")).to_have_text("3 runs: 1 damaged, 2 running")
+        card_a, card_b, old = (page.locator(f'#runs article.run:has(.run-name:text-is("{n}"))')
+                               for n in ("a/run", "b/run", "old"))
+        expect(card_a.locator(".state")).to_have_text("running")
+        expect(card_a.locator('[data-fact="batch"]')).to_have_text("4 × 16 × 1 = 64")
+        expect(card_a.locator('[data-fact="failures"]')).to_have_text("2 (cuda_oom ×2)")
+        expect(card_a.locator('[data-fact="supervisor"]')).to_contain_text("alive (pid ")
+        expect(card_a.locator('[data-fact="progress"]')).to_contain_text("step ")
+        expect(card_b.locator("a.dashboard")).to_have_attribute("href", b.url)
+        expect(old.locator(".state")).to_have_text("damaged")
+        expect(old.locator(".why")).to_contain_text("is not an SQLite database")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 391  # no sideways scrolling on a phone
+
+        assert b.cli("stop").returncode == 0  # the list follows without a reload
+        expect(card_b.locator(".state")).to_have_text("stopped", timeout=15_000)
+        expect(card_b.locator('[data-fact="supervisor"]')).to_have_text("exited", timeout=15_000)
+        expect(card_b.locator("a.dashboard")).to_have_count(0)
+
+        card_a.locator("a.view").click()  # a's own view, served from its journal by this server
+        expect(page.locator("#state")).to_have_text("running")
+        expect(page.locator("#batch")).to_have_text("4 × 16 = 64")
+        expect(page.locator("#attempts tbody tr")).to_have_count(3)
+        expect(page.locator("#live")).to_have_text("live")
+        assert page.url.startswith(fleet.url + "runs/")
+        page.locator("#all-runs").click()
+        expect(cards).to_have_count(3)
+        assert page.url == fleet.url
+        assert errors == []
+    finally:
+        fleet.stop()

@@ -1,8 +1,8 @@
-"""What the supervisor tells the world as the run goes: systemd, webhooks, the terminal status line.
+"""What the supervisor tells the world as the run goes: systemd, notifications, the terminal status line.
 
 Each hook subscribes to ``Supervisor.listeners`` (events) and ``Supervisor.tickers`` (every loop
-tick); none of them can block or stop supervision (the loop catches their errors, webhooks are
-sent from their own thread, sd_notify is one datagram).
+tick); none of them can block or stop supervision (the loop catches their errors, notifications
+are sent from their own threads, sd_notify is one datagram).
 """
 
 from __future__ import annotations
@@ -12,17 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from oomguard.supervisor.ops.notify import (
-    RECOVERED,
-    Notification,
-    NotifyConfig,
-    WebhookNotifier,
-    gave_up,
-    parse_webhook,
-    recovered,
-    succeeded,
-)
-from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog
+from oomguard.supervisor.ops import notify
+from oomguard.supervisor.ops.notify import COMPONENT, degraded, gave_up, leak, notify_config, recovered, succeeded
+from oomguard.supervisor.ops.sdnotify import SystemdNotifier, Watchdog
 from oomguard.supervisor.ops.statusline import StatusLine
 from oomguard.supervisor.record import console
 
@@ -39,7 +31,7 @@ def summary(sup: Supervisor) -> str:
 
 
 def attach_systemd(sup: Supervisor) -> None:
-    notifier = Notifier.from_env()
+    notifier = SystemdNotifier.from_env()
     if not notifier.enabled:
         return
     watchdog = Watchdog.from_env(notifier)
@@ -59,20 +51,20 @@ def attach_systemd(sup: Supervisor) -> None:
     sup.listeners.append(on_event)
 
 
-def attach_webhooks(sup: Supervisor) -> Callable[[], object] | None:
+def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
+    """--notify: gave up, succeeded, recovered from an OOM, leak found, degraded (ops/notify.py)."""
     if not sup.config.notify:
         return None
-    sender = WebhookNotifier(NotifyConfig(webhooks=tuple(parse_webhook(s) for s in sup.config.notify)))
+    sender = notify.Notifier(notify_config(sup.config.notify), health=sup.degradations)
     run = sup.run_dir.name
     told_leak = [False]  # a leak is told once: every restart it causes would say the same
 
     def on_event(name: str, data: dict[str, Any]) -> None:
-        leak = data.get("cause") == "leak" or name == "planned_restart"
-        if leak and name in ("decision", "planned_restart") and data.get("action", "restart") == "restart":
+        is_leak = data.get("cause") == "leak" or name == "planned_restart"
+        if is_leak and name in ("decision", "planned_restart") and data.get("action", "restart") == "restart":
             if not told_leak[0]:
                 told_leak[0] = True
-                sender.send(Notification(RECOVERED, run, f"oomguard: {run} has a memory leak", data["reason"],
-                                         {"attempt": sup.attempt}))
+                sender.send(leak(run, data["reason"], attempt=sup.attempt))
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
             sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
                                   data["grad_accum"], evidence=data["evidence"], attempt=sup.attempt))
@@ -82,7 +74,28 @@ def attach_webhooks(sup: Supervisor) -> Callable[[], object] | None:
             sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
 
     sup.listeners.append(on_event)
+    sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(degraded(run, c, m, attempt=sup.attempt))))
     return lambda: sender.close(10.0)
+
+
+def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Callable[[], None]:
+    """A ticker telling each new degradation of oomguard's own parts once (not the notifier's own:
+    those are said on the console, and the failing service would only be asked again)."""
+    seen = [sup.degradations.version]
+    told: set[str] = set()
+
+    def tick() -> None:
+        if sup.degradations.version == seen[0]:
+            return
+        seen[0] = sup.degradations.version
+        active = {p["component"]: p["message"] for p in sup.degradations.active()}
+        for component, message in active.items():
+            if component not in told and not component.startswith(COMPONENT + " "):
+                tell(component, message)
+        told.intersection_update(active)  # an ended one may be told again when it comes back
+        told.update(active)
+
+    return tick
 
 
 def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
@@ -162,4 +175,4 @@ def _every(seconds: float, action: Callable[[], None]) -> Callable[[], None]:
 def attach_all(sup: Supervisor) -> list[Callable[[], object]]:
     """Attach every hook; returns what to call at the end."""
     attach_systemd(sup)
-    return [c for c in (attach_webhooks(sup), attach_statusline(sup)) if c is not None]
+    return [c for c in (attach_notifications(sup), attach_statusline(sup)) if c is not None]

@@ -1,100 +1,61 @@
-"""Webhook notifications: a run gave up, succeeded, or recovered from an OOM.
+"""Notifications: a run gave up, succeeded, recovered from an OOM, found a leak, or degraded.
 
-Supervision never waits on the network: ``WebhookNotifier.send()`` puts the notification on a bounded
-queue and returns; one background thread POSTs it to every configured webhook with a timeout and
-retries (exponential backoff on connection errors, timeouts, 429 and 5xx). When the queue is full
-the notification is dropped and counted, never blocking the caller.
+Where they go is a URL per service, read by Apprise (the library the self-hosting world uses for
+100+ services): ``tgram://``, ``discord://``, ``mailto://``, ``ntfys://``, ``slack://``,
+``json://`` and the rest, and the ``https://`` URLs services hand out themselves (a Slack, Discord or
+Mattermost webhook). A plain ``http(s)://`` URL that no service claims is a generic webhook, as
+before Apprise: oomguard POSTs its own JSON there, ``{"event", "run", "title", "message", "time",
+"details"}``. The older ``slack=URL`` and ``ntfy=URL`` forms are read as the Apprise URLs they mean.
 
-Body formats, chosen per webhook (``FORMAT=URL`` on the command line, plain ``URL`` for json):
-
-- ``json``: ``{"event", "run", "title", "message", "time", "details"}``, for your own receiver;
-- ``slack``: ``{"text": ...}``, which Slack incoming webhooks (and Mattermost, Discord's
-  ``/slack`` endpoint) accept;
-- ``ntfy``: the topic URL (``https://ntfy.sh/mytopic``) is split into server and topic and the
-  notification is published as ntfy's JSON (``{"topic", "title", "message", "tags", "priority"}``).
+Supervision never waits on the network: ``Notifier.send()`` puts the notification on each target's
+bounded queue and returns. Each target has its own thread (a dead Telegram never delays Discord),
+which tries, and after a failure tries again with exponential backoff; a target that still fails is
+a degradation (``notify tgram://… degraded: …``), said once and shown by ``oomguard status``, and its
+next delivery says it recovered. A full queue drops the notification and counts it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from oomguard.supervisor.errors import UsageError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from apprise.plugins.base import NotifyBase
 
 FAILED = "failed"  # the supervisor gave up
 SUCCEEDED = "succeeded"
 RECOVERED = "recovered"  # a memory failure was handled and the run goes on
-EVENTS = (FAILED, SUCCEEDED, RECOVERED)
-FORMATS = ("json", "slack", "ntfy")
-
-_EMOJI = {FAILED: ":x:", SUCCEEDED: ":white_check_mark:", RECOVERED: ":recycle:"}
-_NTFY = {FAILED: (["x"], 5), SUCCEEDED: (["white_check_mark"], 3), RECOVERED: (["recycle"], 3)}
-_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+LEAK = "leak"  # memory kept rising while training went on: restarted from the newest checkpoint
+DEGRADED = "degraded"  # one of oomguard's own parts (journal, logs, dashboard…) is failing; the worker runs
+EVENTS = (FAILED, SUCCEEDED, RECOVERED, LEAK, DEGRADED)
+LEGACY_FORMATS = ("json", "slack", "ntfy")  # the ``FORMAT=URL`` forms of the first --notify
+COMPONENT = "notify"  # the degradations of one target are "notify <its redacted URL>"
+SERVICES_HINT = "see `apprise --details` or Apprise's wiki for each service's URL"
 
 
 class NotifyConfigError(UsageError):
-    """A bad webhook setting; the message is one line naming the option and the fix."""
+    """A bad --notify setting; the message is one line naming the option and the fix."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__("", message)
-
-
-@dataclass(frozen=True)
-class Webhook:
-    url: str
-    format: str = "json"
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise NotifyConfigError(
-                f"--notify format {self.format!r} is unknown: use one of {', '.join(FORMATS)}"
-            )
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise NotifyConfigError(f"--notify URL {self.url!r} must be an http:// or https:// URL")
-        if self.format == "ntfy" and not parts.path.strip("/"):
-            raise NotifyConfigError(f"--notify ntfy URL {self.url!r} needs a topic: https://ntfy.sh/TOPIC")
+    def __init__(self, problem: str, fix: str = SERVICES_HINT) -> None:
+        super().__init__("--notify", problem, fix)
 
 
-@dataclass(frozen=True)
-class NotifyConfig:
-    webhooks: tuple[Webhook, ...] = ()
-    timeout_s: float = 5.0  # per request
-    retries: int = 3  # further tries after the first
-    backoff_s: float = 1.0  # doubled after each failed try
-    queue_size: int = 64
-    events: frozenset[str] = frozenset(EVENTS)
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise NotifyConfigError("--notify-timeout must be a positive number of seconds")
-        if self.retries < 0:
-            raise NotifyConfigError("--notify-retries must be 0 or more")
-        if self.queue_size < 1:
-            raise NotifyConfigError("notify queue_size must be at least 1")
-        unknown = set(self.events) - set(EVENTS)
-        if unknown:
-            raise NotifyConfigError(f"--notify-on {sorted(unknown)} unknown: use {', '.join(EVENTS)}")
-
-
-def parse_webhook(spec: str) -> Webhook:
-    """``https://...`` (json) or ``slack=https://...`` / ``ntfy=https://ntfy.sh/topic``."""
-    head, sep, rest = spec.partition("=")
-    if sep and head in FORMATS and "://" not in head:
-        return Webhook(url=rest, format=head)
-    return Webhook(url=spec)
+# --- what is sent ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -105,6 +66,12 @@ class Notification:
     message: str
     details: Mapping[str, Any] = field(default_factory=dict)
     time: float = field(default_factory=time.time)
+
+    @property
+    def body(self) -> str:
+        """The text a person reads: what happened, then where (a machine may run several jobs)."""
+        attempt = self.details.get("attempt")
+        return f"{self.message}\n{self.run} on {socket.gethostname()}" + (f", attempt {attempt}" if attempt else "")
 
 
 def gave_up(run: str, reason: str, **details: Any) -> Notification:
@@ -122,127 +89,345 @@ def recovered(
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
 
 
-def render_body(hook: Webhook, note: Notification) -> tuple[str, dict[str, Any]]:
-    """The URL to POST to and the JSON body for ``note`` in ``hook``'s format."""
-    if hook.format == "slack":
-        return hook.url, {"text": f"{_EMOJI.get(note.event, '')} *{note.title}*\n{note.message}".strip()}
-    if hook.format == "ntfy":
-        return _ntfy_body(hook.url, note)
-    stamp = datetime.fromtimestamp(note.time, tz=timezone.utc).isoformat()
-    body = {"event": note.event, "run": note.run, "title": note.title, "message": note.message}
-    return hook.url, {**body, "time": stamp, "details": dict(note.details)}
+def leak(run: str, reason: str, **details: Any) -> Notification:
+    return Notification(LEAK, run, f"oomguard: {run} has a memory leak", reason, details)
 
 
-def _ntfy_body(topic_url: str, note: Notification) -> tuple[str, dict[str, Any]]:
-    parts = urlsplit(topic_url)
-    base, _, topic = parts.path.strip("/").rpartition("/")
-    server = urlunsplit((parts.scheme, parts.netloc, f"/{base}" if base else "/", "", ""))
-    tags, priority = _NTFY.get(note.event, ([], 3))
-    return server, {
-        "topic": topic,
-        "title": note.title,
-        "message": note.message,
-        "tags": tags,
-        "priority": priority,
-    }
+def degraded(run: str, component: str, problem: str, **details: Any) -> Notification:
+    return Notification(DEGRADED, run, f"oomguard: {run}: {component} degraded",
+                        f"{component}: {problem}; the worker keeps running", details)
 
 
-class WebhookNotifier:
-    """Delivers notifications from a background thread; ``send()`` never blocks."""
+def sample_notification() -> Notification:
+    return Notification("test", "notify-test", "oomguard: test notification",
+                        "If you can read this, oomguard's notifications reach you here.")
 
-    def __init__(self, config: NotifyConfig) -> None:
-        self.config = config
-        self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=config.queue_size)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.delivered = 0  # (notification, webhook) pairs that got a 2xx
-        self.failed = 0  # pairs that ran out of tries
-        self.dropped = 0  # notifications the full queue refused
-        self._thread = threading.Thread(target=self._run, name="oomguard-notify", daemon=True)
-        self._started = False
+
+# --- where it goes --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One --notify URL: an Apprise URL, or a plain http(s) webhook that gets oomguard's own JSON."""
+
+    url: str
+    apprise: bool
 
     @property
-    def enabled(self) -> bool:
-        return bool(self.config.webhooks)
+    def shown(self) -> str:
+        """The URL without its secrets (tokens live in the path or the user part), for log lines."""
+        if self.apprise:
+            return str(_plugin(self.url).url(privacy=True)).split("?", 1)[0]
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}/…"
+
+
+def parse_target(spec: str) -> Target:
+    """``URL`` (Apprise's, or a plain webhook), or the older ``slack=URL``, ``ntfy=URL``, ``json=URL``."""
+    head, sep, rest = spec.partition("=")
+    if sep and head in LEGACY_FORMATS and "://" not in head:
+        return _legacy(head, rest)
+    scheme = urlsplit(spec).scheme.lower()
+    if not scheme or "://" not in spec:
+        raise NotifyConfigError(f"{spec!r} is not a URL", "give a service URL such as tgram://BOT_TOKEN/CHAT_ID, "
+                                "discord://ID/TOKEN or a plain https:// webhook")
+    if _claimed(spec):
+        return Target(spec, apprise=True)
+    if scheme in ("http", "https"):
+        if not urlsplit(spec).hostname:
+            raise NotifyConfigError(f"{spec!r} has no host", "e.g. https://example.org/hook")
+        return Target(spec, apprise=False)  # no service claims it: a generic webhook
+    raise NotifyConfigError(f"{_no_secrets(spec)!r} is not a URL Apprise can use (unknown service or missing "
+                            "token)")
+
+
+def _legacy(fmt: str, url: str) -> Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NotifyConfigError(f"{fmt}={url!r}: the URL must be http:// or https://", f"e.g. {fmt}=https://…")
+    if fmt == "json":
+        return Target(url, apprise=False)
+    if fmt == "ntfy":
+        if not parts.path.strip("/"):
+            raise NotifyConfigError(f"ntfy={url!r} needs a topic", "e.g. ntfy=https://ntfy.sh/TOPIC")
+        scheme = "ntfys" if parts.scheme == "https" else "ntfy"
+        return parse_target(urlunsplit((scheme, parts.netloc, parts.path, parts.query, "")))
+    if not _claimed(url):  # slack=: Slack's (and Mattermost's) webhook URLs are Apprise's too
+        raise NotifyConfigError(f"slack={_no_secrets(url)!r} is not a Slack webhook URL Apprise recognises",
+                                "give the Apprise URL instead: slack://TOKEN_A/TOKEN_B/TOKEN_C or mmost://HOST/TOKEN")
+    return Target(url, apprise=True)
+
+
+def _no_secrets(url: str) -> str:
+    """Services keep tokens in the host part too (tgram://BOT_TOKEN/…): only a web address shows its host."""
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https"):
+        return f"{parts.scheme}://{parts.hostname or ''}/…"
+    return f"{parts.scheme}://…" if parts.scheme else "…"
+
+
+_plugins: dict[str, NotifyBase] = {}
+_plugins_lock = threading.Lock()
+
+
+def _plugin(url: str) -> NotifyBase:
+    """Apprise's object for ``url`` (instantiated once: the first costs Apprise's plugin scan)."""
+    with _plugins_lock:
+        if url not in _plugins:
+            import apprise
+
+            plugin = apprise.Apprise.instantiate(url, suppress_exceptions=True)
+            if plugin is None:
+                raise NotifyConfigError(f"{_no_secrets(url)!r} is not a URL Apprise can use")
+            _plugins[url] = plugin
+        return _plugins[url]
+
+
+def _claimed(url: str) -> bool:
+    try:
+        with _apprise_log() as _:
+            _plugin(url)
+    except NotifyConfigError:
+        return False
+    return True
+
+
+# --- delivering -----------------------------------------------------------------------------
+
+
+def deliver(target: Target, note: Notification, timeout_s: float) -> str | None:
+    """One try: None when the service took it, else why not (one line)."""
+    if not target.apprise:
+        return post_json(target.url, webhook_body(note), timeout_s)
+    import apprise
+
+    plugin = _plugin(target.url)
+    plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout_s
+    kind = {FAILED: apprise.NotifyType.FAILURE, SUCCEEDED: apprise.NotifyType.SUCCESS,
+            LEAK: apprise.NotifyType.WARNING, DEGRADED: apprise.NotifyType.WARNING}.get(note.event,
+                                                                                         apprise.NotifyType.INFO)
+    with _apprise_log() as said:
+        try:
+            ok = plugin.notify(body=note.body, title=note.title, notify_type=kind)
+        except Exception as exc:  # a plugin's bug is this target failing, never the lane's end
+            return f"{type(exc).__name__}: {exc}"
+    return None if ok else (said[-1] if said else "the service did not accept it")
+
+
+def webhook_body(note: Notification) -> dict[str, Any]:
+    """oomguard's own JSON, for plain webhooks."""
+    stamp = datetime.fromtimestamp(note.time, tz=timezone.utc).isoformat()
+    return {"event": note.event, "run": note.run, "title": note.title, "message": note.message, "time": stamp,
+            "details": dict(note.details)}
+
+
+def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> str | None:
+    """POST ``body`` as JSON; None on 2xx, else the reason."""
+    request = urllib.request.Request(url, data=json.dumps(body, default=str).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "oomguard"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        return f"HTTP {error.code} {error.reason}"
+    except (urllib.error.URLError, OSError) as error:  # refused, DNS, timeout
+        return str(getattr(error, "reason", error))
+    return None
+
+
+class _Said(logging.Handler):
+    """Apprise says why a delivery failed in its log; keep this thread's warnings as the reason."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.thread = threading.get_ident()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            self.lines.append(record.getMessage().splitlines()[0] if record.getMessage() else "")
+
+
+@contextmanager
+def _apprise_log() -> Iterator[list[str]]:
+    """Apprise's warnings while delivering, as reasons, not as lines on the supervisor's console."""
+    logger = logging.getLogger("apprise")
+    handler = _Said()
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+
+
+# --- the background delivery ------------------------------------------------------------------
+
+
+class DegradationSink(Protocol):
+    """Where a failing target is reported (``record.degraded.Degradations``)."""
+
+    def failed(self, component: str, error: BaseException | str, lost: int = 1, what: str = "",
+               unit: str = "writes") -> bool: ...
+
+    def recovered(self, component: str) -> object: ...
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    targets: tuple[Target, ...] = ()
+    timeout_s: float = 10.0  # per try
+    retries: int = 3  # further tries after the first
+    backoff_s: float = 2.0  # before the first retry; doubled after each
+    queue_size: int = 64  # per target
+    events: frozenset[str] = frozenset(EVENTS)
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise NotifyConfigError("the delivery timeout must be a positive number of seconds", "")
+        if self.retries < 0:
+            raise NotifyConfigError("retries must be 0 or more", "")
+        if self.queue_size < 1:
+            raise NotifyConfigError("the queue must hold at least 1 notification", "")
+        unknown = set(self.events) - set(EVENTS)
+        if unknown:
+            raise NotifyConfigError(f"events {sorted(unknown)} unknown", f"use {', '.join(EVENTS)}")
+
+
+class _Lane:
+    """One target's queue and thread."""
+
+    def __init__(self, target: Target, config: NotifyConfig, health: DegradationSink | None,
+                 stop: threading.Event) -> None:
+        self.target = target
+        self.config = config
+        self.health = health
+        self.stop = stop
+        self.queue: queue.Queue[Notification | None] = queue.Queue(maxsize=config.queue_size)
+        self.delivered = self.failed = self.dropped = 0
+        self.thread = threading.Thread(target=self._run, name="oomguard-notify", daemon=True)
+        self.component = f"{COMPONENT} {target.shown}"
+
+    def _run(self) -> None:
+        while (note := self.queue.get()) is not None:
+            why, tries = self._try_with_backoff(note)
+            if why is None:
+                self.delivered += 1
+                if self.health is not None:
+                    self.health.recovered(self.component)
+            else:
+                self.failed += 1
+                if self.health is not None:
+                    self.health.failed(self.component, why, unit="notifications",
+                                       what=f" ({tries} {'try' if tries == 1 else 'tries'})")
+
+    def _try_with_backoff(self, note: Notification) -> tuple[str | None, int]:
+        """(None, tries) once delivered, else (the last reason, tries); closing ends the backoff early."""
+        tries, delay = 0, self.config.backoff_s
+        while True:
+            tries += 1
+            why = deliver(self.target, note, self.config.timeout_s)
+            if why is None or tries > self.config.retries or self.stop.wait(delay):
+                return why, tries
+            delay *= 2
+
+
+class Notifier:
+    """Delivers notifications from one background thread per target; ``send()`` never blocks."""
+
+    def __init__(self, config: NotifyConfig, health: DegradationSink | None = None) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._started = False
+        self.lanes = [_Lane(t, config, health, self._stop) for t in config.targets]
+
+    @property
+    def delivered(self) -> int:
+        return sum(lane.delivered for lane in self.lanes)
+
+    @property
+    def failed(self) -> int:
+        return sum(lane.failed for lane in self.lanes)
+
+    @property
+    def dropped(self) -> int:
+        return sum(lane.dropped for lane in self.lanes)
 
     def send(self, note: Notification) -> bool:
-        """Queue ``note`` for delivery; False when disabled, filtered out, or the queue is full."""
-        if not self.enabled or note.event not in self.config.events or self._stop.is_set():
+        """Queue ``note`` for every target; False when none took it (disabled, filtered, queues full)."""
+        if not self.lanes or note.event not in self.config.events or self._stop.is_set():
             return False
         self._ensure_started()
-        try:
-            self._queue.put_nowait(note)
-        except queue.Full:
-            with self._lock:
-                self.dropped += 1
-            log.warning("notification queue full; dropped %s for %s", note.event, note.run)
-            return False
-        return True
+        taken = False
+        for lane in self.lanes:
+            try:
+                lane.queue.put_nowait(note)
+                taken = True
+            except queue.Full:
+                lane.dropped += 1
+        return taken
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Deliver what is queued within ``timeout_s``, then stop; True when everything went out."""
         if not self._started:
             return True
         deadline = time.monotonic() + timeout_s
-        try:
-            self._queue.put(None, timeout=timeout_s)
-        except queue.Full:
-            log.warning("notification queue still full at close; abandoning what is left")
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        for lane in self.lanes:
+            try:
+                lane.queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Full:
+                continue  # still full at the deadline: what is left is abandoned below
+        for lane in self.lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()))
         self._stop.set()  # abandons any backoff still waiting
-        self._thread.join(max(1.0, self.config.timeout_s))
-        return not self._thread.is_alive() and self._queue.empty()
+        for lane in self.lanes:
+            lane.thread.join(1.0)
+        return all(not lane.thread.is_alive() and lane.queue.empty() for lane in self.lanes)
 
     def _ensure_started(self) -> None:
         with self._lock:
             if not self._started:
-                self._thread.start()
+                for lane in self.lanes:
+                    lane.thread.start()
                 self._started = True
 
-    def _run(self) -> None:
-        while True:
-            note = self._queue.get()
-            if note is None:
-                return
-            for hook in self.config.webhooks:
-                ok = self._deliver(hook, note)
-                with self._lock:
-                    if ok:
-                        self.delivered += 1
-                    else:
-                        self.failed += 1
 
-    def _deliver(self, hook: Webhook, note: Notification) -> bool:
-        url, body = render_body(hook, note)
-        delay = self.config.backoff_s
-        for attempt in range(self.config.retries + 1):
-            retry, reason = post_json(url, body, self.config.timeout_s)
-            if reason is None:
-                return True
-            log.warning("webhook %s try %d: %s", _redact(url), attempt + 1, reason)
-            if not retry or self._stop.wait(delay):
-                return False
-            delay *= 2
-        return False
+def notify_config(specs: Sequence[str], **settings: Any) -> NotifyConfig:
+    return NotifyConfig(targets=tuple(parse_target(s) for s in specs), **settings)
 
 
-def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> tuple[bool, str | None]:
-    """POST ``body``; (retry?, None) on 2xx, else (whether a retry may help, the reason)."""
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(  # the scheme is checked in Webhook
-        url, data=data, method="POST", headers={"Content-Type": "application/json", "User-Agent": "oomguard"}
-    )
+# --- oomguard notify-test -------------------------------------------------------------------
+
+
+def _cmd_notify_test(args: argparse.Namespace, command: Sequence[str]) -> int:
+    targets = [parse_target(spec) for spec in args.urls]  # all checked before anything is sent
+    failures = 0
+    for target in targets:
+        started = time.monotonic()
+        why = deliver(target, sample_notification(), args.timeout)
+        took = f"{time.monotonic() - started:.2f} s"
+        if why is None:
+            print(f"sent to {target.shown} ({took})")
+        else:
+            failures += 1
+            print(f"failed: {target.shown}: {why} ({took})")
+    return 1 if failures else 0
+
+
+def _timeout(text: str) -> float:
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
-    except urllib.error.HTTPError as error:
-        return error.code in _RETRY_STATUS, f"HTTP {error.code}"
-    except (urllib.error.URLError, OSError) as error:  # refused, DNS, timeout
-        return True, str(getattr(error, "reason", error))
-    return False, None
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be above 0")
+    return value
 
 
-def _redact(url: str) -> str:
-    # Webhook URLs carry their secret in the path (Slack's /services/T/B/XXXX): log the host only.
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/..."
+def add_notify_test_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("notify-test", help="send one test notification to each URL, as --notify would")
+    parser.add_argument("urls", nargs="+", metavar="URL", help="an Apprise URL (tgram://, discord://, mailto://, "
+                        "ntfys://, slack://, json://…) or a plain https:// webhook")
+    parser.add_argument("--timeout", type=_timeout, default=10.0, metavar="SECONDS",
+                        help="how long to wait for each service (default: 10)")
+    parser.set_defaults(func=_cmd_notify_test)

@@ -6,7 +6,7 @@ loop calls these unconditionally. A failed send is logged once and never stops s
 
 Use from the loop::
 
-    notifier = Notifier.from_env()
+    notifier = SystemdNotifier.from_env()
     watchdog = Watchdog.from_env(notifier)
     notifier.ready("running attempt 1 at micro-batch 8")   # once the worker runs
     while ...:
@@ -31,7 +31,7 @@ WATCHDOG = "WATCHDOG=1"
 _STATUS_MAX = 200  # systemctl status shows one line; keep it short
 
 
-class Notifier:
+class SystemdNotifier:
     """Sends sd_notify messages to one socket address; a no-op when the address is None."""
 
     def __init__(self, address: str | None) -> None:
@@ -39,7 +39,7 @@ class Notifier:
         self._warned = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Notifier:
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> SystemdNotifier:
         return cls(env.get("NOTIFY_SOCKET") or None)
 
     @property
@@ -82,7 +82,7 @@ class Watchdog:
 
     def __init__(
         self,
-        notifier: Notifier,
+        notifier: SystemdNotifier,
         interval_s: float | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -94,7 +94,7 @@ class Watchdog:
     @classmethod
     def from_env(
         cls,
-        notifier: Notifier,
+        notifier: SystemdNotifier,
         env: Mapping[str, str] = os.environ,
         clock: Callable[[], float] = time.monotonic,
     ) -> Watchdog:

@@ -22,7 +22,9 @@ def supervisor_alive(meta: dict[str, Any]) -> bool:
     if not pid or started is None:
         return False
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 1.0
+        proc = psutil.Process(pid)
+        # A killed supervisor nobody has reaped yet is a zombie: its pid and start time still match.
+        return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

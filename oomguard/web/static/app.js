@@ -139,7 +139,7 @@ async function refreshLog() {
   const attempt = select.value || (view.attempts.length ? view.attempts[view.attempts.length - 1].attempt : null);
   if (!attempt) return;
   try {
-    const tail = await api(`/api/attempts/${attempt}/log?lines=200`);
+    const tail = await api(`api/attempts/${attempt}/log?lines=200`);
     const box = $("log");
     const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
     box.textContent = (tail.truncated ? "…\n" : "") + tail.lines.join("\n");
@@ -261,8 +261,8 @@ function scheduleChart() {
 // --- loading and live updates ----------------------------------------------------------------------
 
 async function refreshTables() {
-  const [attempts, markers, checkpoints] = await Promise.all([api("/api/attempts"), api("/api/markers"),
-    api("/api/checkpoints?limit=5")]);
+  const [attempts, markers, checkpoints] = await Promise.all([api("api/attempts"), api("api/markers"),
+    api("api/checkpoints?limit=5")]);
   view.attempts = attempts;
   view.markers = markers;
   view.checkpoints = checkpoints;
@@ -274,7 +274,7 @@ async function refreshTables() {
 }
 
 async function load() {
-  const [status, samples] = await Promise.all([api("/api/status"), api(`/api/samples?max_points=${MAX_POINTS}`)]);
+  const [status, samples] = await Promise.all([api("api/status"), api(`api/samples?max_points=${MAX_POINTS}`)]);
   renderStatus(status);
   view.points = samples.points;
   await refreshTables();
@@ -283,9 +283,18 @@ async function load() {
 
 function connect() {
   const live = $("live");
-  const source = new EventSource("/api/stream");
+  const source = new EventSource("api/stream");
   source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
-  source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.className = "live off"; });
+  source.addEventListener("error", () => {
+    if (view.status && TERMINAL.has(view.status.state)) {  // the run ended and its server went with it
+      source.close();
+      live.textContent = "ended";
+      live.className = "live";
+      return;
+    }
+    live.textContent = "reconnecting…";
+    live.className = "live off";
+  });
   source.addEventListener("status", (e) => renderStatus(JSON.parse(e.data)));
   source.addEventListener("journal", (e) => {
     const kind = JSON.parse(e.data).kind;
@@ -310,6 +319,9 @@ function startLogPolling() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  if (/^\/runs\/[0-9a-f]+\/$/.test(location.pathname)) {  // served by `oomguard dashboard`, beside other runs
+    document.querySelector("header h1").after(el("a", { href: "../../", class: "back", id: "all-runs" }, "← all runs"));
+  }
   $("log-attempt").addEventListener("change", (e) => { view.logAttempt = Number(e.target.value); refreshLog(); });
   window.addEventListener("resize", scheduleChart);
   load().catch(showError);
