@@ -2,7 +2,7 @@
 
 * Everywhere: exactly the files the Dockerfile's COPY lines name are installed into a fresh venv, the way
   its RUN line installs them (the COPY lines are parsed, so this cannot drift from the Dockerfile).
-* Where podman can run (root on Debian; scripts/test.sh installs podman, runc and debootstrap): the image
+* Where podman can run (root on Debian; scripts/test.sh installs podman, runc and mmdebstrap): the image
   is built on a local Debian base (no registry is reachable) and runs ``oomguard --version`` and a short
   supervised job that recovers from a real MemoryError, while the image's own HEALTHCHECK passes against
   the dashboard on 0.0.0.0. Elsewhere these say why and skip. tests/containers.py holds the podman side.
@@ -278,7 +278,8 @@ def test_a_job_recovers_in_the_container_while_its_healthcheck_passes(image: str
 
         _exec(name, "touch", "/runs/job/go")
         waited = containers.podman("wait", name, timeout=120)
-        logs = containers.podman("logs", name).stdout + containers.podman("logs", name).stderr
+        shown = containers.podman("logs", name)
+        logs = shown.stdout + shown.stderr  # the worker's output and oomguard's own lines
         print(f"\nsupervised job in a container: {time.monotonic() - started:.1f} s", file=sys.stderr)
         assert waited.stdout.strip() == "0", logs[-4000:]
         assert "attempt 1 ended: host_oom (MemoryError)" in logs, logs[-4000:]
