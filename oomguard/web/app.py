@@ -24,6 +24,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from oomguard.supervisor.record.status import supervisor_alive
 from oomguard.web import models, redact
+from oomguard.web.exposure import ANONYMOUS
 from oomguard.web.journals import JournalPool, JournalUnavailable, StatusCache
 from oomguard.web.logtail import log_path, tail
 from oomguard.web.markers import MarkerScan
@@ -141,13 +142,15 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any =
                 "truncated": truncated}
 
     @app.get("/healthz", response_model=models.Health, tags=["read"])
-    def healthz() -> dict[str, Any]:
-        """Is the server up, and can it read the journal? (200 either way; ``ok`` says.)"""
+    def healthz(request: Request) -> dict[str, Any]:
+        """Is the server up, and can it read the journal? (200 either way; ``ok`` says.) The one read
+        open without the token on a network bind, for probes: the run's ``state`` is then left out."""
         try:
             meta = pool.get().meta()
         except (JournalUnavailable, sqlite3.Error):
             return {"ok": False, "state": None, "supervisor_alive": False}
-        return {"ok": True, "state": meta.get("state"), "supervisor_alive": supervisor_alive(meta)}
+        state = None if request.scope.get(ANONYMOUS) else meta.get("state")
+        return {"ok": True, "state": state, "supervisor_alive": supervisor_alive(meta)}
 
 
 def _add_live_routes(app: FastAPI, pool: JournalPool, broker: ChangeBroker) -> None:

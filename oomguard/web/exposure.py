@@ -6,6 +6,8 @@
   ``Authorization: Bearer TOKEN``, or the cookie a browser gets by opening the link oomguard prints
   once at start (``/?token=TOKEN`` sets it, HttpOnly and SameSite=Strict, and redirects to ``/``).
   Control endpoints still take the bearer header only, so a cookie can never stop a run.
+  ``/healthz`` alone answers without the token, since Docker's HEALTHCHECK and Kubernetes probes carry
+  none; such a caller learns only whether the server and its supervisor are up, not the run's state.
 * Connections are bounded by the file descriptors there are: ``RESERVE`` stay for supervision
   (journal, logs, cgroup files, the next worker's pipes); past the cap a new connection is closed
   as soon as it is accepted, and one that sends no request within ``FIRST_REQUEST_TIMEOUT`` is closed.
@@ -38,6 +40,8 @@ MAX_CONNECTIONS = 200
 MIN_CONNECTIONS = 4
 FIRST_REQUEST_TIMEOUT = 10.0  # seconds a connection may stay open without sending a request
 PUBLIC_PREFIXES = ("/static/",)  # the page's own scripts and styles: nothing of the run is in them
+PROBE_PATH = "/healthz"  # liveness for probes that carry no token
+ANONYMOUS = "oomguard.anonymous"  # set in the scope of a probe let through without the token
 
 
 def is_loopback(host: str) -> bool:
@@ -139,6 +143,9 @@ class _ReadToken:
         bearer = _header(scope, b"authorization")
         offered = bearer[7:] if bearer.lower().startswith("bearer ") else _cookie(scope)
         if not self._ok(offered):
+            if scope["path"] == PROBE_PATH:
+                await self.app({**scope, ANONYMOUS: True}, receive, send)
+                return
             await _plain(send, 401, b'{"detail": "this dashboard listens on a network address: open the link '
                          b'with the token that oomguard printed at start, or send Authorization: Bearer '
                          b'(the token is in RUN_DIR/token)"}', b"application/json")

@@ -39,8 +39,10 @@ def test_a_network_bind_needs_the_token_for_reads_and_hides_secrets(secret_run: 
         port = web.url.rstrip("/").rsplit(":", 1)[1]
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=10, follow_redirects=False) as client:
-            for path in ("/api/status", "/api/attempts", "/api/attempts/1/log", "/metrics", "/healthz", "/"):
+            for path in ("/api/status", "/api/attempts", "/api/attempts/1/log", "/metrics", "/", "/api/stream",
+                         "/api/openapi.json", "/healthz/", "/healthz/x", "/HEALTHZ"):
                 assert client.get(path).status_code == 401, path
+            assert client.post("/api/control/stop").status_code == 401
             assert client.get("/api/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
             assert client.get("/static/app.js").status_code == 200  # the page's code holds nothing of the run
             link = client.get("/?token=tok-123")
@@ -51,6 +53,22 @@ def test_a_network_bind_needs_the_token_for_reads_and_hides_secrets(secret_run: 
             body = status.text + client.get("/api/attempts").text + client.get("/api/attempts/1/log").text
             assert SECRET not in body and "***" in body, body
         assert httpx.get(base + "/api/status", headers={"Authorization": "Bearer tok-123"}).status_code == 200
+    finally:
+        web.stop()
+
+
+def test_on_a_network_bind_healthz_alone_answers_without_the_token(secret_run: Path) -> None:
+    """Docker's HEALTHCHECK and Kubernetes probes carry no token; they learn only that the server is up."""
+    web = start_server(secret_run, None, "0.0.0.0", 0, token="tok-123")
+    try:
+        base = "http://127.0.0.1:" + web.url.rstrip("/").rsplit(":", 1)[1]
+        for auth in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": "oomguard_token=wrong"}):
+            anonymous = httpx.get(base + "/healthz", headers=auth, timeout=10)
+            assert anonymous.status_code == 200, auth
+            assert anonymous.json() == {"ok": True, "state": None, "supervisor_alive": False}, auth
+        known = httpx.get(base + "/healthz", headers={"Authorization": "Bearer tok-123"}, timeout=10)
+        assert known.json() == {"ok": True, "state": "succeeded", "supervisor_alive": False}
+        assert httpx.get(base + "/metrics", timeout=10).status_code == 401  # the next path over stays closed
     finally:
         web.stop()
 
