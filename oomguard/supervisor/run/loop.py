@@ -596,7 +596,8 @@ class Supervisor:
             return None
         scan = watch.scanner
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader),
-                                           self.plan.batch.micro_batch, fit(self.tuner.points))
+                                           self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
+                                           self.worker.exited_at if self.worker else None)
         if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):
             self.trend.prior_per_s = float(rate)
         self._event("attribution", **attribution.as_dict())
