@@ -345,7 +345,7 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
         listener("planned_restart", {"reason": "planned restart after the next checkpoint: cgroup limit in ~5 s"})
         listener("decision", leak)
         listener("decision", leak)
-        spike = "per-sample: memory jumped above a steady rise; the cgroup trend was 248 MiB below its 400 MiB limit"
+        spike = "per-sample: a spike on a steady rise; the cgroup trend was 248 MiB below its 400 MiB limit"
         listener("attribution", {"cause": "per_sample", "summary": spike, "below_limit_bytes": 248 * MIB})
         listener("decision", {**leak, "cause": "per_sample", "micro_batch": 8})  # a per-sample OOM is still told
         server.wait_for(2)
@@ -378,7 +378,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
                               listeners=[], plan=PLAN, attempt=5)
         close = attach_webhooks(sup)  # type: ignore[arg-type]
         (listener,) = sup.listeners
-        spike = "per-sample: memory jumped above a steady rise; the cgroup trend was 248 MiB below its 400 MiB limit"
+        spike = "per-sample: a spike on a steady rise; the cgroup trend was 248 MiB below its 400 MiB limit"
         listener("attribution", {"cause": "per_sample", "summary": spike, "below_limit_bytes": 248 * MIB})
         reason = "out of memory even at the smallest micro-batch (1, --min-micro-batch 1)"
         listener("decision", {"action": "give_up", "kind": "host_oom", "cause": "per_sample", "reason": reason,

@@ -111,8 +111,9 @@ def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
     assert doc["state"] == "succeeded" and doc["micro_batch"] == 16 and doc["grad_accum"] == 4
     assert "done micro=16 steps=120" in stdout
     kills = [f for f in doc["failures"] if f["kind"] == "host_oom"]
-    assert len(kills) <= 1, doc["failures"]  # at most one kernel kill, and only before the rate is known
-    assert all(f["attempt"] == 1 for f in kills)
+    # No kernel kill: the forecast's line (the cgroup that sets the limit, oomguard's own memory
+    # counted) reaches the limit after the next checkpoint, and the restart comes first.
+    assert not kills, doc["failures"]
     assert all(f["micro_batch"] == 16 for f in doc["failures"])
     report = read_report(run_dir)
     causes = [f["cause"]["cause"] for f in report["failures"] if f.get("cause")]

@@ -111,7 +111,7 @@ def test_without_a_limit_to_measure_against_a_steady_line_stands_on_its_readings
     assert attribute(series, Evidence(), 16).cause is Cause.LEAK
     jumped = then(series, 300 * MIB)
     found = attribute(jumped, Evidence(), 16)
-    assert found.cause is Cause.PER_SAMPLE and "jumped above a steady rise" in found.summary
+    assert found.cause is Cause.PER_SAMPLE and "a spike on a steady rise" in found.summary
 
 
 def test_a_leak_that_also_spikes_names_both_and_the_figures_pick_the_remedy() -> None:
@@ -306,3 +306,26 @@ def test_without_a_cgroup_limit_a_host_oom_is_measured_against_the_machine() -> 
     found = watch.attribute(Evidence(), 16, kind=FailureKind.HOST_OOM, failed_at=19.5)
     assert found.figures["budget"] == "host" and found.figures["limit_bytes"] == total
     assert found.cause is Cause.PER_SAMPLE  # 3.7 GiB below the machine's memory: the worker's rise did not fill it
+
+
+def test_a_cuda_leak_under_a_memory_fraction_is_measured_against_the_cap_its_oom_message_names() -> None:
+    """NVML sees the device (80 GiB), not torch.cuda.set_per_process_memory_fraction's cap (4 GiB
+    here): the OOM message's "4.00 GiB allowed" is the limit that applied, and the process's own
+    GPU memory (its CUDA context included, so a little past the cap) is measured against it."""
+    from oomguard.supervisor.observe.gpu import GpuReading
+    from oomguard.supervisor.observe.memory import MemorySample
+    from oomguard.supervisor.run.trendwatch import TrendWatch
+
+    device = 80 * 2**30
+    watch = TrendWatch()
+    for i in range(30):
+        own = 600 * MIB + i * 128 * MIB  # 64 MiB a step, 2 steps a reading: 4.2 GiB at the end
+        gpu = GpuReading(0, 0, "GPU-0", "H100", device, own + 2 * 2**30, device - own - 2 * 2**30, 90, own, (1,))
+        watch.add(MemorySample(i * 0.5, i * 0.5, 1, 2 * 2**30, (1,), 64 * 2**30, 32 * 2**30, None, None, (gpu,)),
+                  i * 2, None, 0.95)
+    capped = watch.attribute(Evidence(capacity=4 * 2**30), 16, kind=FailureKind.CUDA_OOM, failed_at=14.6)
+    assert capped.cause is Cause.LEAK and capped.figures["budget"] == "process's GPU"
+    assert capped.figures["limit_bytes"] == 4 * 2**30 and "GPU memory grew 67.1 MB/step" in capped.summary
+    device_only = watch.attribute(Evidence(), 16, kind=FailureKind.CUDA_OOM, failed_at=14.6)
+    assert device_only.figures["budget"] == "GPU" and device_only.figures["limit_bytes"] == device
+    assert device_only.cause is Cause.PER_SAMPLE  # 74 GiB below the device's capacity: the line did not reach it

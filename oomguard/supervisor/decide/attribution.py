@@ -64,6 +64,7 @@ class Evidence:
     frames: Sequence[str] = ()  # function names of the newest traceback, outermost first
     tail: Sequence[str] = ()  # the last lines of output
     dataloader: str | None = None  # the line saying a DataLoader worker died
+    capacity: int | None = None  # the per-process cap its CUDA OOM message names ("23.75 GiB allowed")
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: i
     if trend is None:
         why = "too few samples after warm-up to see a trend"
     elif trend.steady():
-        why = f"memory jumped above a steady rise ({trend.describe(what)})"
+        why = f"a spike on a steady rise ({trend.describe(what)})"
     else:
         why = f"no steady rise after warm-up (slope {trend.per_s / 1e6:.1f} MB/s, R² {trend.r2:.2f})"
     if readings:

@@ -595,7 +595,8 @@ class Supervisor:
         if verdict.kind is None or not verdict.kind.is_memory:
             return None
         scan = watch.scanner
-        attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader),
+        attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
+                                                    scan.allowed_bytes),
                                            self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
                                            self.worker.exited_at if self.worker else None)
         if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):

@@ -100,10 +100,16 @@ class TrendWatch:
         hit at ``failed_at`` (monotonic). Without a kind (a planned restart) there is no failure
         for the trend to explain."""
         name = "GPU memory" if "GPU memory" in self.series else HOST
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, self.limit(kind, failed_at))
+        limit = self.limit(kind, failed_at, evidence.capacity)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit)
 
-    def limit(self, kind: FailureKind | None, failed_at: float | None = None) -> Limit | None:
-        """The limit a failure of ``kind`` hit, with the readings counted against it."""
+    def limit(self, kind: FailureKind | None, failed_at: float | None = None,
+              capacity: int | None = None) -> Limit | None:
+        """The limit a failure of ``kind`` hit, with the readings counted against it. A CUDA OOM
+        message that allows the process less than the device (a per-process memory fraction, which
+        NVML cannot see) names the limit itself: the process's own GPU memory is measured against it."""
+        if kind is FailureKind.CUDA_OOM and capacity and self.series.get("GPU memory"):
+            return Limit("process's GPU", capacity, self.series["GPU memory"], failed_at)
         for budget in LIMIT_OF.get(kind, ()) if kind is not None else ():
             if self.series.get(budget) and self.limits.get(budget):
                 return Limit(budget, self.limits[budget], self.series[budget], failed_at)
