@@ -346,6 +346,8 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
         listener("planned_restart", {"reason": "planned restart after the next checkpoint: cgroup limit in ~5 s"})
         listener("decision", leak)
         listener("decision", leak)
+        spike = "per-sample: a spike on a steady rise; the cgroup trend was 248 MiB below its 400 MiB limit"
+        listener("attribution", {"cause": "per_sample", "summary": spike, "below_limit_bytes": 248 * MIB})
         listener("decision", {**leak, "cause": "per_sample", "micro_batch": 8})  # a per-sample OOM is still told
         server.wait_for(2)
         time.sleep(0.3)
@@ -353,6 +355,43 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
         close()
         events = [body["event"] for _, body in server.requests]
         assert events == ["leak", "recovered"] and "memory leak" in server.requests[0][1]["title"], server.requests
+        told = server.requests[1][1]  # the cause, with its figures, in the message and the details
+        assert told["message"].endswith(f"\ncause: {spike}")
+        assert told["details"]["cause"]["below_limit_bytes"] == 248 * MIB
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> None:
+    import threading
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from test_notify import Receiver
+
+    from oomguard.supervisor.ops.hooks import attach_notifications
+    from oomguard.supervisor.record.degraded import Degradations
+
+    server = Receiver()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        sup = SimpleNamespace(config=SimpleNamespace(notify=(server.url + "/hook",)), run_dir=Path("/tmp/run"),
+                              listeners=[], tickers=[], degradations=Degradations(print), plan=PLAN, attempt=5)
+        close = attach_notifications(sup)  # type: ignore[arg-type]
+        (listener,) = sup.listeners
+        spike = "per-sample: a spike on a steady rise; the cgroup trend was 248 MiB below its 400 MiB limit"
+        listener("attribution", {"cause": "per_sample", "summary": spike, "below_limit_bytes": 248 * MIB})
+        reason = "out of memory even at the smallest micro-batch (1, --min-micro-batch 1)"
+        listener("decision", {"action": "give_up", "kind": "host_oom", "cause": "per_sample", "reason": reason,
+                              "micro_batch": 1, "grad_accum": 64, "evidence": "killed"})
+        listener("state", {"from": "recovering", "to": "failed", "reason": reason})
+        server.wait_for(1)
+        assert close is not None
+        close()
+        (_, body), = server.requests
+        assert body["message"] == f"{reason}\ncause: {spike}"
+        assert body["details"]["cause"]["below_limit_bytes"] == 248 * MIB
     finally:
         server.shutdown()
         server.server_close()

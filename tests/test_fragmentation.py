@@ -54,6 +54,10 @@ def test_scanner_reads_the_allowed_cap_before_the_device_capacity() -> None:
     scan = OutputScanner()
     scan.feed(DDP_CAPPED)
     assert scan.capacity_bytes == int(23.75 * GiB) and scan.reserved_unallocated == int(1.19 * GiB)
+    assert scan.allowed_bytes == int(23.75 * GiB)  # a per-process cap NVML cannot see: the limit that applied
+    whole = OutputScanner()
+    whole.feed(TORCHRUN)
+    assert whole.capacity_bytes == int(79.18 * GiB) and whole.allowed_bytes is None
     assert "5%" in judge(scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes).why
 
 

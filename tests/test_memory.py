@@ -151,6 +151,13 @@ def test_v2_reader_over_a_directory(tmp_path: Path) -> None:
     assert (got.usage_bytes, got.working_set_bytes) == (300 * MIB, 220 * MIB)
     assert got.limit_bytes == 1024 * MIB  # the parent's limit binds the unlimited child
     assert got.oom_kills == 1 and got.version == 2
+    assert got.limit_working_set_bytes is None and got.counted_bytes == 220 * MIB  # the parent's usage: unreadable
+    # What the parent's limit counts: everything in the parent (oomguard beside its worker), not the worker alone.
+    (parent / "memory.current").write_text(f"{400 * MIB}\n")
+    (parent / "memory.stat").write_text(f"anon {300 * MIB}\ninactive_file {90 * MIB}\n")
+    got = CgroupReader(cg, 2).read()
+    assert got.limit_working_set_bytes == 310 * MIB and got.counted_bytes == 310 * MIB
+    assert got.working_set_bytes == 220 * MIB
 
 
 def test_v1_reader_over_a_directory(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Workers whose memory fails for a reason other than the batch, each for real: a leak, a phase
-spike in evaluation, a DataLoader worker the OOM killer takes, and (for contrast) per-sample memory.
+spike in evaluation, a DataLoader worker the OOM killer takes, and (for contrast) per-sample memory,
+and a stretch of long sequences (``--spike-at``) on top of any of them.
 
 Every mode trains in steps, reports them on the worker channel (``OOMGUARD_EVENTS``) and prints
 them; ``leak`` and ``per_sample`` checkpoint to ``--ckpt-dir`` (``ck-STEP``, written atomically),
@@ -26,8 +27,8 @@ def emit(kind: str, **fields: object) -> None:
             fh.write(json.dumps({"type": kind, "t": time.time(), **fields}) + "\n")
 
 
-def touch(n_mib: int) -> bytearray:
-    return bytearray(n_mib * MIB)  # zero-filled: the pages are really used
+def touch(n_mib: float) -> bytearray:
+    return bytearray(int(n_mib * MIB))  # zero-filled: the pages are really used
 
 
 class Checkpoints:
@@ -49,8 +50,10 @@ class Checkpoints:
         print(f"saved checkpoint at step {step}", flush=True)
 
 
-def train(args: argparse.Namespace, micro: int, leak_mb: int) -> None:
-    """Hold ``micro`` × per-sample MiB, then train; each step keeps ``leak_mb`` MiB by mistake."""
+def train(args: argparse.Namespace, micro: int, leak_mb: float) -> None:
+    """Hold ``micro`` × per-sample MiB, then train; each step keeps ``leak_mb`` MiB by mistake. From
+    step ``--spike-at`` on, for ``--spike-steps`` steps, a stretch of long sequences needs
+    ``--spike-mb`` MiB more a sample (allocated in the step, freed after it)."""
     ckpts = Checkpoints(args.ckpt_dir)
     step = ckpts.newest()
     print(f"start micro={micro} at step {step}", flush=True)
@@ -64,6 +67,10 @@ def train(args: argparse.Namespace, micro: int, leak_mb: int) -> None:
         step += 1
         if leak_mb:
             leaked.append(touch(leak_mb))  # the loss tensor kept in a list
+        if args.spike_at and args.spike_at <= step < args.spike_at + args.spike_steps:
+            print(f"step {step}: long sequences, {args.spike_mb * micro} MiB of activations", flush=True)
+            activations = touch(args.spike_mb * micro)
+            del activations
         emit("progress", step=step, micro_batch=micro)
         if step % args.ckpt_every == 0 or flags["save"] or flags["stop"]:
             flags["save"] = False
@@ -80,6 +87,12 @@ def leak(args: argparse.Namespace, micro: int) -> None:
 
 def per_sample(args: argparse.Namespace, micro: int) -> None:
     train(args, micro, 0)
+
+
+def creep(args: argparse.Namespace, micro: int) -> None:
+    """Memory that creeps by ``--creep-mb`` a step (allocator caches, a metrics list), usually with a
+    ``--spike-at`` stretch: the same loop as ``leak``, named for what a person would call it."""
+    train(args, micro, args.leak_mb)
 
 
 def evaluate(model: object, eval_batch: int, mib_per_sample: int) -> int:
@@ -176,14 +189,17 @@ def dataloader(args: argparse.Namespace, micro: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["leak", "per_sample", "eval_spike", "save_spike", "dataloader"])
+    p.add_argument("mode", choices=["leak", "creep", "per_sample", "eval_spike", "save_spike", "dataloader"])
     p.add_argument("--micro", type=int, default=0, help="micro-batch (default: OOMGUARD_MICRO_BATCH)")
     p.add_argument("--ckpt-dir", type=Path, default=Path("ck"))
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--step-time", type=float, default=0.1)
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--per-sample-mb", type=int, default=2)
-    p.add_argument("--leak-mb", type=int, default=4)
+    p.add_argument("--leak-mb", "--creep-mb", dest="leak_mb", type=float, default=4)
+    p.add_argument("--spike-at", type=int, default=0, help="the first step of a stretch of long sequences (0: none)")
+    p.add_argument("--spike-steps", type=int, default=10)
+    p.add_argument("--spike-mb", type=float, default=20, help="MiB more a sample during the stretch")
     p.add_argument("--eval-batch", type=int, default=0)
     p.add_argument("--budget-mb", type=int, default=100)
     p.add_argument("--num-workers", type=int, default=2)

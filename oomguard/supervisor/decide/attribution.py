@@ -1,20 +1,30 @@
 """Blame the batch only for what the batch did: the cause of one memory failure, from the record.
 
 ``attribute`` names the cause of an attempt's memory failure from what oomguard recorded about it:
-its memory readings with the steps (the journal's samples), the evidence in its output (the
-traceback's function names, the last lines, a DataLoader worker's death) and the memory model's
-view of the batch. The causes, most specific first:
+its memory readings with the steps (the journal's samples), the readings of the memory counted
+against the limit that applied (``Limit``), the evidence in its output (the traceback's function
+names, the last lines, a DataLoader worker's death) and the memory model's view of the batch. The
+causes, most specific first:
 
 - *data loader*: a DataLoader worker process died (the OOM killer's favourite victim: the biggest
   process in the cgroup); the remedy starts with the workers, not the batch;
-- *leak*: memory kept rising in a straight line while training went on at one size; the batch is
-  not to blame, a restart from the newest checkpoint at the same size is;
+- *leak*: memory kept rising in a straight line while training went on at one size, AND that line
+  explains the failure: extended to the moment of the failure it reaches the limit that applied
+  (within the readings' noise, ``trend.Headroom``), and the last readings lie on it. The batch is
+  not to blame; a restart from the newest checkpoint at the same size is the remedy;
 - *phase spike*: the traceback or the last output names evaluation, checkpoint saving or loading;
-- *per-sample*: none of the above; memory rose to a plateau that scales with the micro-batch,
-  today's remedy (halve) is right.
+- *per-sample*: none of the above; memory rose to a plateau that scales with the micro-batch, or
+  jumped above its trend in one step, today's remedy (halve) is right.
 
-A leak's trend is checked before the phase: a run that crept for an hour and died in evaluation
-died of the creep; the phase is kept in the summary. Pure: the tests feed it scripted series.
+A steady line that was still far below the limit when the worker died did not kill it: something
+jumped above the line (a spike), and the spike is the cause, whatever the line's R². Where both
+are present, the figures pick the remedy: when the rise added at least as much memory in the
+attempt as the jump needed beyond the line, restarting fresh at the same size gives that room
+back (a leak that also spiked); when it added less, the batch's memory is what must shrink (and
+the rise is not called a leak). A leak's trend is checked before the phase: a run that crept for
+an hour and died in evaluation died of the creep; the phase is kept in the summary. Every summary
+carries its figures, the distance between the trend at the failure and the limit included. Pure:
+the tests feed it scripted series.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.supervisor.decide.memmodel import Fit
-from oomguard.supervisor.decide.trend import MIB, Reading, Trend, steady_rise
+from oomguard.supervisor.decide.trend import MIB, Headroom, Reading, Trend, steady_rise
 from oomguard.supervisor.observe.phase import Phase, phase_of
 
 
@@ -54,6 +64,26 @@ class Evidence:
     frames: Sequence[str] = ()  # function names of the newest traceback, outermost first
     tail: Sequence[str] = ()  # the last lines of output
     dataloader: str | None = None  # the line saying a DataLoader worker died
+    capacity: int | None = None  # the per-process cap its CUDA OOM message names ("23.75 GiB allowed")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The limit that applied when the worker failed: which one, its bytes, the readings of the
+    memory counted against it, and when the failure happened (None: at the last reading)."""
+
+    budget: str
+    bytes: int
+    readings: Sequence[Reading]
+    failed_at: float | None = None
+
+    def headroom(self) -> Headroom | None:
+        """The trend of the counted memory at the failure, against the limit; None without a trend."""
+        trend = steady_rise(self.readings)
+        if trend is None:
+            return None
+        at = self.failed_at if self.failed_at is not None else self.readings[-1].t
+        return Headroom(self.budget, self.bytes, trend, max(at, trend.t_last))
 
 
 @dataclass(frozen=True)
@@ -61,37 +91,98 @@ class Attribution:
     cause: Cause
     summary: str  # one line for the journal, status, report and dashboard
     figures: dict[str, Any] = field(default_factory=dict)  # what decided it
+    also: Cause | None = None  # a second cause present in the same failure (a leak that also spiked)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cause": self.cause.value, "summary": self.summary, **self.figures}
+        return {"cause": self.cause.value, "summary": self.summary, **self.figures,
+                **({"also": self.also.value} if self.also else {})}
 
 
 def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
-              what: str = "worker RSS", model: Fit | None = None) -> Attribution:
+              what: str = "worker RSS", model: Fit | None = None, limit: Limit | None = None) -> Attribution:
     """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are
-    of; ``model`` is the memory model's line through this job's successful sizes, if it has one."""
+    of; ``model`` is the memory model's line through this job's successful sizes, if it has one;
+    ``limit`` is the limit that applied at the failure (None: no failure to explain, as at a
+    planned restart, or no limit known): a rise is a leak only if its line reaches that limit."""
     trend = steady_rise(readings)
-    figures = _trend_figures(trend)
+    room = limit.headroom() if limit is not None else None
+    figures = {**_trend_figures(trend), **_room_figures(room)}
     phase = phase_of(evidence.frames, evidence.tail)
     if evidence.dataloader:
         line = evidence.dataloader.strip().rstrip(".")
-        return Attribution(Cause.DATA_LOADER, f"a DataLoader worker died ({line})", {**figures, "evidence": line})
+        return Attribution(Cause.DATA_LOADER, f"a DataLoader worker died ({line}){_spike(None, room)}",
+                           {**figures, "evidence": line})
     if trend is not None and trend.steady():
-        where = f"; it failed in {phase[0].value} ({phase[1]})" if phase else ""
-        return Attribution(Cause.LEAK, f"leak: {trend.describe(what)} at micro-batch {micro_batch}{where}",
-                           figures)
+        found = _rising(trend, room, phase, micro_batch, what, figures)
+        if found is not None:
+            return found
+    spike = _spike(trend, room)
     if phase is not None:
-        return Attribution(_PHASE_CAUSE[phase[0]], f"{phase[0].value}-time spike ({phase[1]})",
+        return Attribution(_PHASE_CAUSE[phase[0]], f"{phase[0].value}-time spike ({phase[1]}){spike}",
                            {**figures, "evidence": phase[1]})
-    why = ("too few samples after warm-up to see a trend" if trend is None
-           else f"no steady rise after warm-up (slope {trend.per_s / 1e6:.1f} MB/s, R² {trend.r2:.2f})")
+    return _per_sample(readings, trend, micro_batch, what, model, figures, spike)
+
+
+def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
+            figures: dict[str, Any]) -> Attribution | None:
+    """Memory rose steadily: a leak when its line explains the failure, a leak that also spiked when
+    the rise used as much room as the jump needed; None when the jump alone is to blame."""
+    where = f"; it failed in {phase[0].value} ({phase[1]})" if phase else ""
+    rate = f"{trend.describe(what)} at micro-batch {micro_batch}"
+    if room is None:  # nothing to measure the line against: it stands on its own readings
+        return None if trend.jump else Attribution(Cause.LEAK, f"leak: {rate}{where}", figures)
+    jump = room.trend.jump
+    if room.reached and jump is None:
+        return Attribution(Cause.LEAK, f"leak: {rate}; at the failure {room.describe()}{where}", figures)
+    # Something came on top of the line. Restarting fresh at the same size gives back what the line
+    # added in this attempt; the jump needed at least the distance left (and at least what a reading
+    # saw of it). When the rise gave back at least that, the fresh attempt has twice the room the
+    # jump is known to need: the leak's remedy is supported. Else only a smaller batch makes room.
+    rise = room.expected - room.trend.first
+    needed = max(room.distance, jump.above if jump else 0)
+    if rise < needed:
+        return None
+    spike = _PHASE_CAUSE[phase[0]] if phase else Cause.PER_SAMPLE
+    seen = f" (a reading saw {jump.above / MIB:.0f} MiB above the trend)" if jump else ""
+    return Attribution(
+        Cause.LEAK,
+        f"leak and a spike: {rate}; at the failure {room.describe()}, and memory jumped above the trend"
+        f"{seen}{where}; the leak added {rise / MIB:.0f} MiB in this attempt, at least the {needed / MIB:.0f} MiB "
+        "the jump needed beyond the trend, so a fresh restart at the same size has room for the spike",
+        figures, also=spike)
+
+
+def _spike(trend: Trend | None, room: Headroom | None) -> str:
+    """The figures of a failure the line does not explain: where the line was, how far it rose."""
+    if room is None:
+        return ""
+    jump = room.trend.jump
+    text = f"; at the failure {room.describe()}"
+    if jump is not None:
+        text += f", and memory jumped {jump.above / MIB:.0f} MiB above it"
+    if trend is not None and trend.steady():  # a steady rise that did not reach the limit
+        rise = room.expected - room.trend.first
+        text += (f"; the trend rose only {rise / MIB:.0f} MiB in this attempt, less than the "
+                 f"{max(room.distance, jump.above if jump else 0) / MIB:.0f} MiB the jump needed beyond it, "
+                 "so the jump, not the rise, reached the limit")
+    return text
+
+
+def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: int, what: str,
+                model: Fit | None, figures: dict[str, Any], spike: str) -> Attribution:
+    if trend is None:
+        why = "too few samples after warm-up to see a trend"
+    elif trend.steady():
+        why = f"a spike on a steady rise ({trend.describe(what)})"
+    else:
+        why = f"no steady rise after warm-up (slope {trend.per_s / 1e6:.1f} MB/s, R² {trend.r2:.2f})"
     if readings:
         figures["plateau_bytes"] = max(r.used for r in readings)
         why += f", plateau {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch}"
     if model is not None and model.points >= 2:  # a line through two sizes or more: the scaling is measured
         figures["per_sample_bytes"] = round(model.per_sample_bytes)
         why += f"; the memory model measured {model.per_sample_bytes / MIB:.1f} MiB a sample"
-    return Attribution(Cause.PER_SAMPLE, f"per-sample: {why}; memory follows the micro-batch", figures)
+    return Attribution(Cause.PER_SAMPLE, f"per-sample: {why}{spike}; memory follows the micro-batch", figures)
 
 
 def _trend_figures(trend: Trend | None) -> dict[str, Any]:
@@ -100,3 +191,18 @@ def _trend_figures(trend: Trend | None) -> dict[str, Any]:
     return {"bytes_per_s": round(trend.per_s), "bytes_per_step": None if trend.per_step is None
             else round(trend.per_step), "r2": round(trend.r2, 3), "samples": trend.readings,
             "span_s": round(trend.span_s, 1), "steps": trend.steps}
+
+
+def _room_figures(room: Headroom | None) -> dict[str, Any]:
+    """The line against the limit at the failure: what a person needs to see why it was, or was
+    not, a leak (the keys of status --json, the report and the notification)."""
+    if room is None:
+        return {}
+    steps = room.steps
+    jump = room.trend.jump
+    return {"budget": room.budget, "limit_bytes": room.limit, "trend_at_failure_bytes": room.expected,
+            "below_limit_bytes": room.distance, "tolerance_bytes": room.tolerance,
+            "noise_bytes": round(room.trend.noise), "rise_bytes": room.expected - room.trend.first,
+            "seconds_to_limit": round(room.seconds, 1) if room.seconds != float("inf") else None,
+            "steps_to_limit": None if steps is None else round(steps),
+            "jump_bytes": jump.above if jump else None}

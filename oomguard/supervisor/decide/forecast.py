@@ -2,7 +2,9 @@
 
 While an attempt runs, ``forecast`` extends the line through its memory readings (``trend.py``) to
 the limit that applies (the cgroup's, ``--memory-limit``, the GPU's capacity) and compares the
-time left with the checkpoint rhythm:
+time left with the checkpoint rhythm. The line and its distance to the limit are ``trend.Headroom``,
+the same model the attribution measures a failure with: what status forecast before a failure and
+what the report says after it come from one line.
 
 - the limit comes before the next checkpoint is due: ``CHECKPOINT_NOW`` (ask the worker for one,
   then restart right after it lands);
@@ -21,7 +23,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from oomguard.supervisor.decide.trend import Reading, steady_rise
+from oomguard.supervisor.decide.trend import Headroom, Reading, steady_rise
 from oomguard.supervisor.observe.memory import MemorySample
 
 # Room left for what the forecast cannot see: the restart itself, a checkpoint that takes a while
@@ -38,11 +40,18 @@ class Move(enum.Enum):
 
 @dataclass(frozen=True)
 class Budget:
-    """A limit and the memory counted against it, e.g. ("cgroup", working set, limit)."""
+    """A limit and the memory counted against it, e.g. ("cgroup", working set, target): ``limit``
+    is the forecast's target (the ``--soft-threshold`` share), ``hard`` the limit itself, where a
+    failure happens (0: the same as ``limit``)."""
 
     name: str
     used: int
     limit: int
+    hard: int = 0
+
+    @property
+    def applies(self) -> int:
+        return self.hard or self.limit
 
 
 @dataclass(frozen=True)
@@ -69,15 +78,15 @@ def forecast(readings: Sequence[Reading], budget: Budget, next_checkpoint_in: fl
     ``checkpoint_period``: seconds between its checkpoints (None: unknown).
     """
     trend = steady_rise(readings)
-    measured = trend is not None and trend.steady()
-    if measured:
-        assert trend is not None
-        rate = trend.per_s
+    if trend is not None and trend.steady():
+        measured, rate = True, trend.per_s
+        left = Headroom(budget.name, budget.limit, trend, readings[-1].t).seconds
     elif trend is None and prior_per_s is not None and prior_per_s > 0 and readings:
-        rate = prior_per_s  # too early in this attempt for its own line; the leak is known
+        # Too early in this attempt for its own line; the leak is known: its rate from where memory is now.
+        measured, rate = False, prior_per_s
+        left = max(0.0, (budget.limit - budget.used) / rate)
     else:
         return None
-    left = max(0.0, (budget.limit - budget.used) / rate)
     margin = MARGIN_S + MARGIN_FRACTION * left
     if next_checkpoint_in is None or checkpoint_period is None:
         move = Move.CHECKPOINT_NOW if left <= 2 * margin else Move.WATCH
@@ -92,16 +101,19 @@ def forecast(readings: Sequence[Reading], budget: Budget, next_checkpoint_in: fl
 
 def budgets(sample: MemorySample, memory_limit: int | None, fraction: float) -> list[Budget]:
     """The limits that apply now, each with the memory counted against it. The target is the
-    ``--soft-threshold`` fraction of each limit: the worker's cgroup also holds what it shares
-    with others (the supervisor, when oomguard itself runs inside a limited cgroup)."""
+    ``--soft-threshold`` fraction of each limit: room for what the line cannot see (a step's
+    transient allocations, the restart itself). A cgroup's limit counts everything in the cgroup
+    that sets it (the supervisor too, when oomguard runs inside a limited cgroup), so that cgroup's
+    working set is what is compared with it."""
     found = []
     if sample.gpus:
         busiest = max(sample.gpus, key=lambda g: g.used_bytes)
-        found.append(Budget("GPU", busiest.used_bytes, int(busiest.total_bytes * fraction)))
+        found.append(Budget("GPU", busiest.used_bytes, int(busiest.total_bytes * fraction), busiest.total_bytes))
     if memory_limit and sample.worker_rss_bytes is not None:
-        found.append(Budget("--memory-limit", sample.worker_rss_bytes, int(memory_limit * fraction)))
+        found.append(Budget("--memory-limit", sample.worker_rss_bytes, int(memory_limit * fraction), memory_limit))
     if sample.cgroup and sample.cgroup.limit_bytes:
-        found.append(Budget("cgroup", sample.cgroup.working_set_bytes, int(sample.cgroup.limit_bytes * fraction)))
+        found.append(Budget("cgroup", sample.cgroup.counted_bytes, int(sample.cgroup.limit_bytes * fraction),
+                            sample.cgroup.limit_bytes))
     return found
 
 

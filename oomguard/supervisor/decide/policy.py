@@ -197,7 +197,7 @@ def _after_attributed(failure: Failure, history: Sequence[Failure], plan: Plan, 
         return batch_path
     summary = failure.attribution.summary
     if cause is Cause.LEAK:
-        return _after_leak(failure, history, plan, summary)
+        return _after_leak(failure, history, plan, summary, failure.attribution.also is not None)
     if cause in (Cause.SAVING, Cause.LOADING):
         return _after_fixed_phase(failure, history, plan, cause, summary)
     if cause is Cause.EVALUATION and plan.eval_micro_batch is not None and plan.eval_micro_batch > 1:
@@ -221,15 +221,20 @@ def _repeated_without_progress(failure: Failure, history: Sequence[Failure], cau
             and not failure.new_checkpoint)
 
 
-def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str) -> Decision:
+def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str,
+                spiked: bool = False) -> Decision:
     """A leak grows with time, not with the batch: restart at the same size from the newest
-    checkpoint. If it brings the worker down before it writes one, restarts cannot finish the run."""
+    checkpoint. If it brings the worker down before it writes one, restarts cannot finish the run.
+    A leak that also spiked (``spiked``) restarts the same way: the attribution found the leak's
+    growth gives the spike its room back; should the spike fail the fresh attempt, that failure's
+    own figures (little growth yet) blame the batch."""
     if _repeated_without_progress(failure, history, Cause.LEAK):
         return Decision(Action.GIVE_UP, plan, f"{summary}: it brings the worker down before it writes a "
                         "checkpoint (no progress between restarts), so restarting cannot finish the run; "
                         "fix the leak or checkpoint more often")
+    why = "the leak's growth, not the batch, used the room" if spiked else "the batch is not to blame"
     return Decision(Action.RESTART, plan, f"{summary}: restarting at the same micro-batch "
-                    f"{plan.batch.micro_batch} from the newest checkpoint (the batch is not to blame)")
+                    f"{plan.batch.micro_batch} from the newest checkpoint ({why})")
 
 
 _PHASE_HINT = {

@@ -1,16 +1,21 @@
 """How memory moves over one attempt: a straight-line fit over the readings after warm-up.
 
 Both the attribution of a memory failure (``attribution.py``) and the forecast while an attempt
-runs (``forecast.py``) ask the same question: does memory rise steadily while training goes on,
-and how fast? ``steady_rise`` answers it from the samples the loop journals, with the slope
-(bytes per second, and per step when the worker reports steps) and the fit quality (R²). A single
-reading can never tell a leak from a spike; a line through many readings can. Pure: no I/O, no clock.
+runs (``forecast.py``) ask the same questions of this one model: does memory rise steadily while
+training goes on, and how fast? ``steady_rise`` answers from the samples the loop journals, with
+the slope (bytes per second, and per step when the worker reports steps), the fit quality (R²)
+and the readings' noise about the line. Readings at the end that jump above the line of those
+before them are a ``Jump``, kept apart from the line: a spike is not the trend. ``Headroom``
+extends the line to a limit at one moment: how long until it reaches the limit (the forecast), or
+how far below the limit it was when the worker failed (the attribution). A single reading can
+never tell a leak from a spike; a line through many readings can. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -34,6 +39,21 @@ MIN_STEPS = 3  # with steps, memory must keep rising over at least this many tra
 # lasts seconds: measured, a rank filling a 1.5 GiB cgroup rose on a line (R² 0.96-0.98) for 5-6 s
 # before the kernel killed it. A leak that ends a run builds up over many steps, minutes at least.
 MIN_STEPLESS_SPAN_S = 30.0
+# How close to the line a reading, or the line to a limit, must be to count as on it. Readings
+# scatter about a leak's line with the step's own allocations (a sawtooth: its top is ~1.7 σ above
+# the line) and with the sampling moment; 3 σ covers that scatter (99.7 % of Gaussian noise), so a
+# leak's line at the failure lies within 3 σ of the limit that killed it, and a reading more than
+# 3 σ above the line is no scatter but a jump. A near-perfect line (σ ~ 0) would make any gap a
+# jump; the floor is what readings cannot see at all: the kernel's own memory charged to the cgroup
+# (page tables, socket buffers, kernel stacks) and the moment between the last reading and the
+# kill. Measured on real kernel kills in a 400 MiB cgroup: a 4 MiB/step leak's readings scatter
+# σ 1.4-4.1 MiB about its line, and the line, carried to the moment the exit was seen, is 12-30 MiB
+# past the limit (tolerance 8-12 MiB); a 0.5 MiB/step creep scatters σ 0.2-0.7 MiB, and its line
+# was 244-251 MiB below the limit when a spike killed the worker (tolerance 8 MiB).
+NOISE_SIGMAS = 3.0
+TOLERANCE_FRACTION = 0.02  # of the limit (or, for a jump, of the memory in use at the reading)
+MAX_JUMP_FRACTION = 0.5  # at most this share of the readings can be a jump at the end; more is a new level
+MAX_JUMP_READINGS = 30  # nor more than this many: a jump is the last seconds, not the last minutes
 
 
 @dataclass(frozen=True)
@@ -46,8 +66,17 @@ class Reading:
 
 
 @dataclass(frozen=True)
+class Jump:
+    """The last readings of the stretch, above the line of the readings before them."""
+
+    readings: int  # how many
+    above: int  # bytes the highest of them was above the line
+    t: float  # when the first of them was taken
+
+
+@dataclass(frozen=True)
 class Trend:
-    """A straight line through the readings after warm-up."""
+    """A straight line through the readings after warm-up (a jump at the end left out)."""
 
     per_s: float  # bytes per second
     per_step: float | None  # bytes per training step, when the worker reports steps
@@ -58,10 +87,21 @@ class Trend:
     first: int  # fitted bytes at the start and end of the stretch
     last: int
     steps_r2: float | None = None  # how steadily the steps advanced (R² of step against time)
+    t_last: float = 0.0  # when the last fitted reading was taken
+    noise: float = 0.0  # standard deviation of the readings about the line, bytes
+    jump: Jump | None = None  # the last readings jumped above the line
 
     @property
     def rise(self) -> int:
         return self.last - self.first
+
+    def at(self, t: float) -> float:
+        """The line's bytes at ``t`` (extended past the readings when ``t`` is later)."""
+        return self.last + self.per_s * (t - self.t_last)
+
+    def tolerance(self, scale: float) -> float:
+        """How far from the line still counts as on it, for memory of about ``scale`` bytes."""
+        return max(NOISE_SIGMAS * self.noise, TOLERANCE_FRACTION * scale)
 
     def steady(self) -> bool:
         """Rising steadily, by enough to matter, while training went on (when steps are known)."""
@@ -100,14 +140,143 @@ def after_warmup(readings: Sequence[Reading]) -> list[Reading]:
 
 
 def steady_rise(readings: Sequence[Reading]) -> Trend | None:
-    """The line through the readings after warm-up, or None when there are too few to fit."""
+    """The line through the readings after warm-up, or None when there are too few to fit.
+
+    Readings at the end that jump above the line of those before them are left out of the line
+    and returned as its ``jump``: one spike must neither bend a steady line nor pass for one.
+    """
     points = _until_the_fall(after_warmup(readings))
     if len(points) < MIN_READINGS or points[-1].t - points[0].t < MIN_SPAN_S:
         return None
+    body, jump = _without_jump(points)
+    if body[-1].t - body[0].t < MIN_SPAN_S:
+        return None
+    return _fit(body, jump)
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """A trend against one limit at one moment: the line's bytes then, and how far below the limit.
+
+    The forecast asks it how long the line takes to reach the limit from now; the attribution how
+    far below the limit the line was when the worker failed. One model, so the two agree.
+    """
+
+    budget: str  # which limit: "cgroup", "GPU", "--memory-limit", "host"
+    limit: int
+    trend: Trend
+    t: float
+
+    @property
+    def expected(self) -> int:
+        return int(self.trend.at(self.t))
+
+    @property
+    def distance(self) -> int:
+        """Bytes from the line to the limit (negative: the line is past it)."""
+        return self.limit - self.expected
+
+    @property
+    def tolerance(self) -> int:
+        return int(self.trend.tolerance(self.limit))
+
+    @property
+    def reached(self) -> bool:
+        """Did the line reach the limit (within the readings' noise)?"""
+        return self.distance <= self.tolerance
+
+    @property
+    def seconds(self) -> float:
+        """Seconds until the line reaches the limit at its rate (inf when it does not rise)."""
+        if self.distance <= 0:
+            return 0.0
+        return self.distance / self.trend.per_s if self.trend.per_s > 0 else math.inf
+
+    @property
+    def steps(self) -> float | None:
+        """Training steps until the line reaches the limit, when the worker reports steps."""
+        per_step = self.trend.per_step
+        if per_step is None or per_step <= 0:
+            return None
+        return max(0.0, self.distance / per_step)
+
+    def describe(self) -> str:
+        """``the cgroup trend was 117 MiB, 283 MiB below its 400 MiB limit (~561 steps at this rate;
+        within 8 MiB counts as reaching it)``."""
+        where = (f"{-self.distance / MIB:.0f} MiB past" if self.distance < 0
+                 else f"{self.distance / MIB:.0f} MiB below")
+        away = ""
+        if 0 < self.distance and (steps := self.steps) is not None:
+            away = f"~{steps:.0f} steps at this rate; "
+        elif 0 < self.distance and math.isfinite(self.seconds):
+            away = f"~{self.seconds:.0f} s at this rate; "
+        return (f"the {self.budget} trend was {self.expected / MIB:.0f} MiB, {where} its {self.limit / MIB:.0f} MiB "
+                f"limit ({away}within {self.tolerance / MIB:.0f} MiB counts as reaching it)")
+
+
+def _without_jump(points: list[Reading]) -> tuple[list[Reading], Jump | None]:
+    """The readings before the jump at the end, and the jump: the longest run of last readings that
+    all lie above the line of the readings before them. Each is compared with the line of the
+    readings before the run, never with a line it helped to bend: a spike caught by several
+    readings (an allocation slowed by reclaim near a cgroup's limit takes seconds) would otherwise
+    inflate the noise enough to hide in it."""
+    n = len(points)
+    lines = _PrefixLines(points)
+    longest = max(MIN_READINGS, n - MAX_JUMP_READINGS, int(n * (1 - MAX_JUMP_FRACTION)))
+    # One reading more than the longest jump is tried too: found there, the run above the line is
+    # longer than a jump can be, and memory moved to a new level instead.
+    for k in range(max(MIN_READINGS, longest - 1), n):
+        if points[k - 1].t - points[0].t < MIN_SPAN_S:
+            continue
+        at, spread = lines.line(k)
+        tail = points[k:]
+        if all(r.used - at(r.t) > max(NOISE_SIGMAS * spread(r.t), TOLERANCE_FRACTION * r.used) for r in tail):
+            if k < longest:
+                return points, None
+            return points[:k], Jump(len(tail), int(max(r.used - at(r.t) for r in tail)), tail[0].t)
+    return points, None
+
+
+class _PrefixLines:
+    """Least-squares lines through every prefix of the readings, each in O(1) from running sums
+    (times and bytes taken from the first reading, so the sums keep their precision)."""
+
+    def __init__(self, points: Sequence[Reading]) -> None:
+        self.t0, self.y0 = points[0].t, float(points[0].used)
+        self.sums = [(0.0, 0.0, 0.0, 0.0, 0.0)]
+        st = sy = stt = sty = syy = 0.0
+        for r in points:
+            t, y = r.t - self.t0, r.used - self.y0
+            st, sy, stt, sty, syy = st + t, sy + y, stt + t * t, sty + t * y, syy + y * y
+            self.sums.append((st, sy, stt, sty, syy))
+
+    def line(self, k: int) -> tuple[Callable[[float], float], Callable[[float], float]]:
+        """The line through the first ``k`` readings (bytes at a time), and how far a new reading at
+        a time scatters about it (bytes, one σ): the readings' noise, widened for the line's own
+        uncertainty where it is extended past them (the prediction interval of a least-squares fit)."""
+        st, sy, stt, sty, syy = self.sums[k]
+        spread = k * stt - st * st
+        slope = (k * sty - st * sy) / spread if spread > 0 else 0.0
+        intercept = (sy - slope * st) / k
+        sse = syy + slope * slope * stt + k * intercept * intercept - 2 * slope * sty - 2 * intercept * sy \
+            + 2 * slope * intercept * st
+        noise = math.sqrt(max(0.0, sse) / max(1, k - 2))
+        t0, y0, mean, sxx = self.t0, self.y0, st / k, spread / k
+
+        def scatter(t: float) -> float:
+            lever = (t - t0 - mean) ** 2 / sxx if sxx > 0 else 0.0
+            return noise * math.sqrt(1 + 1 / k + lever)
+
+        return (lambda t: y0 + intercept + slope * (t - t0)), scatter
+
+
+def _fit(points: Sequence[Reading], jump: Jump | None) -> Trend:
     ts = [r.t for r in points]
     ys = [float(r.used) for r in points]
     slope, intercept = statistics.linear_regression(ts, ys)
     r2 = _r_squared(ts, ys)
+    residuals = [y - (slope * t + intercept) for t, y in zip(ts, ys, strict=True)]
+    noise = math.sqrt(sum(e * e for e in residuals) / max(1, len(points) - 2))
     steps = [r.step for r in points if r.step is not None]
     per_step = steps_r2 = None
     covered = None
@@ -117,7 +286,8 @@ def steady_rise(readings: Sequence[Reading]) -> Trend | None:
             per_step = statistics.linear_regression([float(s) for s in steps], ys)[0]
             steps_r2 = _r_squared(ts, [float(s) for s in steps])
     return Trend(slope, per_step, r2, len(points), ts[-1] - ts[0], covered,
-                 int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept), steps_r2)
+                 int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept), steps_r2,
+                 ts[-1], noise, jump)
 
 
 def _until_the_fall(points: list[Reading]) -> list[Reading]:

@@ -37,7 +37,9 @@ class CgroupMemory:
 
     Usage counts page cache that the kernel reclaims before any OOM kill, so budgets compare the
     working set (as Kubernetes and Docker do), not raw usage. ``limit_bytes`` is the tightest
-    limit on the way up to the hierarchy's root; None when unlimited.
+    limit on the way up to the hierarchy's root; None when unlimited. ``limit_working_set_bytes``
+    is the working set of the cgroup that sets that limit: what the kernel counts against it, the
+    worker's and whatever shares that cgroup with it (oomguard itself, when it runs inside it).
     """
 
     path: str
@@ -46,6 +48,12 @@ class CgroupMemory:
     working_set_bytes: int
     limit_bytes: int | None
     oom_kills: int | None
+    limit_working_set_bytes: int | None = None
+
+    @property
+    def counted_bytes(self) -> int:
+        """The memory counted against ``limit_bytes``: the limiting cgroup's working set when known."""
+        return self.limit_working_set_bytes if self.limit_working_set_bytes is not None else self.working_set_bytes
 
 
 class CgroupReader:
@@ -59,32 +67,47 @@ class CgroupReader:
 
     def read(self) -> CgroupMemory:
         """Current figures; raises OSError when the cgroup is gone."""
-        if self.version == 1:
-            usage = _read_int(self.path / "memory.usage_in_bytes")
-            inactive = _stat_field(self.path / "memory.stat", "total_inactive_file")
-            oom = _stat_field(self.path / "memory.oom_control", "oom_kill")
-        else:
-            usage = _read_int(self.path / "memory.current")
-            inactive = _stat_field(self.path / "memory.stat", "inactive_file")
-            oom = _stat_field(self.path / "memory.events", "oom_kill")
-        working = max(0, usage - (inactive or 0))
-        return CgroupMemory(str(self.path), self.version, usage, working, self._limit(), oom)
+        usage, working = self._usage(self.path)
+        oom = (_stat_field(self.path / "memory.oom_control", "oom_kill") if self.version == 1
+               else _stat_field(self.path / "memory.events", "oom_kill"))
+        limit, where = self._limit()
+        return CgroupMemory(str(self.path), self.version, usage, working, limit, oom, self._counted(where, working))
 
-    def _limit(self) -> int | None:
-        """The tightest limit from this cgroup upwards: a parent's limit binds its children too.
+    def _counted(self, where: Path | None, working: int) -> int | None:
+        """The working set of the cgroup that sets the limit (None when it cannot be read)."""
+        if where is None or where == self.path:
+            return working
+        try:
+            return self._usage(where)[1]
+        except (OSError, ValueError):  # a limit set where usage is not readable: the worker's own figure stands
+            return None
+
+    def _usage(self, node: Path) -> tuple[int, int]:
+        """(usage, working set) of one cgroup directory; a parent's figures include its children."""
+        if self.version == 1:
+            usage = _read_int(node / "memory.usage_in_bytes")
+            inactive = _stat_field(node / "memory.stat", "total_inactive_file")
+        else:
+            usage = _read_int(node / "memory.current")
+            inactive = _stat_field(node / "memory.stat", "inactive_file")
+        return usage, max(0, usage - (inactive or 0))
+
+    def _limit(self) -> tuple[int | None, Path | None]:
+        """The tightest limit from this cgroup upwards (a parent's limit binds its children too),
+        and the cgroup that sets it.
 
         The walk ends where the control file does (the hierarchy's root has none in v2; the
         mount point's parent is not a cgroup in v1).
         """
         name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
-        limits = []
+        tightest: tuple[int | None, Path | None] = (None, None)
         node = self.path
         while (node / name).exists() and node.parent != node:
             limit = _parse_limit((node / name).read_text())
-            if limit is not None:
-                limits.append(limit)
+            if limit is not None and (tightest[0] is None or limit < tightest[0]):
+                tightest = (limit, node)
             node = node.parent
-        return min(limits) if limits else None
+        return tightest
 
     @classmethod
     def for_pid(cls, pid: int | str = "self", proc: Path = Path("/proc")) -> CgroupReader | None:
@@ -265,6 +288,7 @@ class MemorySample:
             "cgroup_usage_bytes": self.cgroup.usage_bytes if self.cgroup else None,
             "cgroup_working_set_bytes": self.cgroup.working_set_bytes if self.cgroup else None,
             "cgroup_limit_bytes": self.cgroup.limit_bytes if self.cgroup else None,
+            "cgroup_counted_bytes": self.cgroup.counted_bytes if self.cgroup else None,  # against that limit
             "psi_some_avg10": self.pressure.some_avg10 if self.pressure else None,
             "psi_full_avg10": self.pressure.full_avg10 if self.pressure else None,
             "gpu_worker_bytes": self.worker_gpu_bytes,

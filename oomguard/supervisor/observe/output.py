@@ -73,6 +73,7 @@ class OutputScanner:
     tried_bytes: int | None = None
     reserved_unallocated: int | None = None
     capacity_bytes: int | None = None  # what the process may use, from the same OOM message
+    allowed_bytes: int | None = None  # the same, when the message names a per-process cap ("23.75 GiB allowed")
     disk_full: str | None = None
     tail: list[str] = field(default_factory=list)
     lines: int = 0
@@ -104,6 +105,8 @@ class OutputScanner:
             self.reserved_unallocated = _bytes(*m.groups())
         if self.capacity_bytes is None and (m := _ALLOWED.search(line) or _CAPACITY.search(line)):
             self.capacity_bytes = _bytes(*m.groups())
+            if m.re is _ALLOWED:
+                self.allowed_bytes = self.capacity_bytes
 
     @property
     def fragmented(self) -> bool:

@@ -58,18 +58,33 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     sender = notify.Notifier(notify_config(sup.config.notify), health=sup.degradations)
     run = sup.run_dir.name
     told_leak = [False]  # a leak is told once: every restart it causes would say the same
+    cause: dict[str, Any] = {}  # the newest attribution: its summary and the figures that decided it
+    last_cause: list[dict[str, Any]] = []  # the cause of the failure the run gave up after
 
     def on_event(name: str, data: dict[str, Any]) -> None:
+        if name == "attribution":
+            cause.clear()
+            cause.update(data)
+            return
+        figures = {"cause": dict(cause)} if cause and name == "decision" else {}
+        if name == "decision":
+            cause.clear()  # told with this decision; a later failure has its own
         is_leak = data.get("cause") == "leak" or name == "planned_restart"
         if is_leak and name in ("decision", "planned_restart") and data.get("action", "restart") == "restart":
             if not told_leak[0]:
                 told_leak[0] = True
-                sender.send(leak(run, data["reason"], attempt=sup.attempt))
+                sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
             sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                  data["grad_accum"], evidence=data["evidence"], attempt=sup.attempt))
+                                  data["grad_accum"], figures["cause"].get("summary") if figures else None,
+                                  evidence=data["evidence"], attempt=sup.attempt, **figures))
+        elif name == "decision" and data["action"] == "give_up" and figures:
+            last_cause[:] = [figures["cause"]]
         elif name == "state" and data["to"] == "failed":
-            sender.send(gave_up(run, data["reason"], attempt=sup.attempt))
+            reason, given = data["reason"], last_cause[0] if last_cause else None
+            if given and given["summary"] not in reason:
+                reason += f"\ncause: {given['summary']}"
+            sender.send(gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
         elif name == "state" and data["to"] == "succeeded":
             sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
 

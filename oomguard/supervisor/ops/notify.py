@@ -83,9 +83,12 @@ def succeeded(run: str, summary: str, **details: Any) -> Notification:
 
 
 def recovered(
-    run: str, kind: str, old_micro: int, new_micro: int, grad_accum: int, **details: Any
+    run: str, kind: str, old_micro: int, new_micro: int, grad_accum: int, why: str | None = None, **details: Any
 ) -> Notification:
+    """``why``: the attribution's summary, with its figures (why the batch was, or was not, to blame)."""
     message = f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
+    if why:
+        message += f"\ncause: {why}"
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
 
 

@@ -665,13 +665,20 @@ class Supervisor:
                           checkpoint.path if checkpoint else None, load_error, attribution)
         return failure, attribution
 
+    def _exited_at(self) -> float | None:
+        """When the worker's exit was seen (monotonic): the moment of the failure the trend must explain."""
+        worker = self.current.worker if self.current is not None else None
+        return worker.exited_at if worker is not None else None
+
     def _attribute(self, verdict: Verdict, watch: AttemptWatch) -> Attribution | None:
         """The cause of a memory failure, journaled with the figures that decided it."""
         if verdict.kind is None or not verdict.kind.is_memory:
             return None
         scan = watch.scanner
-        attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader),
-                                           self.plan.batch.micro_batch, fit(self.tuner.points))
+        attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
+                                                    scan.allowed_bytes),
+                                           self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
+                                           self._exited_at())
         if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):
             self.trend.prior_per_s = float(rate)
         self._event("attribution", **attribution.as_dict())

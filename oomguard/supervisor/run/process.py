@@ -51,6 +51,7 @@ class WorkerProcess:
         self.log_max_bytes = log_max_bytes
         self.problems = problems
         self.exited = threading.Event()
+        self.exited_at: float | None = None  # monotonic: when the worker's exit was seen
         self.returncode: int | None = None
         self._started = time.monotonic()
         self._pump: OutputPump | None = None
@@ -84,6 +85,7 @@ class WorkerProcess:
     def _wait(self, wake: threading.Event) -> None:
         assert self._proc is not None
         self.returncode = self._proc.wait()
+        self.exited_at = time.monotonic()
         self.exited.set()
         wake.set()
 

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from oomguard.supervisor.decide.attribution import Attribution, Evidence, attribute
+from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, attribute
+from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.forecast import Forecast, Move, budgets, forecast, soonest
 from oomguard.supervisor.decide.memmodel import Fit
 from oomguard.supervisor.decide.trend import Reading, steady_rise
@@ -21,6 +22,14 @@ from oomguard.supervisor.observe.memory import MemorySample
 
 MAX_READINGS = 600  # per budget; past this, every other reading is dropped (the whole attempt stays in view)
 HOST = "worker RSS"
+MACHINE = "host"  # the machine's memory in use against its total: what a kernel OOM kill without a cgroup limit hit
+# Which limit a failure of each kind hit, first choice first: the GPU's capacity, oomguard's own
+# --memory-limit (a cgroup limit where one is made, so the cgroup's next), the cgroup's, the machine's.
+LIMIT_OF = {
+    FailureKind.CUDA_OOM: ("GPU",),
+    FailureKind.MEMORY_LIMIT: ("--memory-limit", "cgroup"),
+    FailureKind.HOST_OOM: ("cgroup", MACHINE),
+}
 
 
 @dataclass
@@ -29,6 +38,7 @@ class TrendWatch:
     prior_period: float | None = None  # the checkpoint period seen in earlier attempts
     started: float = 0.0  # monotonic start of the attempt
     series: dict[str, list[Reading]] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)  # each budget's limit itself (not the target), newest
     checkpoint_times: list[float] = field(default_factory=list)  # monotonic, new checkpoints of this attempt
     forecast: Forecast | None = None
     restart_reason: str | None = None  # planned: restart right after the next checkpoint lands
@@ -45,6 +55,9 @@ class TrendWatch:
         found = budgets(sample, memory_limit, fraction)
         for budget in found:
             self._keep(budget.name, Reading(t, budget.used, step))
+            self.limits[budget.name] = budget.applies
+        self._keep(MACHINE, Reading(t, sample.host_total_bytes - sample.host_available_bytes, step))
+        self.limits[MACHINE] = sample.host_total_bytes
         next_in, period = self.checkpoint_rhythm(t)
         found_forecast = soonest([forecast(self.series[b.name], b, next_in, period, self.prior_per_s)
                                   for b in found])
@@ -79,11 +92,27 @@ class TrendWatch:
         anchor = times[-1] if times else self.started
         return max(0.0, anchor + period - now), period
 
-    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None) -> Attribution:
+    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
+                  kind: FailureKind | None = None, failed_at: float | None = None) -> Attribution:
         """The cause of this attempt's memory failure, from the series that matters: the GPU's when
-        there is one, else the worker tree's RSS."""
+        there is one, else the worker tree's RSS; measured against the limit a failure of ``kind``
+        hit at ``failed_at`` (monotonic). Without a kind (a planned restart) there is no failure
+        for the trend to explain."""
         name = "GPU memory" if "GPU memory" in self.series else HOST
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model)
+        limit = self.limit(kind, failed_at, evidence.capacity)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit)
+
+    def limit(self, kind: FailureKind | None, failed_at: float | None = None,
+              capacity: int | None = None) -> Limit | None:
+        """The limit a failure of ``kind`` hit, with the readings counted against it. A CUDA OOM
+        message that allows the process less than the device (a per-process memory fraction, which
+        NVML cannot see) names the limit itself: the process's own GPU memory is measured against it."""
+        if kind is FailureKind.CUDA_OOM and capacity and self.series.get("GPU memory"):
+            return Limit("process's GPU", capacity, self.series["GPU memory"], failed_at)
+        for budget in LIMIT_OF.get(kind, ()) if kind is not None else ():
+            if self.series.get(budget) and self.limits.get(budget):
+                return Limit(budget, self.limits[budget], self.series[budget], failed_at)
+        return None
 
     def leaking(self) -> bool:
         """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
