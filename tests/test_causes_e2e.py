@@ -56,7 +56,8 @@ def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
     cgroup = memory_cgroup(400 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
     cmd = [PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "16", "--global-batch",
-           "64", "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "leak", "--ckpt-dir", str(ck), "--steps", "120",
+           "64", "--checkpoint", f"{ck}/ck-*", "--resumes-itself", "--", PY, CAUSES, "leak", "--ckpt-dir", str(ck),
+           "--steps", "120",
            "--step-time", "0.1", "--leak-mb", "4", "--per-sample-mb", "2"]
     joined = " ".join(f"'{a}'" for a in cmd)
     proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"],
@@ -126,8 +127,8 @@ def test_b_memory_that_grows_with_the_micro_batch_still_halves(
     cgroup = memory_cgroup(300 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
     out = run_in(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64",
-                 "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "per_sample", "--ckpt-dir", str(ck), "--steps", "20",
-                 "--step-time", "0.05", "--per-sample-mb", "40")
+                 "--checkpoint", f"{ck}/ck-*", "--resumes-itself", "--", PY, CAUSES, "per_sample",
+                 "--ckpt-dir", str(ck), "--steps", "20", "--step-time", "0.05", "--per-sample-mb", "40")
     assert out.returncode == 0, out.stderr
     doc = status(run_dir)
     assert doc["state"] == "succeeded" and doc["micro_batch"] == 4 and doc["global_batch"] == 64
@@ -186,6 +187,7 @@ def test_e_cuda_leak_under_a_memory_fraction(run_dir: Path, tmp_path: Path) -> N
         pytest.skip("no CUDA device")
     ck = tmp_path / "ck"
     out = run_plain(run_dir, "--micro-batch", "16", "--global-batch", "64", "--checkpoint", f"{ck}/ck-*",
+                    "--resumes-itself",
                     "--", PY, str(Path(__file__).resolve().parent / "workers" / "cuda_leak.py"), "--ckpt-dir", str(ck),
                     timeout=300)
     assert out.returncode == 0, out.stderr

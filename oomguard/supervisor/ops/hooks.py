@@ -20,9 +20,11 @@ from oomguard.supervisor.ops.notify import (
     parse_webhook,
     recovered,
     succeeded,
+    warning,
 )
 from oomguard.supervisor.ops.sdnotify import Notifier, Watchdog
 from oomguard.supervisor.ops.statusline import StatusLine
+from oomguard.supervisor.run.wiringwatch import WARNING_EVENTS
 
 if TYPE_CHECKING:
     from oomguard.supervisor.run.loop import Supervisor
@@ -63,6 +65,7 @@ def attach_webhooks(sup: Supervisor) -> Callable[[], object] | None:
     sender = WebhookNotifier(NotifyConfig(webhooks=tuple(parse_webhook(s) for s in sup.config.notify)))
     run = sup.run_dir.name
     told_leak = [False]  # a leak is told once: every restart it causes would say the same
+    told: set[str] = set()  # so is each kind of wiring warning (a resume missed at every restart)
 
     def on_event(name: str, data: dict[str, Any]) -> None:
         leak = data.get("cause") == "leak" or name == "planned_restart"
@@ -74,6 +77,9 @@ def attach_webhooks(sup: Supervisor) -> Callable[[], object] | None:
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
             sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
                                   data["grad_accum"], evidence=data["evidence"], attempt=sup.attempt))
+        elif name in WARNING_EVENTS and name not in told:
+            told.add(name)
+            sender.send(warning(run, data["message"], attempt=sup.attempt))
         elif name == "state" and data["to"] == "failed":
             sender.send(gave_up(run, data["reason"], attempt=sup.attempt))
         elif name == "state" and data["to"] == "succeeded":

@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 FAILED = "failed"  # the supervisor gave up
 SUCCEEDED = "succeeded"
 RECOVERED = "recovered"  # a memory failure was handled and the run goes on
-EVENTS = (FAILED, SUCCEEDED, RECOVERED)
+WARNING = "warning"  # the run goes on, but is wired so that it loses work (a resume that did not happen)
+EVENTS = (FAILED, SUCCEEDED, RECOVERED, WARNING)
 FORMATS = ("json", "slack", "ntfy")
 
-_EMOJI = {FAILED: ":x:", SUCCEEDED: ":white_check_mark:", RECOVERED: ":recycle:"}
-_NTFY = {FAILED: (["x"], 5), SUCCEEDED: (["white_check_mark"], 3), RECOVERED: (["recycle"], 3)}
+_EMOJI = {FAILED: ":x:", SUCCEEDED: ":white_check_mark:", RECOVERED: ":recycle:", WARNING: ":warning:"}
+_NTFY = {FAILED: (["x"], 5), SUCCEEDED: (["white_check_mark"], 3), RECOVERED: (["recycle"], 3),
+         WARNING: (["warning"], 4)}
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
@@ -120,6 +122,10 @@ def recovered(
 ) -> Notification:
     message = f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
+
+
+def warning(run: str, message: str, **details: Any) -> Notification:
+    return Notification(WARNING, run, f"oomguard: {run} is losing work", message, details)
 
 
 def render_body(hook: Webhook, note: Notification) -> tuple[str, dict[str, Any]]:

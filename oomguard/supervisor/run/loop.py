@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import psutil
 
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
+from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Move
@@ -40,7 +40,7 @@ from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import CLOSED_INTERRUPTED
+from oomguard.supervisor.record.report import CLOSED_INTERRUPTED, stopped_by
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment, remove_stale
@@ -57,6 +57,7 @@ from oomguard.supervisor.run.runtime import (
 from oomguard.supervisor.run.settle import Handover
 from oomguard.supervisor.run.states import RunState, check_transition
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
+from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
@@ -111,6 +112,8 @@ class Supervisor:
         self._next_thin = time.monotonic() + THIN_EVERY
         self.world = World(config.dist_shape, config.peer_timeout, self._event)  # ranks and nodes
         self._published = 0
+        self.wiring = WiringWatch(config, self.cwd, self.run_dir, log, self._event,  # resumes, globs that miss
+                                  lambda **values: self.journal.set_meta(**values))
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -154,11 +157,16 @@ class Supervisor:
 
     def _close_interrupted(self) -> None:
         """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted."""
+        stops = self.journal.event_data("stop_requested")  # the user had asked this attempt to stop
         for row in self.journal.attempts():
             if row["ended"] is None:
-                self.journal.end_attempt(row["attempt"], decision=CLOSED_INTERRUPTED)
-                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"])
-                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as interrupted")
+                stop = stops.get(row["attempt"])
+                decision = stopped_by(signal.Signals[stop["signal"]]) if stop else CLOSED_INTERRUPTED
+                self.journal.end_attempt(row["attempt"], decision=decision,
+                                         ended=self.journal.last_activity(row["attempt"]))
+                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
+                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "
+                    + ("stopped by the user" if stop else "interrupted"))
 
     def _learn(self, fresh: bool) -> None:
         """Load what this run, and earlier runs of the same job, learned about memory."""
@@ -232,6 +240,7 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the worker succeeds, the policy gives up, or we are stopped."""
         self.index.start()
+        self.wiring.start(bool(self.index.refresh()))
         try:
             code = self._loop()
             self.world.finish()
@@ -244,6 +253,7 @@ class Supervisor:
         finally:
             if self.worker is not None and not self.worker.exited.is_set():
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
+            self.wiring.stop()
             self.index.stop()
             self.sampler.close()
             self.handover.remove()
@@ -259,7 +269,7 @@ class Supervisor:
                 return self._stopped()
             verdict, watch, checkpoint = self._run_attempt()
             if self.stopping:
-                return self._stopped()
+                return self._stopped(watch)
             if self.trend.restarting:  # stopped on purpose: whatever it exited with, it resumes
                 self._planned_restart(watch)
                 continue
@@ -310,8 +320,11 @@ class Supervisor:
     def _peak(self, watch: AttemptWatch) -> int | None:
         return self.tuner.peak_bytes(watch.peak, self.last_sample)
 
-    def _stopped(self) -> int:
+    def _stopped(self, watch: AttemptWatch | None = None) -> int:
         sig = self.stop_signal or signal.SIGTERM
+        if watch is not None:  # the user's stop: no failure, ended when its worker did
+            self.journal.end_attempt(self.attempt, returncode=self.worker.returncode if self.worker else None,
+                                     decision=stopped_by(sig), last_step=watch.last_step, peak_rss=watch.peak_rss)
         self._transition(RunState.STOPPED, f"stopped by {signal.Signals(sig).name}")
         return 128 + sig
 
@@ -346,6 +359,7 @@ class Supervisor:
             self.plan = replace(self.plan, expandable_segments=True)
         self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
         watch = AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None))
+        self.wiring.attempt_started(self.attempt, checkpoint, watch)
         self.trend = TrendWatch(self.trend.prior_per_s, self.trend.checkpoint_rhythm(0.0)[1], time.monotonic())
         box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
@@ -392,6 +406,8 @@ class Supervisor:
             self.wake.clear()
             self._tick()
             if self.stopping or self.restart_requested:
+                if self.stopping:  # a later supervisor closing this attempt knows it was the user's stop
+                    self._event("stop_requested", signal=signal.Signals(self.stop_signal or signal.SIGTERM).name)
                 self.restart_requested = False
                 self.worker.stop(self.config.grace_period, lambda: self.stop_signals > 1)
                 break
@@ -405,7 +421,9 @@ class Supervisor:
                 self._guarded("checkpoint request", self._ask_for_checkpoint, files, "requested")
             self._check_hang(watch)
             self._check_peers()
+            self._guarded("wiring", self.wiring.tick, watch, self.index)
         self._guarded("channel", self._read_channel, watch, channel)
+        self._guarded("wiring", self.wiring.tick, watch, self.index)
         self.forecast_board.clear()
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
@@ -596,7 +614,9 @@ class Supervisor:
             return None
         scan = watch.scanner
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader),
-                                           self.plan.batch.micro_batch, fit(self.tuner.points))
+                                           self.plan.batch.micro_batch, fit(self.tuner.points),
+                                           earlier_plateaus(self.journal.event_data("attribution"),
+                                                            self.journal.attempts()))
         if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):
             self.trend.prior_per_s = float(rate)
         self._event("attribution", **attribution.as_dict())

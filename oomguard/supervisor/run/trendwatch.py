@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from oomguard.supervisor.decide.attribution import Attribution, Evidence, attribute
@@ -80,11 +80,12 @@ class TrendWatch:
         anchor = times[-1] if times else self.started
         return max(0.0, anchor + period - now), period
 
-    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None) -> Attribution:
+    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
+                  earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
         """The cause of this attempt's memory failure, from the series that matters: the GPU's when
         there is one, else the worker tree's RSS."""
         name = "GPU memory" if "GPU memory" in self.series else HOST
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, earlier)
 
     def leaking(self) -> bool:
         """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
