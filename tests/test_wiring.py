@@ -35,7 +35,14 @@ from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepSeen
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import build_report, format_report, stopped_by
+from oomguard.supervisor.record.report import (
+    CLOSED_INTERRUPTED,
+    build_report,
+    closing_decision,
+    format_report,
+    stopped_by,
+)
+from oomguard.supervisor.record.status import format_status, status_document
 from oomguard.supervisor.run import preflight, wiring
 from oomguard.supervisor.run.arguments import unrecognized
 
@@ -77,7 +84,8 @@ def check(cwd: Path, *options: str, command: list[str]) -> None:
     (["python", "-mscripts.base_train"], "module", "scripts.base_train"),
     (["torchrun", "--nproc-per-node", "2", "train.py", "--x"], "file", "train.py"),
     (["python", "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "pkg.train"], "module", "pkg.train"),
-    (["./train.sh", "--x"], "file", "./train.sh"),
+    (["./train.sh", "--x"], "program", "./train.sh"),
+    (["torchrun", "--no-python", "--nproc-per-node", "2", "trainer-bin"], "program", "trainer-bin"),
     (["bash", "train.sh"], "file", "train.sh"),
     (["accelerate", "launch", "--num_processes", "2", "train.py"], "file", "train.py"),
 ])
@@ -397,4 +405,13 @@ def test_the_report_counts_the_steps_a_missed_resume_redid(tmp_path: Path) -> No
             "7 step(s) redone") in text
     assert f"warning:     attempt 2: {message}" in text
     assert "attempt 2 at " in text and "stopped by SIGINT: a stop asked for, not a failure" in text
+    assert "host_oom at micro-batch 32 × accum 1 (exit 1)" in text
+    doc = status_document(journal)  # the same words in status, and the stop is no failure there either
+    assert [(f["attempt"], f["exit"]) for f in doc["failures"]] == [(1, "exit 1")]
+    assert "attempt 1: host_oom at micro-batch 32 (exit 1): DefaultCPUAllocator" in format_status(doc)
     journal.close()
+
+
+def test_a_later_supervisor_closes_an_attempt_as_the_stop_that_was_asked_for() -> None:
+    assert closing_decision({"signal": "SIGTERM"}) == "stopped by SIGTERM: a stop asked for, not a failure"
+    assert closing_decision(None) == CLOSED_INTERRUPTED

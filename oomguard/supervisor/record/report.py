@@ -72,6 +72,12 @@ def stopped_by(sig: int) -> str:
     return f"{STOPPED} {signal.Signals(sig).name}: a stop asked for, not a failure"
 
 
+def closing_decision(stop: dict[str, Any] | None) -> str:
+    """The decision for an attempt a later supervisor closes: the user's stop when one had been
+    asked for (its ``stop_requested`` event's data), else interrupted."""
+    return stopped_by(signal.Signals[stop["signal"]]) if stop else CLOSED_INTERRUPTED
+
+
 def _user_stop(attempt: dict[str, Any]) -> bool:
     return not attempt["kind"] and str(attempt["decision"] or "").startswith(STOPPED)
 

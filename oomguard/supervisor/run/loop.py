@@ -40,7 +40,7 @@ from oomguard.supervisor.observe.thresholds import Thresholds, evaluate
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import CLOSED_INTERRUPTED, stopped_by
+from oomguard.supervisor.record.report import closing_decision, stopped_by
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment, remove_stale
@@ -161,8 +161,7 @@ class Supervisor:
         for row in self.journal.attempts():
             if row["ended"] is None:
                 stop = stops.get(row["attempt"])
-                decision = stopped_by(signal.Signals[stop["signal"]]) if stop else CLOSED_INTERRUPTED
-                self.journal.end_attempt(row["attempt"], decision=decision,
+                self.journal.end_attempt(row["attempt"], decision=closing_decision(stop),
                                          ended=self.journal.last_activity(row["attempt"]))
                 self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
                 log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "

@@ -20,6 +20,7 @@ import ast
 import difflib
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,13 +42,14 @@ _SHELLS = frozenset({"sh", "bash", "zsh", "dash"})
 CONFIG_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
 _CONFIG_OPTION = re.compile(r"^--?[\w.-]*(config|cfg|recipe|hparams)[\w.-]*$", re.IGNORECASE)
 _MAX_SOURCES = 50  # the user's own modules read to find the worker library (a bound, not a budget)
+_MAX_SOURCE_BYTES = 4 << 20  # of each: a source file is far smaller; a program on PATH may not be
 
 
 @dataclass(frozen=True)
 class Script:
     """What the command runs: a file (``python train.py``, ``./train.sh``) or a module (``-m pkg.train``)."""
 
-    kind: str  # "file" or "module"
+    kind: str  # "file" (run by an interpreter), "program" (run itself) or "module"
     name: str  # as written in the command
     args: tuple[str, ...]  # the script's own arguments
 
@@ -71,15 +73,16 @@ def script_of(command: Sequence[str]) -> Script | None:
     if launched is not None:
         if not launched.script:
             return None
-        module = any(name in ("m", "module") for name, _ in launched.options)
-        return Script("module" if module else "file", launched.script[0], tuple(launched.script[1:]))
+        names = {name for name, _ in launched.options}
+        kind = "module" if names & {"m", "module"} else "program" if "no-python" in names else "file"
+        return Script(kind, launched.script[0], tuple(launched.script[1:]))
     program, rest = command[0], list(command[1:])
     if _PYTHON.match(Path(program).name):
         return _python_script(rest)
     if Path(program).name in _SHELLS and rest and not rest[0].startswith("-"):
         return Script("file", rest[0], tuple(rest[1:]))
     if os.sep in program:  # ./train.sh: preflight checks that it exists and is executable
-        return Script("file", program, tuple(rest))
+        return Script("program", program, tuple(rest))
     for i, word in enumerate(rest):  # accelerate launch train.py, deepspeed train.py, uv run train.py
         if word.endswith(".py") and not word.startswith("-"):
             return Script("file", word, tuple(rest[i + 1:]))
@@ -189,10 +192,13 @@ def locate(script: Script | None, cwd: Path) -> Path | None:
     """The source file of the script, where it can be found without running anything."""
     if script is None:
         return None
-    if script.kind == "file":
-        path = Path(script.name) if os.path.isabs(script.name) else cwd / script.name
-        return path if path.is_file() else None
-    return _module_file(script.name, [str(cwd), *sys.path[1:]])
+    if script.kind == "module":
+        return _module_file(script.name, [str(cwd), *sys.path[1:]])
+    if script.kind == "program" and os.sep not in script.name:  # torchrun --no-python PROGRAM on PATH
+        found = shutil.which(script.name)
+        return Path(found) if found else None
+    path = Path(script.name) if os.path.isabs(script.name) else cwd / script.name
+    return path if path.is_file() else None
 
 
 def _module_file(name: str, search: list[str]) -> Path | None:
@@ -233,9 +239,13 @@ def uses_worker_library(source: Path, cwd: Path) -> bool:
 def _scan(path: Path) -> tuple[bool, list[str]]:
     """(uses the library, the modules or files it names) for one source file."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as fh:
+            data = fh.read(_MAX_SOURCE_BYTES)
     except OSError:
         return False, []
+    if b"\0" in data:  # a compiled program: only the variables' names can be seen in it
+        return any(name.encode() in data for name in LIBRARY_ENV), []
+    text = data.decode(errors="replace")
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):  # a shell script: the variables, and the .py files it runs
