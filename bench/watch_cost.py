@@ -51,7 +51,7 @@ def measure(seconds: float, web: bool) -> dict[str, object]:
         web_args = ["--port", "0"] if web else ["--no-web"]
         sup = subprocess.Popen([sys.executable, "-m", "oomguard", "run", "--run-dir", f"{tmp}/run", *web_args,
                                 "--micro-batch", "8", "--grad-accum", "1", "--checkpoint", f"{tmp}/ck/*",
-                                "--", sys.executable, str(script)],
+                                "--resumes-itself", "--", sys.executable, str(script)],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
         proc = psutil.Process(sup.pid)

@@ -99,6 +99,7 @@ def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
     cgroup = memory_cgroup(400 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
     out, shown = watched(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64", "--checkpoint", f"{ck}/ck-*",
+                         "--resumes-itself",
                          "--", PY, CAUSES, "leak", "--ckpt-dir", str(ck), "--steps", "120", "--step-time", "0.1",
                          "--leak-mb", "4", "--per-sample-mb", "2")
     stdout = out.stdout
@@ -142,7 +143,8 @@ def test_a_spike_on_a_slow_creep_is_the_batchs_and_halves_at_the_first_kill(
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         out, shown = watched(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64", "--checkpoint",
-                             f"{ck}/ck-*", "--notify", server.url + "/hook", "--", PY, CAUSES, "creep", "--ckpt-dir",
+                             f"{ck}/ck-*", "--resumes-itself",
+                             "--notify", server.url + "/hook", "--", PY, CAUSES, "creep", "--ckpt-dir",
                              str(ck), "--steps", "130", "--ckpt-every", "20", "--step-time", "0.1", "--creep-mb", "0.5",
                              "--per-sample-mb", "4", "--spike-at", "100", "--spike-steps", "10", "--spike-mb", "20")
         assert out.returncode == 0, out.stderr
@@ -186,7 +188,9 @@ def test_a_leak_that_also_spikes_names_both_and_finishes(
     over, and the leak added ~180 MiB in the attempt: a fresh restart at the same size has room."""
     cgroup = memory_cgroup(400 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
-    out = run_in(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64", "--checkpoint", f"{ck}/ck-*", "--",
+    out = run_in(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64", "--checkpoint", f"{ck}/ck-*",
+                 "--resumes-itself",
+                 "--",
                  PY, CAUSES, "leak", "--ckpt-dir", str(ck), "--steps", "220", "--step-time", "0.1", "--leak-mb", "1",
                  "--per-sample-mb", "2", "--spike-at", "185", "--spike-steps", "1", "--spike-mb", "10")
     assert out.returncode == 0, out.stderr
@@ -225,8 +229,8 @@ def test_b_memory_that_grows_with_the_micro_batch_still_halves(
     cgroup = memory_cgroup(300 * MIB, name=CGROUP)
     ck = tmp_path / "ck"
     out = run_in(cgroup, run_dir, "--micro-batch", "16", "--global-batch", "64",
-                 "--checkpoint", f"{ck}/ck-*", "--", PY, CAUSES, "per_sample", "--ckpt-dir", str(ck), "--steps", "20",
-                 "--step-time", "0.05", "--per-sample-mb", "40")
+                 "--checkpoint", f"{ck}/ck-*", "--resumes-itself", "--", PY, CAUSES, "per_sample",
+                 "--ckpt-dir", str(ck), "--steps", "20", "--step-time", "0.05", "--per-sample-mb", "40")
     assert out.returncode == 0, out.stderr
     doc = status(run_dir)
     assert doc["state"] == "succeeded" and doc["micro_batch"] == 4 and doc["global_batch"] == 64
@@ -285,6 +289,7 @@ def test_e_cuda_leak_under_a_memory_fraction(run_dir: Path, tmp_path: Path) -> N
         pytest.skip("no CUDA device")
     ck = tmp_path / "ck"
     out = run_plain(run_dir, "--micro-batch", "16", "--global-batch", "64", "--checkpoint", f"{ck}/ck-*",
+                    "--resumes-itself",
                     "--", PY, str(Path(__file__).resolve().parent / "workers" / "cuda_leak.py"), "--ckpt-dir", str(ck),
                     timeout=300)
     assert out.returncode == 0, out.stderr

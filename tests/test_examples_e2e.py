@@ -21,6 +21,9 @@ FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
 def run(tmp_path: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
     out = oomguard("run", "--run-dir", str(tmp_path / "run"), *FAST, *args, cwd=tmp_path, timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # The README's forms are wired right: every resume is verified and no warning is said.
+    assert "[oomguard] the script " not in out.stderr and "matches nothing" not in out.stderr, out.stderr
+    assert status(tmp_path / "run")["warnings"] == []
     return out
 
 

@@ -32,7 +32,7 @@ def test_soft_threshold_asks_for_a_checkpoint_before_the_hard_limit(run_dir: Pat
 
 def run_model(run_dir: Path, tmp_path: Path, *extra: str) -> dict:  # type: ignore[type-arg]
     out = oomguard("run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "96", "--global-batch", "96",
-                   "--memory-limit", "260M", "--checkpoint", f"{tmp_path}/ck/ck-*", *extra, "--",
+                   "--memory-limit", "260M", "--checkpoint", f"{tmp_path}/ck/ck-*", "--resumes-itself", *extra, "--",
                    PY, WORKER, "model", "--mb-per-sample", "5", "--fixed-mb", "20", "--hold", "4",
                    "--ckpt-dir", str(tmp_path / "ck"), timeout=150)
     assert out.returncode == 0, out.stderr

@@ -16,6 +16,7 @@ from oomguard.supervisor.config import add_arguments, build_config, fragment_fla
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
+from oomguard.supervisor.run.arguments import unrecognized
 from oomguard.web.client import register as web_commands
 from oomguard.web.client import register_dashboard
 
@@ -33,6 +34,23 @@ class _Parser(argparse.ArgumentParser):
         flags = fragment_flags() & self._option_string_actions.keys()
         argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """An unknown argument that looks like the training command says to put -- before it."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = getattr(parsed, "subcommand", None)
+            self.error(unrecognized(extras, _flags(self, sub), sub))
+        return parsed
+
+
+def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]:
+    """The option strings of ``subcommand`` (else of ``parser``), for a "did you mean"."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and subcommand in action.choices:
+            return list(action.choices[subcommand]._option_string_actions)
+    return list(parser._option_string_actions)
 
 
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:

@@ -106,6 +106,9 @@ class RunConfig:
     resume_args: str = field(default="", metadata=_opt(
         "--resume-args", "arguments appended when a checkpoint exists, e.g. '--resume-from {checkpoint}'",
         str, metavar="ARGS", fragment=True))
+    resumes_itself: bool = field(default=False, metadata=_opt(
+        "--resumes-itself", "the script finds its checkpoint by itself (a fixed path it reads, OOMGUARD_CHECKPOINT): "
+        "without it, --checkpoint needs {checkpoint}, --resume-args, --edit or the worker library", None))
     eval_micro_batch: int | None = field(default=None, metadata=_opt(
         "--eval-micro-batch", "evaluation batch to start with, for a command that passes {eval_micro_batch}: "
         "after an evaluation-time OOM only it is halved (default: --micro-batch)", _positive, metavar="N"))
@@ -201,6 +204,9 @@ class RunConfig:
         for spec in self.edits:
             check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
         self._check_placeholder_options()
+        if self.resumes_itself and not self.checkpoints:
+            raise UsageError("--resumes-itself", "is given but no --checkpoint is watched",
+                             "add --checkpoint GLOB (the files the script writes), or leave --resumes-itself out")
 
     def _check_placeholder_options(self) -> None:
         """--num-workers and --eval-micro-batch only act through their placeholders."""

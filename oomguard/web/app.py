@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.status import supervisor_alive
 from oomguard.web import models, redact
 from oomguard.web.exposure import ANONYMOUS
@@ -99,7 +100,8 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any =
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])
     def get_attempts() -> list[dict[str, Any]]:
         """Every attempt: its batch, how it ended (kind, evidence) and what was decided."""
-        return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"])}
+        return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"]),
+                 "exit": exit_text(row["exit_code"], row["signal"], row["returncode"]) if row["ended"] else None}
                 for row in pool.get().attempts()]
 
     @app.get("/api/events", response_model=list[models.Event], responses=_UNAVAILABLE, tags=["read"])

@@ -37,6 +37,7 @@ class FailureView(_Open):
     started: float | None = None
     ended: float | None = None
     checkpoint: str | None = None
+    exit: str | None = None  # how its process ended, in the words status, the report and the dashboard share
 
 
 class Status(_Open):
@@ -63,6 +64,7 @@ class Status(_Open):
     started: float | None = None
     updated: float | None = None
     failures: list[FailureView]
+    warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
 
 
 class Attempt(_Open):
@@ -87,6 +89,7 @@ class Attempt(_Open):
     last_step: int | None = None
     peak_rss: int | None = None
     peak_gpu: int | None = None
+    exit: str | None = None  # "exit 1", "signal 9 (SIGKILL)": as status and the report say it; None while it runs
 
 
 class Event(BaseModel):

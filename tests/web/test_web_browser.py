@@ -163,3 +163,19 @@ def test_many_runs_page_lists_the_runs_live_and_links_to_each(page: Any, two_run
         assert errors == []
     finally:
         fleet.stop()
+
+
+def test_dashboard_shows_a_glob_that_matches_nothing_and_exits_as_status_words_them(page: Any, tmp_path: Path) -> None:
+    """The run's --checkpoint glob is ckpt/step-*.pt; this worker writes elsewhere/step-N.pt."""
+    run = start_run(tmp_path, env={"CKPT_DIR": str(tmp_path / "elsewhere"), "CKPT_EVERY": "5"})
+    try:
+        run.wait_for(lambda d: bool(d["warnings"]), timeout=30)
+        page.goto(run.url)
+        expect = sync_api.expect
+        expect(page.locator("#warnings")).to_be_visible()
+        expect(page.locator("#warnings")).to_contain_text("matches nothing, but the script wrote elsewhere/step-")
+        expect(page.locator("#warnings")).to_contain_text("use --checkpoint 'elsewhere/step-*.pt'")
+        expect(page.locator("#attempts tbody tr")).to_have_count(3)
+        expect(page.locator("#attempts tbody")).to_contain_text("exit 1")  # as status and the report say it
+    finally:
+        run.stop()

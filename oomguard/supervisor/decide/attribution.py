@@ -14,7 +14,11 @@ causes, most specific first:
   not to blame; a restart from the newest checkpoint at the same size is the remedy;
 - *phase spike*: the traceback or the last output names evaluation, checkpoint saving or loading;
 - *per-sample*: none of the above; memory rose to a plateau that scales with the micro-batch, or
-  jumped above its trend in one step, today's remedy (halve) is right.
+  jumped above its trend in one step, today's remedy (halve) is right. The summary says "memory
+  follows the micro-batch" only where the figures show it: the memory model's line through two sizes
+  or more, or this run's plateaus at two sizes or more, higher at the larger one (by
+  ``FOLLOW_MARGIN``). Plateaus that grew as the batch shrank (301 MiB at 128, 377 at 64, 422 at 32)
+  are said as such; one size says nothing yet.
 
 A steady line that was still far below the limit when the worker died did not kill it: something
 jumped above the line (a spike), and the spike is the cause, whatever the line's R². Where both
@@ -30,7 +34,7 @@ the tests feed it scripted series.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +59,10 @@ class Cause(enum.Enum):
 
 
 _PHASE_CAUSE = {Phase.EVALUATION: Cause.EVALUATION, Phase.SAVING: Cause.SAVING, Phase.LOADING: Cause.LOADING}
+# How much higher the plateau at the largest micro-batch must be than at the smallest for memory to
+# follow the micro-batch: more than a sampling jitter of a few percent, far less than the share a
+# batch twice the size adds when it is what fills memory.
+FOLLOW_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -99,11 +107,13 @@ class Attribution:
 
 
 def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
-              what: str = "worker RSS", model: Fit | None = None, limit: Limit | None = None) -> Attribution:
+              what: str = "worker RSS", model: Fit | None = None, limit: Limit | None = None,
+              earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
     """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are
     of; ``model`` is the memory model's line through this job's successful sizes, if it has one;
     ``limit`` is the limit that applied at the failure (None: no failure to explain, as at a
-    planned restart, or no limit known): a rise is a leak only if its line reaches that limit."""
+    planned restart, or no limit known): a rise is a leak only if its line reaches that limit;
+    ``earlier`` the (micro-batch, plateau bytes) of this run's earlier per-sample failures."""
     trend = steady_rise(readings)
     room = limit.headroom() if limit is not None else None
     figures = {**_trend_figures(trend), **_room_figures(room)}
@@ -120,7 +130,7 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
     if phase is not None:
         return Attribution(_PHASE_CAUSE[phase[0]], f"{phase[0].value}-time spike ({phase[1]}){spike}",
                            {**figures, "evidence": phase[1]})
-    return _per_sample(readings, trend, micro_batch, what, model, figures, spike)
+    return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier)
 
 
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
@@ -169,7 +179,8 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
 
 
 def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: int, what: str,
-                model: Fit | None, figures: dict[str, Any], spike: str) -> Attribution:
+                model: Fit | None, figures: dict[str, Any], spike: str,
+                earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
     if trend is None:
         why = "too few samples after warm-up to see a trend"
     elif trend.steady():
@@ -182,7 +193,36 @@ def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: i
     if model is not None and model.points >= 2:  # a line through two sizes or more: the scaling is measured
         figures["per_sample_bytes"] = round(model.per_sample_bytes)
         why += f"; the memory model measured {model.per_sample_bytes / MIB:.1f} MiB a sample"
-    return Attribution(Cause.PER_SAMPLE, f"per-sample: {why}{spike}; memory follows the micro-batch", figures)
+        return Attribution(Cause.PER_SAMPLE, f"per-sample: {why}{spike}; memory follows the micro-batch", figures)
+    return Attribution(Cause.PER_SAMPLE, _scaling(why + spike, micro_batch, figures, earlier), figures)
+
+
+def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Sequence[tuple[int, int]]) -> str:
+    """The per-sample summary, saying what the plateaus at each size show about the batch."""
+    sizes = dict(earlier)
+    if figures.get("plateau_bytes"):
+        sizes[micro_batch] = figures["plateau_bytes"]
+    if len(sizes) < 2:
+        return f"per-sample, by elimination: {why}; only micro-batch {micro_batch} measured so far"
+    ordered = sorted(sizes.items(), reverse=True)  # the largest first: the order halving goes
+    figures["plateaus"] = {str(m): b for m, b in ordered}
+    listed = ", ".join(f"{b / MIB:.0f} MiB at {m}" for m, b in ordered)
+    largest, smallest = ordered[0][1], ordered[-1][1]
+    figures["follows"] = largest > smallest * (1 + FOLLOW_MARGIN)
+    if figures["follows"]:
+        return f"per-sample: {why}; memory follows the micro-batch (plateaus {listed})"
+    moved = "grew as the micro-batch shrank" if largest < smallest else "stayed level as the micro-batch shrank"
+    return (f"by elimination (no leak, no phase): {why}; but memory does not follow the micro-batch: its "
+            f"plateaus {moved} ({listed})")
+
+
+def earlier_plateaus(attributions: Mapping[int, Mapping[str, Any]],
+                     attempts: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """(micro-batch, plateau) of each earlier attempt whose failure was attributed with a plateau,
+    from the journal's ``attribution`` events and attempts; a later one at the same size wins."""
+    micro = {a["attempt"]: a["micro_batch"] for a in attempts}
+    return [(micro[n], int(data["plateau_bytes"])) for n, data in sorted(attributions.items())
+            if data.get("plateau_bytes") and n in micro]
 
 
 def _trend_figures(trend: Trend | None) -> dict[str, Any]:

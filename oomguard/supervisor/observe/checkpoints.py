@@ -10,6 +10,7 @@ directory is rescanned only then (with a polling observer where inotify is unava
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import threading
@@ -39,6 +40,28 @@ class Checkpoint:
     @property
     def signature(self) -> tuple[float, int]:
         return (self.mtime, self.size)
+
+
+def is_temp_name(name: str) -> bool:
+    """A name writers use while a checkpoint is incomplete (``.checkpoint-4.tmp``, ``x.pt.partial``)."""
+    return _TEMP.search(name) is not None
+
+
+class _StopRace(logging.Filter):
+    """watchdog 7's inotify emitter logs an error when an event arrives while it is being stopped
+    (``InotifyEmitter.queue_events() called when the thread is inactive``): a race inside its
+    ``stop()`` that loses nothing we read (the line was added in watchdog's PR #963), printed on the
+    user's terminal after the run ended."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+def quiet_stop_race() -> None:
+    """Filter the stop race out of watchdog's inotify logger (once, whoever starts an observer)."""
+    logger = logging.getLogger("watchdog.observers.inotify")
+    if not any(isinstance(f, _StopRace) for f in logger.filters):
+        logger.addFilter(_StopRace())
 
 
 def step_of(path: str) -> int | None:
@@ -126,6 +149,7 @@ class CheckpointIndex:
         # rename on the user's terminal. The watch stays correct; the warning says nothing to them.
         warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch",
                                 category=RuntimeWarning)
+        quiet_stop_race()
         for observer_type in (Observer, PollingObserver):
             observer = observer_type()
             try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from oomguard.supervisor.observe.memory import AttemptPeak
 from oomguard.supervisor.observe.output import OutputScanner
+from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
 from oomguard.worker import protocol
 
@@ -45,6 +46,7 @@ class AttemptWatch:
     first_step: int = 0
     total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
+    resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
 
     def feed_line(self, line: str) -> None:
         """One line of the worker's output (called by the output thread): evidence and progress."""
@@ -56,6 +58,8 @@ class AttemptWatch:
     def note_step(self, seen: StepSeen, now: float, wall: float) -> None:
         """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
         at training step 400 is not a step back, and output without a new step is not progress."""
+        if self.resume is not None:
+            self.resume.see(seen.step, seen.total)
         current_total = self.total_steps  # kept here: ``progress`` is cleared once journaled
         if seen.total and current_total and seen.total != current_total:
             # Another bar: a longer one is the training loop (after "Loading shards 2/2"), a
@@ -109,6 +113,8 @@ class AttemptWatch:
         if kind in _ALIVE:
             self.last_progress = now
         if kind == protocol.PROGRESS:
+            if self.resume is not None and isinstance(record.get("step"), int):
+                self.resume.see(record["step"], record.get("total_steps"))
             self.progress_records += 1
             self.last_step = record.get("step", self.last_step)
             self.progress = record

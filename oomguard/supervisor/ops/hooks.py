@@ -13,10 +13,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from oomguard.supervisor.ops import notify
-from oomguard.supervisor.ops.notify import COMPONENT, degraded, gave_up, leak, notify_config, recovered, succeeded
+from oomguard.supervisor.ops.notify import (
+    COMPONENT,
+    degraded,
+    gave_up,
+    leak,
+    notify_config,
+    recovered,
+    succeeded,
+    warning,
+)
 from oomguard.supervisor.ops.sdnotify import SystemdNotifier, Watchdog
 from oomguard.supervisor.ops.statusline import StatusLine
 from oomguard.supervisor.record import console
+from oomguard.supervisor.run.wiringwatch import WARNING_EVENTS
 
 if TYPE_CHECKING:
     from oomguard.supervisor.run.loop import Supervisor
@@ -60,6 +70,7 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     told_leak = [False]  # a leak is told once: every restart it causes would say the same
     cause: dict[str, Any] = {}  # the newest attribution: its summary and the figures that decided it
     last_cause: list[dict[str, Any]] = []  # the cause of the failure the run gave up after
+    told: set[str] = set()  # so is each kind of wiring warning (a resume missed at every restart)
 
     def on_event(name: str, data: dict[str, Any]) -> None:
         if name == "attribution":
@@ -80,6 +91,9 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
                                   evidence=data["evidence"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["action"] == "give_up" and figures:
             last_cause[:] = [figures["cause"]]
+        elif name in WARNING_EVENTS and name not in told:
+            told.add(name)
+            sender.send(warning(run, data["message"], attempt=sup.attempt))
         elif name == "state" and data["to"] == "failed":
             reason, given = data["reason"], last_cause[0] if last_cause else None
             if given and given["summary"] not in reason:

@@ -42,7 +42,8 @@ SUCCEEDED = "succeeded"
 RECOVERED = "recovered"  # a memory failure was handled and the run goes on
 LEAK = "leak"  # memory kept rising while training went on: restarted from the newest checkpoint
 DEGRADED = "degraded"  # one of oomguard's own parts (journal, logs, dashboard…) is failing; the worker runs
-EVENTS = (FAILED, SUCCEEDED, RECOVERED, LEAK, DEGRADED)
+WARNING = "warning"  # the run goes on, but is wired so that it loses work (a resume that did not happen)
+EVENTS = (FAILED, SUCCEEDED, RECOVERED, LEAK, DEGRADED, WARNING)
 LEGACY_FORMATS = ("json", "slack", "ntfy")  # the ``FORMAT=URL`` forms of the first --notify
 COMPONENT = "notify"  # the degradations of one target are "notify <its redacted URL>"
 SERVICES_HINT = "see `apprise --details` or Apprise's wiki for each service's URL"
@@ -94,6 +95,10 @@ def recovered(
 
 def leak(run: str, reason: str, **details: Any) -> Notification:
     return Notification(LEAK, run, f"oomguard: {run} has a memory leak", reason, details)
+
+
+def warning(run: str, message: str, **details: Any) -> Notification:
+    return Notification(WARNING, run, f"oomguard: {run} is losing work", message, details)
 
 
 def degraded(run: str, component: str, problem: str, **details: Any) -> Notification:
@@ -207,7 +212,8 @@ def deliver(target: Target, note: Notification, timeout_s: float) -> str | None:
     plugin = _plugin(target.url)
     plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout_s
     kind = {FAILED: apprise.NotifyType.FAILURE, SUCCEEDED: apprise.NotifyType.SUCCESS,
-            LEAK: apprise.NotifyType.WARNING, DEGRADED: apprise.NotifyType.WARNING}.get(note.event,
+            LEAK: apprise.NotifyType.WARNING, DEGRADED: apprise.NotifyType.WARNING,
+            WARNING: apprise.NotifyType.WARNING}.get(note.event,
                                                                                          apprise.NotifyType.INFO)
     with _apprise_log() as said:
         try:

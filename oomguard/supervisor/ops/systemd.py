@@ -304,9 +304,21 @@ def _prepare(args: argparse.Namespace) -> tuple[str, Path, str, str]:
     name = unit_file_name(args.name or default_name(cwd))
     executable = os.path.abspath(args.executable) if args.executable else find_oomguard()
     argv = [executable, "run", *run_args(args.run_args)]
+    _check_run(argv[2:], cwd)
     options = UnitOptions(stop_timeout_s=args.stop_timeout, user=_unit_user(args, scope))
     text = render_unit(argv, cwd, os.environ, scope, name, options)
     return text, unit_dir(scope) / name, scope, name
+
+
+def _check_run(args: Sequence[str], cwd: Path) -> None:
+    """What ``oomguard run`` would refuse at start is refused now: systemd would only find it when
+    the unit starts (and restart it, and give up)."""
+    from oomguard.supervisor.run.arguments import check_run_args
+
+    try:
+        check_run_args(args, cwd)
+    except UsageError as error:
+        raise ServiceError(str(error)) from None
 
 
 def _unit_user(args: argparse.Namespace, scope: str) -> str | None:

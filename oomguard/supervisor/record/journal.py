@@ -139,12 +139,15 @@ class Journal:
                  int(plan.get("expandable_segments", False)), plan.get("fallbacks_applied", 0)))
 
     def end_attempt(self, attempt: int, **fields: Any) -> None:
+        """End an attempt now, or at ``ended`` (Unix time) when it is closed later than it ended."""
         allowed = {"returncode", "exit_code", "signal", "kind", "evidence", "decision", "last_step",
                    "peak_rss", "peak_gpu", "ending", "stop_reason"}
         cols = [k for k in fields if k in allowed]
+        ended = fields.get("ended")
         with self._write() as db:
             db.execute(f"UPDATE attempts SET ended = ?, {', '.join(f'{c} = ?' for c in cols)} "
-                       "WHERE attempt = ?", (time.time(), *(fields[c] for c in cols), attempt))
+                       "WHERE attempt = ?", (time.time() if ended is None else ended,
+                                             *(fields[c] for c in cols), attempt))
 
     def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
                       step: int | None, progress: dict[str, Any] | None) -> None:
@@ -215,6 +218,13 @@ class Journal:
         rows = self._query("SELECT attempt, data FROM events WHERE kind = ? AND attempt IS NOT NULL ORDER BY id",
                            (kind,))
         return {r["attempt"]: json.loads(r["data"]) for r in rows}
+
+    def last_activity(self, attempt: int) -> float | None:
+        """When an attempt was last heard of (its newest event or memory sample): when it ended, for
+        an attempt whose supervisor ended before it could say so."""
+        rows = self._query("SELECT max(t) FROM (SELECT t FROM events WHERE attempt = ? "
+                           "UNION ALL SELECT t FROM samples WHERE attempt = ?)", (attempt, attempt))
+        return rows[0][0] if rows and rows[0][0] is not None else None
 
     def checkpoints(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._query(

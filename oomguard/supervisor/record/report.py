@@ -11,7 +11,9 @@ Two figures need a definition:
   attempt's start when it wrote none that was used) to its end, plus the gap until the next attempt
   started (backoff and restart).
 * **steps lost** (work redone): the failed attempt's last step minus the step of the checkpoint the
-  next attempt resumed from (0 when it started over). The last step comes from the worker's progress
+  next attempt resumed from (0 when it started over; the step before the first one the next attempt
+  showed when it was started from a checkpoint but did not load it, a ``not_resumed`` event). The
+  last step comes from the worker's progress
   reports; for scripts that do not speak the worker protocol it is the newest checkpoint the attempt
   wrote (or resumed from), a lower bound, marked as such.
 """
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.run.states import Ending, StopReason
 
@@ -33,6 +37,8 @@ TERMINAL = ("succeeded", "failed", "stopped")
 INTERRUPTED = Ending.INTERRUPTED.value  # an attempt that ended without a recorded exit (its supervisor died)
 # The decision a restarted supervisor writes for an attempt its killed predecessor left open.
 CLOSED_INTERRUPTED = f"{INTERRUPTED}: its supervisor ended while it ran"
+# The decision of an attempt stopped on request (Ctrl-C, ``oomguard stop``, a service stop): not a failure.
+STOPPED = "stopped by"
 _PAGE = 5000
 _BATCH_KEYS = ("micro_batch", "grad_accum", "global_batch", "world_size", "expandable_segments",
                "fallbacks_applied")
@@ -60,6 +66,21 @@ def _scan_events(journal: Journal) -> tuple[list[dict[str, Any]], dict[int, int]
             if event["kind"] != "worker_progress":
                 kept.append(event)
     return kept, steps, last_t
+
+
+def stopped_by(sig: int) -> str:
+    """The decision recorded for an attempt stopped on request, by the signal that asked."""
+    return f"{STOPPED} {signal.Signals(sig).name}: a stop asked for, not a failure"
+
+
+def closing_decision(stop: dict[str, Any] | None) -> str:
+    """The decision for an attempt a later supervisor closes: the user's stop when one had been
+    asked for (its ``stop_requested`` event's data), else interrupted."""
+    return stopped_by(signal.Signals[stop["signal"]]) if stop else CLOSED_INTERRUPTED
+
+
+def _user_stop(attempt: dict[str, Any]) -> bool:
+    return ending_of_row(attempt) is Ending.STOPPED
 
 
 def _decisions(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -122,8 +143,10 @@ def _lost_seconds(start: float, end: float, resume: dict[str, Any] | None,
                   written: list[dict[str, Any]]) -> float:
     """Time after the checkpoint work continued from: the one the next attempt loaded if this attempt
     wrote it; with no next attempt, or when that checkpoint turned out bad, this attempt's newest
-    good one; else the attempt's start (all of it is redone)."""
+    good one; else the attempt's start (all of it is redone, as when the next attempt did not resume)."""
     anchor = start
+    if resume is not None and resume.get("first_step") is not None:
+        return max(0.0, end - start)
     if resume is not None and not resume["bad"] and resume["mtime"] is not None:
         if start <= resume["mtime"] <= end:
             anchor = resume["mtime"]
@@ -143,20 +166,30 @@ def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str,
     resume = _resume_point(nxt, ctx["by_path"])
     if resume is not None and resume["path"] and nxt is not None and nxt["attempt"] in ctx["resume_steps"]:
         resume["step"] = ctx["resume_steps"][nxt["attempt"]]
+    # The next attempt was started from a checkpoint but showed an earlier first step: it redid
+    # everything from that step on, whatever the checkpoint held.
+    missed = ctx["not_resumed"].get(nxt["attempt"]) if nxt is not None else None
+    redone_from = resume["step"] if resume is not None else None
+    if resume is not None and missed is not None:
+        resume["first_step"] = missed["first_step"]
+        redone_from = missed["first_step"] - 1
     steps_lost = None
-    if resume is not None and resume["step"] is not None and last_step is not None:
-        steps_lost = max(0, last_step - resume["step"])
+    if redone_from is not None and last_step is not None:
+        steps_lost = max(0, last_step - redone_from)
     decision = ctx["decisions"].get(n)
     return {
         "attempt": n, "kind": attempt["kind"] or INTERRUPTED, "started": start, "ended": end,
         "micro_batch": attempt["micro_batch"], "grad_accum": attempt["grad_accum"],
         "exit_code": attempt["exit_code"], "signal": attempt["signal"],
+        "exit": exit_text(attempt["exit_code"], attempt["signal"], attempt["returncode"]),
         "evidence": attempt["evidence"] or ("" if attempt["kind"] else "no exit recorded: the run was "
                                             "stopped or its supervisor ended during this attempt"),
         "decision": _decision_record(decision, attempt),
         "cause": ctx["causes"].get(n),
         "last_step": last_step, "last_step_source": source,
-        "resumed_from": None if resume is None else {"path": resume["path"], "step": resume["step"]},
+        "resumed_from": None if resume is None else {"path": resume["path"], "step": resume["step"],
+                                                     **({"resumed": False, "first_step": missed["first_step"]}
+                                                        if missed else {})},
         "steps_lost": steps_lost,
         "lost_s": _lost_seconds(start, end, resume, written),
         "gap_s": max(0.0, nxt["started"] - end) if nxt else 0.0,
@@ -197,6 +230,8 @@ def ending_of_row(attempt: dict[str, Any]) -> Ending | None:
         return Ending.HANG if attempt["kind"] == "hang" else Ending.FAILED
     if decision.startswith(INTERRUPTED):
         return Ending.INTERRUPTED
+    if decision.startswith(STOPPED):
+        return Ending.STOPPED
     if decision == "finished":
         return Ending.FINISHED
     return Ending.GROW if decision.startswith("grow") else Ending.PLANNED_RESTART
@@ -280,8 +315,10 @@ def build_report(journal: Journal) -> dict[str, Any]:
     # rewritten in place (nanoGPT's ckpt.pt) has a newer step in the checkpoints table by now.
     resume_steps = {e["attempt"]: e["data"]["step"] for e in events
                     if e["kind"] == "resume_point" and isinstance(e["data"].get("step"), int)}
+    not_resumed = {e["attempt"]: e["data"] for e in events if e["kind"] == "not_resumed"}
     ctx = {"checkpoints": checkpoints, "by_path": _checkpoint_by_path(checkpoints), "steps": steps,
-           "last_t": last_t, "decisions": decisions, "causes": causes, "resume_steps": resume_steps}
+           "last_t": last_t, "decisions": decisions, "causes": causes, "resume_steps": resume_steps,
+           "not_resumed": not_resumed}
     failures = _failures(attempts, ctx)
     start, end, last = _span(meta, events, attempts)
     finish = end if end is not None else last
@@ -304,6 +341,10 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "planned_restarts": [{"attempt": a["attempt"], "reason": a["decision"], "cause": causes.get(a["attempt"])}
                              for a in attempts if ending_of_row(a) is Ending.PLANNED_RESTART
                              and a.get("stop_reason") != StopReason.RESTART.value],
+        "stops": [{"attempt": a["attempt"], "at": a["ended"], "reason": a["decision"]}
+                  for a in attempts if _user_stop(a)],
+        "warnings": [{"attempt": e["attempt"], "kind": e["kind"], "message": e["data"].get("message", "")}
+                     for e in events if e["kind"] in ("not_resumed", "checkpoint_glob_unmatched")],
     }
 
 
@@ -363,7 +404,7 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 
 def _failure_lines(failure: dict[str, Any]) -> list[str]:
-    how = f"exit {failure['exit_code']}" if failure["signal"] is None else f"signal {failure['signal']}"
+    how = failure["exit"]
     lines = [f"  attempt {failure['attempt']} at {_clock(failure['ended'])}: {failure['kind']} "
              f"at micro-batch {failure['micro_batch']} × accum {failure['grad_accum']} ({how})",
              f"    evidence: {failure['evidence'] or '-'}"]
@@ -388,6 +429,10 @@ def _steps_text(failure: dict[str, Any]) -> str:
     where = f"step {resumed['step']}" if resumed["step"] is not None else "a checkpoint of unknown step"
     origin = f" ({resumed['path']})" if resumed["path"] else " (started over)"
     lost = "?" if failure["steps_lost"] is None else str(failure["steps_lost"])
+    if resumed.get("resumed") is False:  # started from the checkpoint, but the script did not load it
+        first = resumed["first_step"]
+        went = "started over at step 1" if first <= 1 else f"went back to step {first}"
+        return f"{last_text}, {went} instead of resuming from {where}{origin}: {lost} step(s) redone"
     return f"{last_text}, resumed from {where}{origin}: {lost} step(s) redone"
 
 
@@ -419,6 +464,10 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"  attempt {r['attempt']}: {r['reason']}")
             if r["cause"]:
                 lines.append(f"    cause:    {r['cause']['summary']}")
+    for stop in report.get("stops") or []:
+        lines.append(f"stopped:     attempt {stop['attempt']} at {_clock(stop['at'])}, {stop['reason']}")
+    for warning in report.get("warnings") or []:
+        lines.append(f"warning:     attempt {warning['attempt']}: {warning['message']}")
     lines += _checkpoint_lines(report["checkpoints"])
     if report["progress"]:
         lines.append(f"last progress: step {report['progress'].get('step')}")

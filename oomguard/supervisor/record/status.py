@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 
+from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.units import format_size
 
@@ -30,8 +31,9 @@ def supervisor_alive(meta: dict[str, Any]) -> bool:
 
 
 def failure_records(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{key: row[key] for key in ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal",
-                                       "evidence", "decision", "started", "ended", "checkpoint")}
+    return [{**{key: row[key] for key in ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal",
+                                          "evidence", "decision", "started", "ended", "checkpoint")},
+             "exit": exit_text(row["exit_code"], row["signal"], row["returncode"])}
             for row in attempts if row["kind"]]
 
 
@@ -68,6 +70,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "failures": _with_causes(failure_records(attempts), journal.event_data("attribution")),
         "forecast": meta.get("forecast") if alive else None,
         "degraded": (meta.get("degraded") or []) if alive else [],
+        "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
     }
 
 
@@ -110,9 +113,12 @@ def format_status(doc: dict[str, Any]) -> str:
     for problem in doc.get("degraded") or []:
         lines.append(f"degraded:   {problem['component']}: {problem['message']} "
                      f"({problem['lost']} {problem.get('unit', '')} lost so far)")
+    for warning in doc.get("warnings") or []:
+        lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
     for f in doc["failures"]:
-        lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} "
-                     f"(exit {f['exit_code']}, signal {f['signal']}): {f['evidence']}")
+        how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
+        lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "
+                     f"{f['evidence']}")
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['summary']}")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ import psutil
 
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import replan
-from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence
+from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Move
@@ -43,7 +43,7 @@ from oomguard.supervisor.record.console import say as log
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import CLOSED_INTERRUPTED
+from oomguard.supervisor.record.report import closing_decision, stopped_by
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment, remove_stale
@@ -62,6 +62,7 @@ from oomguard.supervisor.run.runtime import (
 from oomguard.supervisor.run.settle import Handover
 from oomguard.supervisor.run.states import Ending, RunState, StopReason, check_transition
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
+from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
@@ -133,6 +134,8 @@ class Supervisor:
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard
+        self.wiring = WiringWatch(config, self.cwd, self.run_dir, log, self._event,  # resumes, globs that miss
+                                  lambda **values: self.journal.set_meta(**values))
 
     @property
     def trend(self) -> TrendWatch:
@@ -180,12 +183,17 @@ class Supervisor:
 
     def _close_interrupted(self) -> None:
         """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted."""
+        stops = self.journal.event_data("stop_requested")  # the user had asked this attempt to stop
         for row in self.journal.attempts():
             if row["ended"] is None:
-                self.journal.end_attempt(row["attempt"], decision=CLOSED_INTERRUPTED,
-                                         ending=Ending.INTERRUPTED.value)
-                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"])
-                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as interrupted")
+                stop = stops.get(row["attempt"])
+                self.journal.end_attempt(row["attempt"], decision=closing_decision(stop),
+                                         ending=(Ending.STOPPED if stop else Ending.INTERRUPTED).value,
+                                         stop_reason=StopReason.USER.value if stop else None,
+                                         ended=self.journal.last_activity(row["attempt"]))
+                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
+                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "
+                    + ("stopped by the user" if stop else "interrupted"))
 
     def _learn(self, fresh: bool) -> None:
         """Load what this run, and earlier runs of the same job, learned about memory."""
@@ -258,6 +266,7 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the worker succeeds, the policy gives up, or we are stopped."""
         self.index.start()
+        self.wiring.start(bool(self.index.refresh()))
         try:
             code = self._loop()
             self.world.finish()
@@ -269,6 +278,7 @@ class Supervisor:
             return EXIT_PEER_LOST
         finally:
             self._stop_worker(StopReason.SHUTDOWN, "the supervisor is leaving")
+            self.wiring.stop()
             self.index.stop()
             self.sampler.close()
             self.handover.remove()
@@ -357,7 +367,8 @@ class Supervisor:
         sig = self.control.stop_signal or signal.SIGTERM
         reason = f"stopped by {signal.Signals(sig).name}"
         if outcome is not None:
-            self._end_attempt(outcome, reason, exit_code=outcome.verdict.exit_code, signal=outcome.verdict.signal)
+            self._end_attempt(outcome, stopped_by(sig), exit_code=outcome.verdict.exit_code,
+                              signal=outcome.verdict.signal)
         self._transition(RunState.STOPPED, reason)
         return 128 + sig
 
@@ -380,6 +391,7 @@ class Supervisor:
         current = self.current = Current(
             files, checkpoint, AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
+        self.wiring.attempt_started(self.attempt, checkpoint, current.watch)
         containment = self._start_worker(argv, env, current)
         worker = current.worker
         assert worker is not None
@@ -470,6 +482,7 @@ class Supervisor:
             self._chores.tick(self)
             if self.stopping:
                 sig = signal.Signals(self.control.stop_signal or signal.SIGTERM).name
+                self._event("stop_requested", signal=sig)  # a later supervisor closing it knows it was the user's
                 self._stop_worker(StopReason.USER, f"stopped by {sig}")
                 break
             if self.control.take("restart"):
@@ -484,7 +497,9 @@ class Supervisor:
                 self.guarded("checkpoint request", self._ask_for_checkpoint, current, "requested")
             self._check_hang(current)
             self._check_peers()
+            self.guarded("wiring", self.wiring.tick, watch, self.index)
         self.guarded("channel", self._read_channel, current, channel)
+        self.guarded("wiring", self.wiring.tick, watch, self.index)
         self._board.clear()
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
@@ -678,7 +693,8 @@ class Supervisor:
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
                                                     scan.allowed_bytes),
                                            self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
-                                           self._exited_at())
+                                           self._exited_at(), earlier_plateaus(self.journal.event_data("attribution"),
+                                                                               self.journal.attempts()))
         if attribution.cause is Cause.LEAK and (rate := attribution.figures.get("bytes_per_s")):
             self.trend.prior_per_s = float(rate)
         self._event("attribution", **attribution.as_dict())

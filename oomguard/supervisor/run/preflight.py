@@ -4,8 +4,9 @@ The first restart is the moment oomguard exists for, and the first time ``--resu
 fallbacks are rendered: an unbalanced quote there used to crash the supervisor then, hours in.
 ``check`` renders the command exactly as a restart from a checkpoint with every fallback applied
 would (sample values with spaces and quotes in the checkpoint path), builds that attempt's
-environment, and checks that the command can be started at all (it exists and is executable), so
-each of these is one line and exit 2 before anything runs.
+environment, and checks that the command can be started at all (it exists and is executable), that
+the script and its settings files exist and that a watched checkpoint reaches the script
+(``run/wiring.py``), so each of these is one line and exit 2 before anything runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
+from oomguard.supervisor.run import wiring
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, placeholder_values
 
 SAMPLE_CHECKPOINT = "/tmp/a run's dir/ckpt step-100.pt"  # a space and a quote: quoting must survive it
@@ -38,6 +40,7 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
         raise UsageError("COMMAND", f"cannot be rendered for a restart ({exc})",
                          "check the placeholders in the command, --resume-args and --fallback-args") from None
     _check_executable(argv[0], env, cwd or Path.cwd())
+    wiring.check(config, cwd or Path.cwd())  # the script exists, and something hands it its checkpoint
     return argv
 
 

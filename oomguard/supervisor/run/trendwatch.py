@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, attribute
@@ -93,14 +93,15 @@ class TrendWatch:
         return max(0.0, anchor + period - now), period
 
     def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
-                  kind: FailureKind | None = None, failed_at: float | None = None) -> Attribution:
+                  kind: FailureKind | None = None, failed_at: float | None = None,
+                  earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
         """The cause of this attempt's memory failure, from the series that matters: the GPU's when
         there is one, else the worker tree's RSS; measured against the limit a failure of ``kind``
         hit at ``failed_at`` (monotonic). Without a kind (a planned restart) there is no failure
         for the trend to explain."""
         name = "GPU memory" if "GPU memory" in self.series else HOST
         limit = self.limit(kind, failed_at, evidence.capacity)
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier)
 
     def limit(self, kind: FailureKind | None, failed_at: float | None = None,
               capacity: int | None = None) -> Limit | None:

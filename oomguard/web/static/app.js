@@ -96,6 +96,9 @@ function renderStatus(doc) {
   const cause = last && last.cause ? ` · cause: ${last.cause.summary}` : "";
   $("detail").textContent = `${doc.reason}${progress}${forecast}${cause} · updated ${clock(doc.updated)}`;
   $("batch").textContent = batchText(doc.micro_batch, doc.grad_accum, doc.world_size, doc.global_batch);
+  const warnings = doc.warnings || [];
+  $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, `attempt ${w.attempt}: ${w.message}`)));
+  $("warnings").hidden = warnings.length === 0;
   document.title = `oomguard · ${doc.state}`;
 }
 
@@ -117,7 +120,7 @@ function renderBatchHistory() {
 
 function renderAttempts() {
   const rows = view.attempts.slice().reverse().map((a) => {
-    const exit = a.signal ? `signal ${a.signal}` : (a.exit_code ?? (a.ended ? a.returncode : "running"));
+    const exit = a.exit ?? (a.ended ? "" : "running");  // the server words it as status and the report do
     return el("tr", { "data-attempt": a.attempt },
       el("td", {}, String(a.attempt)), el("td", {}, clock(a.started)),
       el("td", {}, batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch)),

@@ -55,7 +55,8 @@ def main() -> int:
         time.sleep(env_float("OOM_AFTER", 2.5))
         sys.stderr.write(OOM_TEXT)
         return 1
-    step, steps = 0, int(env_float("STEPS", 0))
+    # Resumes where the supervisor says its checkpoint is, as a script reading the worker protocol does.
+    step, steps = int(os.environ.get("OOMGUARD_CHECKPOINT_STEP") or 0), int(env_float("STEPS", 0))
     while steps == 0 or step < steps:
         time.sleep(env_float("STEP_S", 0.2))
         step += 1

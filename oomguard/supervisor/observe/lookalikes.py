@@ -1,0 +1,275 @@
+"""Files the worker writes that look like checkpoints: what a ``--checkpoint`` glob that matches nothing missed.
+
+A glob that matches nothing (``checkpoints/*.pt`` while the script writes ``out/step-N.pt``) used to
+throw a night's progress away in silence: every restart started over. While the globs match
+nothing, ``LookalikeWatcher`` watches the worker's working directory, and the output directories its
+command names (``--output_dir out``, ``--save-dir=/scratch/run``) or it creates, for what the worker
+writes that looks like a checkpoint: a ``.pt``, ``.pth``, ``.ckpt`` or ``.safetensors`` file, a
+``checkpoint-N/`` directory, a name with ``step`` and a number (``step_100/``, ``global_step100/``).
+Names being written (``.checkpoint-4.tmp``) and hidden directories are left out. This is the
+process's evidence (files it wrote), not its words.
+
+``unmatched_notice`` says when to tell the user, once, and what:
+
+- the worker wrote a look-alike at least ``SETTLE`` seconds ago and showed a later step after it
+  (the save was finished, not a file half written): the checkpoint index counts a file once it has
+  been still for a second and looks every second, so by then the glob would have matched it if it
+  could. The notice names the files and the glob they suggest (digits in the name become ``*``);
+- or nothing like a checkpoint was written, yet the globs have matched nothing through
+  ``QUIET_LIMIT`` seconds (30 min) of training. Most scripts save more often than that (Hugging
+  Face's default 500 steps, nanoGPT's 2000 iterations are minutes); a restart now would lose all
+  of it, so even a script that saves rarely is better told once than not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+from oomguard.supervisor.observe.checkpoints import is_temp_name, quiet_stop_race
+
+SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
+SETTLE = 3.0  # seconds a look-alike must have been still before it is named
+QUIET_LIMIT = 1800.0  # seconds of training with nothing matched and nothing like a checkpoint written
+MAX_FOUND = 1000  # look-alikes kept (the newest writes win a place; the notice names a few)
+MAX_ROOTS = 16  # directories watched recursively: each is an inotify instance of the user's 128
+_OUTPUT_NAME = re.compile(r"^(out|save|ckpt|checkpoint|run|result|model|experiment|log|weight)", re.IGNORECASE)
+_CHECKPOINT_DIR = re.compile(r"^(checkpoint|ckpt)[-_]?\d+$", re.IGNORECASE)
+_OUTPUT_OPTION = re.compile(r"^--?[\w.-]*(out|save|ckpt|checkpoint)[\w.-]*$", re.IGNORECASE)
+_WRITES = ("created", "modified", "moved", "closed")
+
+
+@dataclass(frozen=True)
+class Lookalike:
+    path: str  # absolute: a file, or the checkpoint directory a file was written into
+    written: float  # wall time of the newest write seen
+
+
+def _has_step(name: str) -> bool:
+    return "step" in name.lower() and any(c.isdigit() for c in name)
+
+
+def candidate(path: str, root: str, is_dir: bool) -> str | None:
+    """The checkpoint a write at ``path`` (under ``root``) belongs to, or None when it is none."""
+    rel = os.path.relpath(path, root)
+    if rel == "." or rel.startswith(".."):
+        return None
+    parts = Path(rel).parts
+    for i, part in enumerate(parts):
+        if _hidden(part):
+            return None  # hidden, a cache, or a checkpoint still being written
+        inner = i < len(parts) - 1 or is_dir
+        if inner and (_CHECKPOINT_DIR.match(part) or _has_step(part)):
+            return os.path.join(root, *parts[:i + 1])
+    name = parts[-1]
+    if not is_dir and (name.lower().endswith(SUFFIXES) or _has_step(name)):
+        return os.path.join(root, rel)
+    return None
+
+
+def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
+    """The glob most of ``paths`` fit, digits made ``*``: ``out/step-2.pt`` -> ``out/step-*.pt``;
+    relative to ``cwd`` where they lie under it."""
+    patterns: Counter[str] = Counter()
+    for path in paths:
+        rel = os.path.relpath(path, cwd)
+        shown = path if rel.startswith("..") else rel
+        head, name = os.path.split(shown)
+        patterns[os.path.join(head, re.sub(r"\d+", "*", name))] += 1
+    return patterns.most_common(1)[0][0]
+
+
+def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
+    """The directories the command's output options name (``--output_dir out``, ``--save-dir=x``),
+    absolute, whether or not they exist yet."""
+    found: list[Path] = []
+    words = list(command)
+    for i, word in enumerate(words):
+        option, eq, value = word.partition("=")
+        if not word.startswith("-") or not _OUTPUT_OPTION.match(option):
+            continue
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if not value or value.startswith("-") or "{" in value:
+            continue
+        path = Path(value) if os.path.isabs(value) else cwd / value
+        found.append(path.parent if path.suffix.lower() in SUFFIXES else path)
+    return found
+
+
+def unmatched_notice(globs: Sequence[str], found: Sequence[Lookalike], first_step_wall: float | None,
+                     last_step: int | None, last_step_wall: float | None, now: float, cwd: Path,
+                     watched: Sequence[Path]) -> str | None:
+    """What to say about globs that match nothing, or None while it is too early (see the module)."""
+    shown = " ".join(repr(g) for g in globs)
+    if found:
+        done = [f for f in found if now - f.written >= SETTLE and last_step_wall is not None
+                and last_step_wall > f.written]
+        if not done:
+            return None
+        paths = [f.path for f in sorted(found, key=lambda f: f.written)]
+        names = [_shown(p, cwd) for p in paths[-3:]]
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        return (f"--checkpoint {shown} matches nothing, but the script wrote {', '.join(names)}{more}: "
+                f"a restart would start over; use --checkpoint '{suggest_glob(paths, cwd)}'")
+    if first_step_wall is None or now - first_step_wall < QUIET_LIMIT:
+        return None
+    where = ", ".join(_shown(str(p), cwd) or "." for p in watched) or str(cwd)
+    step = f" (to step {last_step})" if last_step is not None else ""
+    return (f"--checkpoint {shown} has matched nothing in {(now - first_step_wall) / 60:.0f} min of training{step}, "
+            f"and nothing that looks like a checkpoint was written in {where}: a restart would start over; "
+            "check the glob, and that the script saves checkpoints")
+
+
+def _shown(path: str, cwd: Path) -> str:
+    rel = os.path.relpath(path, cwd)
+    return path if rel.startswith("..") else ("" if rel == "." else rel)
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".") or name == "__pycache__" or is_temp_name(name)
+
+
+class _Writes(FileSystemEventHandler):
+    def __init__(self, watcher: LookalikeWatcher) -> None:
+        self.watcher = watcher
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in _WRITES:
+            path = event.dest_path if event.event_type == "moved" else event.src_path
+            self.watcher.saw(os.fsdecode(path), event.is_directory, event.event_type in ("created", "moved"))
+
+
+class LookalikeWatcher:
+    """Look-alikes the worker writes in ``cwd`` and its output directories.
+
+    Each watched path costs an inotify instance and a thread (watchdog's emitter), and a recursive
+    watch one kernel watch per directory below it, so the working tree (a virtualenv, a dataset of
+    many directories) is not watched whole: ``cwd`` itself without recursion, and recursively the
+    output directories the command names, the directories in ``cwd`` named like outputs (``out``,
+    ``checkpoints``, ``runs``...) and every directory the worker creates in ``cwd`` while it runs
+    (new, so its own). Where inotify cannot be had nothing is watched, and the notice waits for
+    ``QUIET_LIMIT`` with no names: polling a whole tree every second would cost more than it is worth.
+    """
+
+    def __init__(self, cwd: Path, outputs: Iterable[Path], ignore: Iterable[Path]) -> None:
+        self.cwd = cwd.resolve()
+        self.ignore = tuple(str(p.resolve()) for p in ignore)
+        self.roots: list[Path] = []  # watched recursively
+        self.pending: list[Path] = []  # to be watched recursively once they exist
+        for path in [*outputs, *_output_like(self.cwd)]:
+            self._add(path.resolve())
+        self.problem: str | None = None
+        self._found: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._observer: BaseObserver | None = None
+        self._starting: threading.Thread | None = None
+        self._handler = _Writes(self)
+
+    def _add(self, path: Path, later: bool = False) -> None:
+        """Watch ``path`` recursively: from the start when it exists, else (or ``later``) once the
+        loop's next look finds it."""
+        known = [*self.roots, *self.pending]
+        if path == self.cwd or any(path.is_relative_to(r) for r in known) or len(known) >= MAX_ROOTS:
+            return
+        if any(_under(str(path), ignored) for ignored in self.ignore):
+            return
+        (self.roots if path.is_dir() and not later else self.pending).append(path)
+
+    def start(self) -> None:
+        """Watch from a thread, so that scheduling the watches never holds up the first attempt."""
+        quiet_stop_race()
+        self._starting = threading.Thread(target=self._start, name="oomguard-lookalikes", daemon=True)
+        self._starting.start()
+
+    def _start(self) -> None:
+        observer = Observer()
+        try:
+            observer.schedule(self._handler, str(self.cwd), recursive=False)
+            for root in self.roots:
+                observer.schedule(self._handler, str(root), recursive=True)
+            observer.start()
+        except OSError as exc:  # inotify instances or watches exhausted, a filesystem without inotify
+            self.problem = f"{self.cwd}: {exc.strerror or exc}"
+            return
+        self._observer = observer
+
+    def stop(self) -> None:
+        if self._starting is not None:
+            self._starting.join(timeout=30)
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2)
+            self._observer = None
+
+    def saw(self, path: str, is_dir: bool, created: bool = False) -> None:
+        """A write (on watchdog's thread): kept when it belongs to a look-alike; a directory the
+        worker creates in ``cwd`` is watched from the next look on."""
+        if any(_under(path, ignored) for ignored in self.ignore):
+            return
+        root = max((str(r) for r in [self.cwd, *self.roots] if _under(path, str(r))), key=len, default=None)
+        if root is None:
+            return
+        found = candidate(path, root, is_dir)
+        if found is None and is_dir and created and os.path.dirname(path) == str(self.cwd) \
+                and not _hidden(os.path.basename(path)):
+            with self._lock:
+                self._add(Path(path), later=True)
+        if found is None:
+            return
+        with self._lock:
+            self._found.pop(found, None)
+            self._found[found] = time.time()
+            if len(self._found) > MAX_FOUND:
+                del self._found[next(iter(self._found))]
+
+    def found(self) -> list[Lookalike]:
+        """The look-alikes written so far (the loop's thread; pending directories that now exist are
+        watched from here on, and what they already hold is looked at once)."""
+        self._watch_pending()
+        with self._lock:
+            return [Lookalike(p, t) for p, t in self._found.items()]
+
+    def _watch_pending(self) -> None:
+        with self._lock:
+            appeared = [p for p in self.pending if p.is_dir()]
+            for path in appeared:
+                self.pending.remove(path)
+                self.roots.append(path)
+        if not appeared or self._observer is None:
+            return
+        for path in appeared:
+            try:
+                self._observer.schedule(self._handler, str(path), recursive=True)
+            except OSError:
+                continue
+            for n, (dirpath, dirnames, filenames) in enumerate(os.walk(path)):  # written before the watch
+                if n >= MAX_FOUND:
+                    break
+                for name in dirnames:
+                    self.saw(os.path.join(dirpath, name), True)
+                for name in filenames:
+                    self.saw(os.path.join(dirpath, name), False)
+
+
+def _output_like(cwd: Path) -> list[Path]:
+    """Directories in ``cwd`` named like a script's output (``out``, ``checkpoints``, ``runs``)."""
+    try:
+        return [p for p in sorted(cwd.iterdir()) if p.is_dir() and not _hidden(p.name)
+                and _OUTPUT_NAME.match(p.name)]
+    except OSError:
+        return []
