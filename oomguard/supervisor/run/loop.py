@@ -170,11 +170,11 @@ class Supervisor:
     def _restore(self) -> None:
         meta = self.journal.meta()
         self.attempt = int(meta.get("attempt", 0))
+        self._close_interrupted()  # first: timed by the attempt's own last event, not by ours below
         if (saved := replan.continue_saved(self.plan, meta.get("plan"))) is not None:
             self._replan(saved)
             log(f"continuing run in {self.run_dir} at micro-batch {self.plan.batch.micro_batch} "
                 f"(attempt {self.attempt} so far)")
-        self._close_interrupted()
         # A new invocation starts a new failure budget; the earlier failures stay in the journal and
         # the report, but a run that failed yesterday must not make today's first crash a crash loop.
         self.failures = []
