@@ -171,7 +171,7 @@ class Supervisor:
             log(f"no GPU figures: {self.last_sample.gpu_unavailable}")
         self.tuner.store = FitStore()
         self.tuner.key = JobKey(self.config.command, gpus, self.config.world_size)
-        start = self.tuner.starting_micro(self.plan.batch.micro_batch) if fresh else None
+        start = self.tuner.starting_micro(self.plan.batch.micro_batch) if fresh and self.config.may_shrink else None
         if start is not None:
             self.plan = replace(self.plan, batch=self.plan.batch.with_micro_batch(start))
             self.journal.event("fit_store", None, micro_batch=start, job=self.tuner.key.describe())
@@ -355,7 +355,7 @@ class Supervisor:
             self._event("resume_point", path=checkpoint.path, step=checkpoint.step)
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {self.plan.batch.micro_batch}"
                          f" × accumulation {self.plan.batch.grad_accum} × world {self.plan.batch.world_size}"
-                         f" = {self.plan.batch.global_batch}"
+                         f" = {self.plan.batch.global_text}"
                          + (f", resuming from {checkpoint.path}" if checkpoint else ""))
         self._watch(watch, ChannelReader(files.events), files)
         self.worker.reap()
@@ -609,7 +609,7 @@ class Supervisor:
 
 def _policy_config(config: RunConfig) -> PolicyConfig:
     return PolicyConfig(config.min_micro_batch, config.max_restarts, config.backoff, config.max_backoff,
-                        len(config.fallback_args))
+                        len(config.fallback_args), config.allow_smaller_global_batch)
 
 
 def _failure_from_row(row: dict[str, Any]) -> Failure:
