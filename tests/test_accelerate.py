@@ -11,6 +11,7 @@ from oomguard.supervisor.config import build_config
 from oomguard.supervisor.dist.accelerate import default_config_file, parse
 from oomguard.supervisor.dist.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.run.preflight import notices
 
 pytest.importorskip("accelerate")
 
@@ -51,6 +52,7 @@ def test_cpu_is_one_process_whatever_num_processes_says(tmp_path: Path) -> None:
                           ["accelerate", "launch", "--num_processes", "2", "--cpu", "t.py", "--bs", "{micro_batch}",
                            "--ga", "{grad_accum}"])
     assert config.dist_shape is None and config.world_size == 1 and config.initial_plan.grad_accum == 4
+    assert notices(config) == [launch.note]  # said at start, in one line
 
 
 def test_config_file_gives_machines_rank_and_main_process_and_flags_win(tmp_path: Path) -> None:

@@ -7,13 +7,14 @@ Skipped, with the reason, where either is missing; the test setup installs them 
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Run, start_run
+from harness import WORKER, Run, start_run
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -92,3 +93,20 @@ def _follows_a_restart_and_a_stop(page: Any, run: Run) -> None:
     expect(page.locator("#state")).to_have_text("stopped", timeout=15_000)
     expect(page.locator("#reason")).to_have_text("The run was stopped on request.")
     assert len(page.context.pages) == before
+
+
+def test_dashboard_shows_the_global_batch_a_script_without_accumulation_trains_at(page: Any, tmp_path: Path) -> None:
+    """--batch-size {micro_batch} alone, halved under --allow-smaller-global-batch: 16 and 8 OOM, 4 trains."""
+    run = start_run(tmp_path, micro=16, global_batch=16, extra=("--allow-smaller-global-batch",),
+                    command=(sys.executable, str(WORKER), "--batch-size", "{micro_batch}"))
+    try:
+        run.wait_for(lambda d: d["state"] == "running" and d["micro_batch"] == 4)
+        page.goto(run.url)
+        expect = sync_api.expect
+        expect(page.locator("#batch")).to_have_text("4 × 1 = 4 (asked 16)")
+        expect(page.locator("#attempts tbody tr")).to_have_count(3)
+        rows = page.locator("#attempts tbody tr")  # newest first
+        expect(rows.nth(0).locator("td").nth(2)).to_have_text("4 × 1 = 4 (asked 16)")
+        expect(rows.nth(2).locator("td").nth(2)).to_have_text("16 × 1 = 16")  # the batch asked for, kept
+    finally:
+        run.stop()
