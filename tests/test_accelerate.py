@@ -114,3 +114,24 @@ def test_oomguards_own_shape_options_must_agree_with_accelerate() -> None:
     assert build_config({"micro_batch": "4", "grad_accum": "2", "nproc_per_node": "2"}, command).world_size == 2
     with pytest.raises(UsageError, match="--nproc-per-node: 4 disagrees with accelerate launch's 2"):
         build_config({"micro_batch": "4", "grad_accum": "2", "nproc_per_node": "4"}, command)
+
+
+@pytest.mark.parametrize("command, needle", [
+    (["torchrun", "--nnodes", "1:4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29500", "t.py"],
+     "--nnodes: 1:4 is elastic"),
+    (["accelerate", "launch", "--config_file", "{broken}", "t.py"], "--config_file: accelerate's config"),
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", "2",
+      "--main_process_ip", "h", "t.py"], "COMMAND: accelerate launch --machine_rank 2 is not in 0..1"),
+])
+def test_the_cli_says_each_bad_form_in_one_line_before_anything_runs(tmp_path: Path, command: list[str],
+                                                                    needle: str) -> None:
+    from support import oomguard
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("distributed_type: [MULTI_GPU\n")
+    command = [w.format(broken=broken) for w in command]
+    out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--no-web", "--micro-batch", "4", "--grad-accum", "2",
+                   "--", *command, "--bs", "{micro_batch}", "--ga", "{grad_accum}")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith(f"oomguard: error: {needle}")
+    assert not (tmp_path / "run").exists()  # nothing ran: not even the run directory was made

@@ -228,7 +228,7 @@ def test_rankless_nodes_on_one_machine_elect_the_first_to_bind_and_number_the_re
     second.report_end(1, {"kind": "host_oom"})
     assert first.peer_failed(1) == 1
     third = Coordinator(shape, 5.0)
-    with pytest.raises(PeerLost, match="node 3 joined oomguard's store of a run of --nnodes 2"):
+    with pytest.raises(PeerLost, match="3 nodes joined oomguard's store, more than --nnodes 2"):
         third.connect()
 
 

@@ -40,7 +40,8 @@ class PeerLost(RuntimeError):
 
 def hosts_rendezvous(host: str) -> bool:
     """Is ``host`` this machine? c10d's own test (its name, its addresses, loopback), so oomguard's
-    choice of node 0 is the node torchrun's c10d rendezvous picks to host its store."""
+    choice of node 0 is the node torchrun's c10d rendezvous picks to host its store. A private
+    function of torch's, on purpose: the same answer as c10d's, not a copy that may drift from it."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
     return bool(_matches_machine_hostname(host))
@@ -105,7 +106,7 @@ class Coordinator:
         self.store = self._open(False)
         self.node = int(self.store.add("oomguard/joined", 1))
         if self.node >= self.shape.nnodes:
-            raise PeerLost(f"node {self.node + 1} joined oomguard's store of a run of --nnodes {self.shape.nnodes}; "
+            raise PeerLost(f"{self.node + 1} nodes joined oomguard's store, more than --nnodes {self.shape.nnodes}; "
                            "is another run using the same --rdzv-endpoint?")
 
     def _open(self, master: bool, quiet: bool = False) -> Any:

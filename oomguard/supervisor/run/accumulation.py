@@ -78,16 +78,17 @@ def total_warning(command: Sequence[str], program: Sequence[str] | None, cwd: Pa
     if world_size < 2 or not program:
         return None
     script = _script_path(program, cwd)
-    divided = _divided_names(script) if script is not None else set()
+    if script is None:
+        return None
+    divided = _divided_names(script)
     for flag, value in _flag_values(command):
         if flag.lower() in divided and "grad_accum" in used([value]):
-            name = script.name if script is not None else "the script"
             per_rank = grad_accum // world_size
             effect = (f"{grad_accum} does not divide by the world size {world_size} (nanoGPT stops at its assert)"
                       if grad_accum % world_size else
                       f"each rank would accumulate {per_rank}, not {grad_accum}, and train at a global batch of "
                       f"{micro_batch * per_rank * world_size}, not {micro_batch * grad_accum * world_size}")
-            return (f"{name} divides --{flag} by the world size (as nanoGPT does) but is given the per-rank "
+            return (f"{script.name} divides --{flag} by the world size (as nanoGPT does) but is given the per-rank "
                     f"{{grad_accum}}: {effect}; pass --{flag}={{grad_accum_total}}")
     return None
 
