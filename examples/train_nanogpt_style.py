@@ -10,6 +10,14 @@ The checkpoint's name carries no step, so oomguard takes its step from the outpu
         --resume-args '--init_from=resume' -- \\
         python examples/train_nanogpt_style.py --batch_size={micro_batch} \\
         --gradient_accumulation_steps={grad_accum} --memory_budget_mb=85
+
+Under torchrun it runs DDP as nanoGPT does (Gloo on CPU), and as nanoGPT does it takes
+``--gradient_accumulation_steps`` summed over the ranks and divides it by ``WORLD_SIZE``: give it
+``{grad_accum_total}``, not the per-rank ``{grad_accum}``:
+
+    oomguard run --micro-batch 4 --global-batch 16 --checkpoint 'out/ckpt.pt' --resume-args '--init_from=resume' \\
+        -- torchrun --standalone --nproc_per_node=2 examples/train_nanogpt_style.py --batch_size={micro_batch} \\
+        --gradient_accumulation_steps={grad_accum_total} --memory_budget_mb=85
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import time
 
 import torch
 from torch import nn
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 batch_size = 8
 gradient_accumulation_steps = 4
@@ -56,8 +66,8 @@ class TinyLM(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def get_batch(it: int, micro_step: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(it * 1000 + micro_step)
+def get_batch(it: int, micro_step: int, seed_offset: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(it * 1000 + micro_step * 10 + seed_offset)
     return torch.randint(0, vocab_size, (batch_size, block_size + 1), generator=g)
 
 
@@ -78,44 +88,66 @@ def limit_memory() -> None:
 
 
 def main() -> None:
+    global gradient_accumulation_steps
     configure(sys.argv[1:])
+    ddp = int(os.environ.get("RANK", -1)) != -1  # nanoGPT: is this a ddp run?
+    if ddp:
+        init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        ddp_rank = int(os.environ["RANK"])
+        ddp_world_size = int(os.environ["WORLD_SIZE"])
+        master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
+        seed_offset = ddp_rank  # each process gets a different seed
+        # world_size number of processes will be training simultaneously, so we can scale
+        # down the desired gradient accumulation iterations per process proportionally
+        assert gradient_accumulation_steps % ddp_world_size == 0
+        gradient_accumulation_steps //= ddp_world_size
+    else:
+        master_process, seed_offset, ddp_world_size = True, 0, 1
+    tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+    if master_process:
+        print(f"tokens per iteration will be: {tokens_per_iter:,}", flush=True)
     if memory_budget_mb:
         fixed_mmap_threshold()
     torch.manual_seed(1337)
     torch.set_num_threads(1)
-    model = TinyLM()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    raw_model = TinyLM()
+    optimizer = torch.optim.AdamW(raw_model.parameters(), lr=1e-3)
     iter_num = 0
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     if init_from == "resume":
         print(f"Resuming training from {out_dir}", flush=True)
         checkpoint = torch.load(ckpt_path)
-        model.load_state_dict(checkpoint["model"])
+        raw_model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         iter_num = checkpoint["iter_num"]
-    print(f"tokens per iteration will be: {gradient_accumulation_steps * batch_size * block_size:,}", flush=True)
+    model: nn.Module = DDP(raw_model) if ddp else raw_model
     while True:
-        if iter_num % eval_interval == 0:
+        if iter_num % eval_interval == 0 and master_process:
             print(f"step {iter_num}: train loss {0.0:.4f}, val loss {0.0:.4f}", flush=True)
             if iter_num > 0:
                 os.makedirs(out_dir, exist_ok=True)
                 print(f"saving checkpoint to {out_dir}", flush=True)
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num}
+                state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num}
                 torch.save(state, ckpt_path + ".tmp")
                 os.replace(ckpt_path + ".tmp", ckpt_path)
         t0 = time.time()
         for micro_step in range(gradient_accumulation_steps):
-            loss = model(get_batch(iter_num, micro_step)) / gradient_accumulation_steps
+            if ddp:  # sync gradients at the last micro step only, as nanoGPT does
+                model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+            loss = model(get_batch(iter_num, micro_step, seed_offset)) / gradient_accumulation_steps
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        print(f"iter {iter_num}: loss {loss.item() * gradient_accumulation_steps:.4f}, "
-              f"time {(time.time() - t0) * 1000:.2f}ms, mfu -100.00%", flush=True)
+        if master_process:
+            print(f"iter {iter_num}: loss {loss.item() * gradient_accumulation_steps:.4f}, "
+                  f"time {(time.time() - t0) * 1000:.2f}ms, mfu -100.00%", flush=True)
         if memory_budget_mb and iter_num == budget_from_iter:
             limit_memory()
         iter_num += 1
         if iter_num > max_iters:
             break
+    if ddp:
+        destroy_process_group()
 
 
 if __name__ == "__main__":

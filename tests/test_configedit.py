@@ -67,7 +67,7 @@ def test_bad_edits_are_one_line(tmp_path: Path, content: str, spec: str, command
 
 def test_cli_exits_2_at_start_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "x.yaml").write_text(YAML)
-    out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--no-web", "--micro-batch", "4", "--grad-accum", "2",
+    out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--no-web", "--micro-batch", "4", "--grad-accum", "1",
                    "--edit", "x.yaml:train.batch={micro_batch}", "--", "python", "-c", "pass", "x.yaml",
                    cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.count("\n") == 1

@@ -67,7 +67,9 @@ def test_jobset_gives_oomguard_options_it_accepts_and_fails_for_good_on_1_and_2(
     options = {k: v for k, v in vars(parsed).items() if k not in ("func", "subcommand")}
     config = build_config(options, args[at + 1:])
     shape = config.dist_shape
-    assert shape is not None and (shape.nnodes, shape.node_rank, shape.nproc_per_node) == (2, 1, 8)
+    # PyTorch's multi-node form: no node rank, c10d on the first pod's address
+    assert shape is not None and (shape.nnodes, shape.node_rank, shape.nproc_per_node) == (2, None, 8)
+    assert shape.rdzv_endpoint == "pretrain-node-0-0.pretrain:29400"
     assert config.world_size == 16 and config.initial_plan.grad_accum == 8
     assert job["completions"] == job["parallelism"] == shape.nnodes
     assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2]

@@ -173,14 +173,62 @@ def test_every_node_picks_the_same_failure_for_a_round() -> None:
     assert choose({0: {"kind": "crash"}, 1: {"kind": "crash"}})[0] == 0  # type: ignore[index]
 
 
-def test_a_multi_node_torchrun_command_needs_this_nodes_rank_once() -> None:
-    cmd = ["torchrun", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:29400", "t.py"]
-    with pytest.raises(UsageError, match="--node-rank: is needed with --nnodes 2"):
-        shape_of(cmd, None, None, None, None)
-    shape, launch = shape_of(cmd, None, None, 1, None)
-    assert shape == Shape(2, 2, 1, "h:29400") and launch is not None and launch.get("node-rank") == "1"
+def test_a_multi_node_torchrun_command_needs_no_node_rank_with_c10d() -> None:
+    # PyTorch's Slurm example: the same line on every node, c10d numbers the nodes
+    cmd = ["torchrun", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_id", "456", "--rdzv_backend", "c10d",
+           "--rdzv_endpoint", "h:29500", "t.py"]
+    shape, launch = shape_of(cmd, None, None, None, None)
+    assert shape == Shape(1, 2, None, "h:29500") and launch is not None and launch.get("node-rank") is None
+    shape, launch = shape_of(cmd, None, None, 1, None)  # --node-rank stays accepted
+    assert shape == Shape(1, 2, 1, "h:29500") and launch is not None and launch.get("node-rank") == "1"
     with pytest.raises(UsageError, match="--nnodes: 3 disagrees"):
         shape_of(cmd, None, 3, 1, None)
+    # torchrun's default static rendezvous would make every rank-less node node 0
+    static = [w for w in cmd if w not in ("--rdzv_backend", "c10d")]
+    with pytest.raises(UsageError, match="--node-rank: is needed with --nnodes 2 and torchrun's static rendezvous"):
+        shape_of(static, None, None, None, None)
+    # oomguard's own options without a rank: torchrun is told c10d and no rank, and decides the host itself
+    shape, launch = shape_of(["python", "t.py"], 1, 2, None, "h:29500")
+    argv = launch.argv() if launch is not None else []
+    assert shape == Shape(1, 2, None, "h:29500") and "--node-rank" not in argv and "--rdzv-conf" not in argv
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+
+
+@pytest.mark.parametrize("cmd, option, needle", [
+    (["torchrun", "--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "t.py"], "--nnodes",
+     "elastic"),
+    (["torchrun", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "t.py"], "--node-rank",
+     "not in 0..1"),
+    (["torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "t.py"], "--rdzv-endpoint", "is needed"),
+])
+def test_bad_multi_node_forms_are_one_line(cmd: list[str], option: str, needle: str) -> None:
+    with pytest.raises(UsageError) as err:
+        shape_of(cmd, None, None, None, None)
+    assert err.value.option == option and needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rankless_nodes_on_one_machine_elect_the_first_to_bind_and_number_the_rest() -> None:
+    """As c10d decides which node hosts its store: the endpoint's host is this machine for both;
+    the first to bind keeps the shared decision, the other joins it as node 1."""
+    import socket
+
+    from oomguard.supervisor.dist.coordination import Coordinator, PeerLost
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1]) - 1
+    shape = Shape(1, 2, None, f"localhost:{port}")
+    first, second = Coordinator(shape, 5.0), Coordinator(shape, 5.0)
+    first.connect()
+    second.connect()
+    assert (first.node, first.leader, second.node, second.leader) == (0, True, 1, False)
+    plan = {"plan": {"micro_batch": 4}}
+    assert first.start_round(1, plan) == plan and second.start_round(1, {"plan": {}}) == plan
+    second.report_end(1, {"kind": "host_oom"})
+    assert first.peer_failed(1) == 1
+    third = Coordinator(shape, 5.0)
+    with pytest.raises(PeerLost, match="3 nodes joined oomguard's store, more than --nnodes 2"):
+        third.connect()
 
 
 def test_oom_text_without_a_rank_prefix_is_still_the_oom_of_the_blamed_rank() -> None:

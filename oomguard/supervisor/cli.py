@@ -58,11 +58,16 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
     config = build_config(options, command)
+    from oomguard.supervisor.run.loop import log
     from oomguard.supervisor.run.preflight import check as preflight
+    from oomguard.supervisor.run.preflight import notices
 
     preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
+    for line in notices(config):  # forms that run, but not as they read (no accumulation, nanoGPT's total)
+        log(line)
+        supervisor.journal.event("notice", None, text=line)
     supervisor.install_signal_handlers()
     from oomguard.supervisor.ops.hooks import attach_all
 

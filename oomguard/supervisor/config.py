@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.decide.batch import BatchPlan, divisors
-from oomguard.supervisor.dist.torchrun import Shape, shape_of
+from oomguard.supervisor.dist.launcher import shape_of
+from oomguard.supervisor.dist.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.run.accumulation import Carrier, carrier
 from oomguard.supervisor.run.placeholders import check_template, used
 from oomguard.supervisor.units import parse_size
 
@@ -80,6 +82,10 @@ class RunConfig:
     grad_accum: int | None = field(default=None, metadata=_opt(
         "--grad-accum", "gradient accumulation steps to start with (instead of --global-batch)",
         _positive, metavar="N"))
+    allow_smaller_global_batch: bool = field(default=False, metadata=_opt(
+        "--allow-smaller-global-batch", "for a command that passes {micro_batch} but no {grad_accum} (the script "
+        "cannot accumulate): let a memory failure halve the micro-batch and so the global batch, shown as "
+        "'= 16 (asked 32)' (without it oomguard refuses to)", None))
     world_size: int = field(default=1, metadata=_opt(
         "--world-size", "number of data-parallel processes", _positive, metavar="N"))
     nproc_per_node: int | None = field(default=None, metadata=_opt(
@@ -88,10 +94,11 @@ class RunConfig:
     nnodes: int | None = field(default=None, metadata=_opt(
         "--nnodes", "nodes in the run; every node runs oomguard with the same options", _positive, metavar="M"))
     node_rank: int | None = field(default=None, metadata=_opt(
-        "--node-rank", "this node's rank, 0 to M-1; node 0 keeps the shared decision", int, metavar="R"))
+        "--node-rank", "this node's rank, 0 to M-1; node 0 keeps the shared decision (optional with a c10d "
+        "rendezvous: then a node on the endpoint's host keeps it, as c10d picks its store's host)", int, metavar="R"))
     rdzv_endpoint: str | None = field(default=None, metadata=_opt(
-        "--rdzv-endpoint", "node 0's HOST:PORT for torchrun's c10d rendezvous; oomguard's shared state is on "
-        "PORT+1", str, metavar="HOST:PORT"))
+        "--rdzv-endpoint", "HOST:PORT of torchrun's c10d rendezvous, the same on every node; oomguard's shared "
+        "state is on PORT+1", str, metavar="HOST:PORT"))
     peer_timeout: float = field(default=300.0, metadata=_opt(
         "--peer-timeout", "with --nnodes: seconds to wait for another node's plan or report before ending "
         "with exit code 75", _non_negative, metavar="SECONDS"))
@@ -207,6 +214,35 @@ class RunConfig:
         if self.resumes_itself and not self.checkpoints:
             raise UsageError("--resumes-itself", "is given but no --checkpoint is watched",
                              "add --checkpoint GLOB (the files the script writes), or leave --resumes-itself out")
+        self._check_accumulation()
+
+    @property
+    def accumulation(self) -> Carrier:
+        """How the command hands the script its accumulation (run.accumulation)."""
+        from oomguard.supervisor.run.configedit import parse_edit
+
+        edits = [parse_edit(spec).value for spec in self.edits]
+        return carrier((*self.command, self.resume_args, *self.fallback_args, *edits))
+
+    @property
+    def may_shrink(self) -> bool:
+        """May the micro-batch go below the one asked for? Not for a script that cannot accumulate
+        (its global batch would shrink with it) unless --allow-smaller-global-batch says so."""
+        return self.accumulation is not Carrier.NONE or self.allow_smaller_global_batch
+
+    def _check_accumulation(self) -> None:
+        """A script told no accumulation trains at accumulation 1, whatever the plan says."""
+        none = self.accumulation is Carrier.NONE
+        if self.allow_smaller_global_batch and not none:
+            raise UsageError("--allow-smaller-global-batch", "is given but the command passes the accumulation "
+                             "(or the script derives it), so the global batch is kept exact", "leave it out")
+        asked = self.global_batch // self.world_size // self.micro_batch if self.global_batch else self.grad_accum
+        if none and asked is not None and asked > 1:
+            option = "--global-batch" if self.global_batch is not None else "--grad-accum"
+            real = self.micro_batch * self.world_size
+            raise UsageError(option, f"needs accumulation {asked} at micro-batch {self.micro_batch}, but the command "
+                             f"passes no {{grad_accum}}: the script would train at a global batch of {real}",
+                             f"put {{grad_accum}} where the script takes it, or use --global-batch {real}")
 
     def _check_placeholder_options(self) -> None:
         """--num-workers and --eval-micro-batch only act through their placeholders."""
@@ -244,7 +280,7 @@ class RunConfig:
 
     @property
     def dist_shape(self) -> Shape | None:
-        """The ranks' shape when the worker runs under torchrun, else None."""
+        """The ranks' shape when the worker runs under torchrun (or accelerate launch), else None."""
         return shape_of(self.command, self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint)[0]
 
     def _check_batch(self) -> None:
@@ -300,6 +336,9 @@ class RunConfig:
 
     @property
     def initial_plan(self) -> BatchPlan:
+        if self.accumulation is Carrier.NONE:  # accumulation 1 (checked at start): the global batch is micro × world
+            real = self.micro_batch * self.world_size
+            return BatchPlan(self.micro_batch, real, self.world_size, asked_global=real)
         if self.global_batch is not None:
             return BatchPlan(self.micro_batch, self.global_batch, self.world_size)
         assert self.grad_accum is not None

@@ -33,7 +33,9 @@ class RunCollector(Collector):
             ("attempt", "attempt", "number of the current (or last) attempt"),
             ("micro_batch", "micro_batch", "micro-batch per process"),
             ("grad_accum", "grad_accum", "gradient accumulation steps"),
-            ("global_batch", "global_batch", "global (effective) batch"),
+            ("global_batch", "global_batch", "global (effective) batch the script trains at"),
+            ("asked_global_batch", "asked_global_batch", "global batch asked for (above oomguard_global_batch once "
+             "a script without accumulation was shrunk)"),
             ("world_size", "world_size", "data-parallel processes"),
         ):
             if isinstance(doc.get(key), int):

@@ -53,6 +53,8 @@ class Status(_Open):
     micro_batch: int | None = None
     grad_accum: int | None = None
     global_batch: int | None = None
+    asked_global_batch: int | None = None  # above global_batch once a script without accumulation was shrunk
+    accumulates: bool = True  # False: the script takes no accumulation (global batch = micro × world)
     world_size: int | None = None
     expandable_segments: bool = False
     fallbacks_applied: int = 0

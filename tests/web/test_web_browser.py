@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Run, start_fleet, start_run
+from harness import WORKER, Run, start_fleet, start_run
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -177,5 +178,22 @@ def test_dashboard_shows_a_glob_that_matches_nothing_and_exits_as_status_words_t
         expect(page.locator("#warnings")).to_contain_text("use --checkpoint 'elsewhere/step-*.pt'")
         expect(page.locator("#attempts tbody tr")).to_have_count(3)
         expect(page.locator("#attempts tbody")).to_contain_text("exit 1")  # as status and the report say it
+    finally:
+        run.stop()
+
+
+def test_dashboard_shows_the_global_batch_a_script_without_accumulation_trains_at(page: Any, tmp_path: Path) -> None:
+    """--batch-size {micro_batch} alone, halved under --allow-smaller-global-batch: 16 and 8 OOM, 4 trains."""
+    run = start_run(tmp_path, micro=16, global_batch=16, extra=("--allow-smaller-global-batch",),
+                    command=(sys.executable, str(WORKER), "--batch-size", "{micro_batch}"))
+    try:
+        run.wait_for(lambda d: d["state"] == "running" and d["micro_batch"] == 4)
+        page.goto(run.url)
+        expect = sync_api.expect
+        expect(page.locator("#batch")).to_have_text("4 × 1 = 4 (asked 16)")
+        expect(page.locator("#attempts tbody tr")).to_have_count(3)
+        rows = page.locator("#attempts tbody tr")  # newest first
+        expect(rows.nth(0).locator("td").nth(2)).to_have_text("4 × 1 = 4 (asked 16)")
+        expect(rows.nth(2).locator("td").nth(2)).to_have_text("16 × 1 = 16")  # the batch asked for, kept
     finally:
         run.stop()

@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of 'work' per step")
     p.add_argument("--fault-node", type=int, help="strike on this node's ranks (oomguard's --node-rank) instead")
+    p.add_argument("--fault-at", default="", help="MICRO:NODE,...: at that micro-batch, strike on that node's ranks "
+                   "(oomguard's node number: OOMGUARD_NODE_RANK)")
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--fault-above", type=int, default=2, help="the fault strikes at micro-batches above this")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, one GPU per rank")
@@ -57,8 +59,9 @@ def main() -> None:
     per_rank = micro * accum
     while step < args.steps:
         step += 1
-        if step == args.fault_step and micro > args.fault_above and here(args, rank):
-            print(f"rank {rank} fault {args.fault} at {time.time():.3f}", flush=True)
+        if step == args.fault_step and strikes(args, rank, micro):
+            print(f"rank {rank} fault {args.fault} at {time.time():.3f} node {os.environ.get('OOMGUARD_NODE_RANK')}",
+                  flush=True)
             if args.fault == "exit":
                 os._exit(1)
             fault(args.fault)
@@ -76,6 +79,14 @@ def main() -> None:
         dist.barrier()
     print(f"rank {rank} finished step {step}", flush=True)
     dist.destroy_process_group()
+
+
+def strikes(args: argparse.Namespace, rank: int, micro: int) -> bool:
+    node = int(os.environ.get("OOMGUARD_NODE_RANK", "0"))
+    if args.fault_at:
+        pairs = (pair.split(":") for pair in args.fault_at.split(","))
+        return any(int(m) == micro and int(n) == node for m, n in pairs)
+    return micro > args.fault_above and here(args, rank)
 
 
 def here(args: argparse.Namespace, rank: int) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oomguard.supervisor.decide.attribution import Attribution, Cause
-from oomguard.supervisor.decide.batch import BatchPlan, largest_divisor_at_most
+from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 
 CRASH_LOOP_REPEATS = 3  # the same failure this many times in a row, with no new checkpoint: give up
@@ -32,15 +32,18 @@ class Plan:
         """The plan as the journal keeps it (and a restarted supervisor reads it back)."""
         b = self.batch
         return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
-                "world_size": b.world_size, "expandable_segments": self.expandable_segments,
+                "world_size": b.world_size, "asked_global": b.asked_global,
+                "expandable_segments": self.expandable_segments,
                 "fallbacks_applied": self.fallbacks_applied, "eval_micro_batch": self.eval_micro_batch,
                 "num_workers": self.num_workers}
 
     def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
         """The plan an earlier supervisor saved for this run, if it is for the same job (same
-        global batch and world size); None when there is none to continue."""
+        global batch asked for, same world size); None when there is none to continue."""
         b = self.batch
-        if not saved or saved["global_batch"] != b.global_batch or saved["world_size"] != b.world_size:
+        if not saved or saved["world_size"] != b.world_size:
+            return None
+        if (saved.get("asked_global") or saved["global_batch"]) != b.asked or not b.fits(saved["micro_batch"]):
             return None
         return Plan(b.with_micro_batch(saved["micro_batch"]), saved["expandable_segments"],
                     saved["fallbacks_applied"], saved.get("eval_micro_batch", self.eval_micro_batch),
@@ -69,6 +72,7 @@ class PolicyConfig:
     backoff: float = 1.0
     max_backoff: float = 60.0
     fallback_count: int = 0
+    smaller_global_batch: bool = False  # --allow-smaller-global-batch: a script without accumulation may shrink
 
 
 class Action(enum.Enum):
@@ -117,29 +121,42 @@ def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
         # Not fragmentation: shrink now, and set the allocator option in the same restart (it
         # costs nothing and saves an attempt should the smaller size fragment later).
         plan, also = replace(plan, expandable_segments=True), " (and expandable_segments:True)"
-    per = plan.batch.per_process_batch
-    smaller = largest_divisor_at_most(per, failure.micro_batch // 2, config.min_micro_batch)
+    batch = plan.batch
+    smaller = batch.largest_at_most(failure.micro_batch // 2, config.min_micro_batch)
     # The memory model's choice wins when it is a valid smaller size: it only goes above half the
     # failed size once two successful attempts back the prediction (memmodel.shrink_after_oom).
-    if fit_hint is not None and config.min_micro_batch <= fit_hint < failure.micro_batch and per % fit_hint == 0:
+    if fit_hint is not None and config.min_micro_batch <= fit_hint < failure.micro_batch and batch.fits(fit_hint):
         smaller = fit_hint
-    if smaller is not None:
-        new = replace(plan, batch=plan.batch.with_micro_batch(smaller))
+    refused = smaller is not None and not batch.accumulates and not config.smaller_global_batch
+    if smaller is not None and not refused:
+        new = replace(plan, batch=batch.with_micro_batch(smaller))
         return Decision(Action.RESTART, new, f"{failure.kind.value} at micro-batch {failure.micro_batch}: "
-                        f"micro-batch {smaller} × accumulation {new.batch.grad_accum}"
-                        f" × world {plan.batch.world_size} = {plan.batch.global_batch}{also}")
+                        f"{new.batch.describe()}{also}")
+    floor = (f"micro-batch {failure.micro_batch}, which may not shrink (the global batch with it)" if refused
+             else f"the smallest micro-batch {failure.micro_batch}")
     if plan.fallbacks_applied < config.fallback_count:
         n = plan.fallbacks_applied + 1
         return Decision(Action.RESTART, replace(plan, fallbacks_applied=n),
-                        f"{failure.kind.value} at the smallest micro-batch {failure.micro_batch}; "
-                        f"adding fallback {n} of {config.fallback_count}")
+                        f"{failure.kind.value} at {floor}; adding fallback {n} of {config.fallback_count}")
     if also:  # at the floor with nothing else left: the allocator option is the last thing to try
-        return Decision(Action.RESTART, plan, f"{failure.kind.value} at the smallest micro-batch "
-                        f"{failure.micro_batch}; retrying with expandable_segments:True")
+        return Decision(Action.RESTART, plan, f"{failure.kind.value} at {floor}; retrying with "
+                        "expandable_segments:True")
+    if refused:
+        assert smaller is not None
+        return Decision(Action.GIVE_UP, plan, _refusal(failure, batch, smaller))
     return Decision(Action.GIVE_UP, plan,
                     f"out of memory even at the smallest micro-batch ({failure.micro_batch}, "
                     f"--min-micro-batch {config.min_micro_batch}) with every fallback applied: "
                     "the model does not fit; use a larger GPU, fewer parameters or more --fallback-args")
+
+
+def _refusal(failure: Failure, batch: BatchPlan, smaller: int) -> str:
+    """Why a script that takes no accumulation is not shrunk: it would train at a smaller global
+    batch while the run claims the one asked for."""
+    return (f"{failure.kind.value} at micro-batch {failure.micro_batch}: the command passes no {{grad_accum}}, so "
+            f"micro-batch {smaller} would shrink the global batch from {batch.global_batch} to "
+            f"{smaller * batch.world_size}; pass --allow-smaller-global-batch to train at that, or put "
+            "{grad_accum} where the script takes its accumulation")
 
 
 def _after_other_failure(failure: Failure, history: Sequence[Failure], plan: Plan,

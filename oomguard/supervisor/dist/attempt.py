@@ -1,4 +1,5 @@
-"""One attempt under torchrun: its argv, the ranks' error files and output, and the root cause after it."""
+"""One attempt under torchrun (or accelerate launch, which runs torchrun's agent): its argv, the ranks'
+error files and output, and the root cause after it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oomguard.supervisor.dist.errorfiles import RankScanner, RootCause, read_error_files, root_cause
-from oomguard.supervisor.dist.torchrun import Shape, attempt_argv, parse, wrap
+from oomguard.supervisor.dist.launcher import attempt_argv
+from oomguard.supervisor.dist.torchrun import Shape
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
@@ -21,13 +23,13 @@ class TorchrunAttempt:
     @classmethod
     def of(cls, shape: Shape | None, rendered: Sequence[str], log_dir: Path,
            rdzv_id: str | None = None) -> TorchrunAttempt | None:
-        """For a run under torchrun (``shape`` set), the attempt's torchrun argv built from the rendered
-        COMMAND (a torchrun line, or a plain command to wrap); None for a single-process run."""
+        """For a run with ranks (``shape`` set), the attempt's launcher argv built from the rendered
+        COMMAND (a torchrun or accelerate launch line, or a plain command to wrap in torchrun); None
+        for a single-process run."""
         if shape is None:
             return None
-        launch = parse(rendered) or wrap(rendered, shape)
         log_dir.mkdir(parents=True, exist_ok=True)
-        return cls(attempt_argv(launch, log_dir, rdzv_id if shape.nnodes > 1 else None), log_dir)
+        return cls(attempt_argv(shape, rendered, log_dir, rdzv_id if shape.nnodes > 1 else None), log_dir)
 
     @property
     def agent_error_file(self) -> Path:

@@ -2,7 +2,11 @@
 
 Node 0's oomguard hosts a ``torch.distributed.TCPStore`` on the rendezvous port + 1 (the
 rendezvous itself is torchrun's: c10d on ``--rdzv-endpoint``); every other node's oomguard is a
-client of it. A round (one attempt on every node) goes:
+client of it. Which node is node 0: the one given ``--node-rank 0``; without node ranks (PyTorch's
+own multi-node form), the node c10d's rendezvous would pick to host its store: one whose machine
+is the endpoint's host, and of several nodes on that machine the first to bind the port. The
+others join it and are numbered 1, 2, ... in the order they joined. A round (one attempt on every
+node) goes:
 
 1. node 0 publishes the round's start: the plan (micro-batch, accumulation, allocator setting,
    fallbacks) and the checkpoint to resume from; every other node waits for it and adopts it;
@@ -34,6 +38,15 @@ class PeerLost(RuntimeError):
     """Another node (or node 0's store) is gone or unreachable; the message is the one line shown."""
 
 
+def hosts_rendezvous(host: str) -> bool:
+    """Is ``host`` this machine? c10d's own test (its name, its addresses, loopback), so oomguard's
+    choice of node 0 is the node torchrun's c10d rendezvous picks to host its store. A private
+    function of torch's, on purpose: the same answer as c10d's, not a copy that may drift from it."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(host))
+
+
 def store_address(shape: Shape) -> tuple[str, int]:
     """Node 0's oomguard store: the rendezvous host, the rendezvous port + 1."""
     assert shape.rdzv_endpoint is not None
@@ -62,23 +75,54 @@ class Coordinator:
     shape: Shape
     peer_timeout: float
     store: Any = None
+    node: int | None = None  # this node's number in the rounds: --node-rank, or given when it joins
+
+    def __post_init__(self) -> None:
+        if self.node is None:
+            self.node = self.shape.node_rank
 
     @property
     def leader(self) -> bool:
-        return self.shape.node_rank == 0
+        return self.node == 0
 
     def connect(self) -> None:
-        """Host the store (node 0) or reach it (the others) within --peer-timeout."""
+        """Host the store (node 0) or reach it (the others) within --peer-timeout; without node
+        ranks, first settle which node this is."""
+        if self.shape.node_rank is None:
+            self._elect()
+            return
+        self.store = self._open(self.leader)
+
+    def _elect(self) -> None:
+        """As c10d does: host the store if the endpoint names this machine and the port is free,
+        else join the node that does and take the next number."""
+        host, _ = store_address(self.shape)
+        if hosts_rendezvous(host):
+            try:
+                self.store, self.node = self._open(True, quiet=True), 0
+                return
+            except PeerLost:
+                pass  # another node on this machine was first: join it
+        self.store = self._open(False)
+        self.node = int(self.store.add("oomguard/joined", 1))
+        if self.node >= self.shape.nnodes:
+            raise PeerLost(f"{self.node + 1} nodes joined oomguard's store, more than --nnodes {self.shape.nnodes}; "
+                           "is another run using the same --rdzv-endpoint?")
+
+    def _open(self, master: bool, quiet: bool = False) -> Any:
         from torch.distributed import TCPStore  # only multi-node runs pay for importing torch
 
         host, port = store_address(self.shape)
         try:
-            self.store = TCPStore(host, port, is_master=self.leader, timeout=timedelta(seconds=self.peer_timeout),
-                                  wait_for_workers=False)
+            return TCPStore(host, port, is_master=master, timeout=timedelta(seconds=self.peer_timeout),
+                            wait_for_workers=False)
         except (RuntimeError, ValueError, TimeoutError) as exc:
-            what = f"host oomguard's store on port {port}" if self.leader else \
+            if quiet:
+                raise PeerLost(_first_line(exc)) from None
+            what = f"host oomguard's store on port {port}" if master else \
                 f"reach node 0's oomguard at {host}:{port} within {self.peer_timeout:g} s"
-            raise PeerLost(f"node {self.shape.node_rank} cannot {what} ({_first_line(exc)}); is node 0 "
+            me = "this node" if self.node is None else f"node {self.node}"
+            raise PeerLost(f"{me} cannot {what} ({_first_line(exc)}); is node 0 "
                            "started with the same --rdzv-endpoint, and the port open?") from None
 
     def start_round(self, round_: int, proposal: dict[str, Any]) -> dict[str, Any]:
@@ -90,13 +134,13 @@ class Coordinator:
         return self._get(key, f"node 0's plan for round {round_}")
 
     def report_end(self, round_: int, report: dict[str, Any]) -> None:
-        self._set(f"round/{round_}/end/{self.shape.node_rank}", report)
+        self._set(f"round/{round_}/end/{self.node}", report)
 
     def peer_failed(self, round_: int) -> int | None:
         """Another node that posted a failure in this round (a quick check; no waiting)."""
         for node in range(self.shape.nnodes):
             key = f"round/{round_}/end/{node}"
-            if node != self.shape.node_rank and self._check(key) and self._get(key, "a peer's report").get("kind"):
+            if node != self.node and self._check(key) and self._get(key, "a peer's report").get("kind"):
                 return node
         return None
 
@@ -118,7 +162,7 @@ class Coordinator:
         so no node loses the store while it still reads the last round."""
         try:
             if not self.leader:
-                self.store.set(f"bye/{self.shape.node_rank}", "1")
+                self.store.set(f"bye/{self.node}", "1")
                 return
             self.store.set_timeout(timedelta(seconds=min(self.peer_timeout, 30.0)))
             self.store.wait([f"bye/{node}" for node in range(1, self.shape.nnodes)])
@@ -137,7 +181,7 @@ class Coordinator:
         try:
             raw = self.store.get(key)
         except (RuntimeError, ValueError, TimeoutError) as exc:
-            raise PeerLost(f"node {self.shape.node_rank}: no {what} within {self.peer_timeout:g} s "
+            raise PeerLost(f"node {self.node}: no {what} within {self.peer_timeout:g} s "
                            f"({_first_line(exc)}); that node or its oomguard is gone") from None
         data: dict[str, Any] = json.loads(raw)
         return data

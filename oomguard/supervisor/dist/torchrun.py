@@ -5,6 +5,11 @@ TorchElastic agent) does both. This module only knows torchrun's command line: w
 the world's shape (``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``), and
 the options oomguard adds to every attempt (``--log-dir``, so each rank's ``error.json`` lands in
 the run directory, and ``--max-restarts 0``, so the restart decision stays oomguard's).
+
+A node rank is optional: PyTorch's own multi-node form (``torchrun --nnodes 4 --rdzv-backend c10d
+--rdzv-endpoint HOST:PORT train.py`` on every node) gives none, and the c10d rendezvous numbers the
+nodes itself; ``Shape.node_rank`` is then None and ``dist.coordination`` picks the node that keeps
+oomguard's shared decision the way c10d picks the node that hosts its store.
 """
 
 from __future__ import annotations
@@ -54,8 +59,14 @@ class Torchrun:
         return _count(low, "--nnodes")
 
     @property
-    def node_rank(self) -> int:
-        return int(self.get("node-rank") or "0")
+    def node_rank(self) -> int | None:
+        """This node's rank; None with several nodes and none given (c10d assigns the ranks)."""
+        text = self.get("node-rank")
+        if text is None:
+            return 0 if self.nnodes == 1 else None
+        if not text.lstrip("-").isdigit():
+            raise UsageError("--node-rank", f"{text!r} is not a number", "number the nodes from 0, or leave it out")
+        return int(text)
 
     @property
     def rdzv_endpoint(self) -> str | None:
@@ -70,6 +81,22 @@ class Torchrun:
         for name, value in self.options:
             out += [_flag(name)] if value is None else [_flag(name), value]
         return [*out, *self.script]
+
+    def shape(self) -> Shape:
+        return Shape(self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint)
+
+    def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None) -> list[str]:
+        return attempt_argv(self, log_dir, rdzv_id)
+
+    @property
+    def program(self) -> tuple[str, ...]:
+        """The training program as ``python`` would be given it: ``(script, args...)``, ``("-m",
+        module, args...)``, or ``()`` for a binary (``--no-python``)."""
+        if self.get("no-python") is not None:
+            return ()
+        if self.get("module") is not None or self.get("m") is not None:
+            return ("-m", *self.script)
+        return self.script
 
 
 def _flag(name: str) -> str:
@@ -132,7 +159,7 @@ class Shape:
 
     nproc_per_node: int = 1
     nnodes: int = 1
-    node_rank: int = 0
+    node_rank: int | None = 0  # None: several nodes and no rank given; the rendezvous numbers them
     rdzv_endpoint: str | None = None
 
     @property
@@ -147,10 +174,12 @@ def wrap(command: Sequence[str], shape: Shape) -> Torchrun:
                                              ("nnodes", str(shape.nnodes))]
     if shape.nnodes > 1:
         assert shape.rdzv_endpoint is not None
-        # node 0's agent hosts the rendezvous store, so it lives exactly as long as node 0's round
-        options += [("node-rank", str(shape.node_rank)), ("rdzv-backend", "c10d"),
-                    ("rdzv-endpoint", shape.rdzv_endpoint),
-                    ("rdzv-conf", f"is_host={'true' if shape.node_rank == 0 else 'false'}")]
+        options += [("rdzv-backend", "c10d"), ("rdzv-endpoint", shape.rdzv_endpoint)]
+        if shape.node_rank is not None:
+            # node 0's agent hosts the rendezvous store, so it lives exactly as long as node 0's round;
+            # without a rank, c10d picks the host itself (the endpoint's host is this machine)
+            options += [("node-rank", str(shape.node_rank)),
+                        ("rdzv-conf", f"is_host={'true' if shape.node_rank == 0 else 'false'}")]
     else:
         options += [("standalone", None)]  # a free local port for the rendezvous, no clash between runs
     if Path(command[0]).name.startswith("python") and len(command) >= 2:
@@ -185,15 +214,19 @@ def shape_of(command: Sequence[str], nproc_per_node: int | None, nnodes: int | N
     if given is None and not asked:
         return None, None
     if given is None:
-        shape = Shape(nproc_per_node or 1, nnodes or 1, node_rank or 0, rdzv_endpoint)
+        nodes = nnodes or 1
+        shape = Shape(nproc_per_node or 1, nodes, node_rank if node_rank is not None else (0 if nodes == 1 else None),
+                      rdzv_endpoint)
         _check(shape)
         return shape, wrap(command, shape)
     given = _merge(given, {"nproc-per-node": nproc_per_node, "nnodes": nnodes, "node-rank": node_rank,
                            "rdzv-endpoint": rdzv_endpoint})
-    shape = Shape(given.nproc_per_node, given.nnodes, given.node_rank, given.rdzv_endpoint)
-    if shape.nnodes > 1 and given.get("node-rank") is None:
-        raise UsageError("--node-rank", f"is needed with --nnodes {shape.nnodes}: oomguard's shared decision is "
-                         "kept by node 0", "pass --node-rank R (0 on the node that hosts the rendezvous)")
+    shape = given.shape()
+    if shape.node_rank is None and (given.get("rdzv-backend") or "static") != "c10d":
+        # torchrun's default (static) rendezvous makes every node without --node-rank node 0
+        raise UsageError("--node-rank", f"is needed with --nnodes {shape.nnodes} and torchrun's "
+                         f"{given.get('rdzv-backend') or 'static'} rendezvous",
+                         "use --rdzv-backend c10d (the rendezvous then numbers the nodes), or give --node-rank R")
     _check(shape)
     return shape, given
 
@@ -216,8 +249,8 @@ def _merge(given: Torchrun, mine: dict[str, int | str | None]) -> Torchrun:
 def _check(shape: Shape) -> None:
     if shape.nnodes > 1 and not shape.rdzv_endpoint:
         raise UsageError("--rdzv-endpoint", f"is needed with --nnodes {shape.nnodes}",
-                         "give node 0's HOST:PORT, the same on every node")
-    if not 0 <= shape.node_rank < shape.nnodes:
+                         "give the rendezvous HOST:PORT, the same on every node")
+    if shape.node_rank is not None and not 0 <= shape.node_rank < shape.nnodes:
         raise UsageError("--node-rank", f"{shape.node_rank} is not in 0..{shape.nnodes - 1}",
                          "number the nodes from 0")
     if shape.rdzv_endpoint is not None:

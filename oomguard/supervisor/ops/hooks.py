@@ -37,7 +37,7 @@ MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
 def summary(sup: Supervisor) -> str:
     b = sup.plan.batch
     return (f"{sup.state.value}, attempt {sup.attempt}, micro-batch {b.micro_batch} × {b.grad_accum} "
-            f"× {b.world_size} = {b.global_batch}")
+            f"× {b.world_size} = {b.global_text}")
 
 
 def attach_systemd(sup: Supervisor) -> None:
@@ -140,6 +140,7 @@ def attach_statusline(sup: Supervisor) -> Callable[[], object] | None:
         sample = sup.last_sample
         return {"state": sup.state.value, "attempt": sup.attempt, "micro_batch": b.micro_batch,
                 "grad_accum": b.grad_accum, "world_size": b.world_size, "global_batch": b.global_batch,
+                "asked_global_batch": b.asked,
                 "host_bytes": sample.worker_rss_bytes if sample else None,
                 "gpu_bytes": sample.worker_gpu_bytes if sample else None,
                 "gpu_total_bytes": max((g.total_bytes for g in sample.gpus), default=None) if sample else None,

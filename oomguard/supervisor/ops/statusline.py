@@ -15,7 +15,7 @@ The loop feeds it::
     line.close()
 
 Snapshot keys, all optional: ``state``, ``attempt``, ``micro_batch``, ``grad_accum``,
-``world_size``, ``global_batch``, ``gpu_bytes``, ``gpu_total_bytes``, ``host_bytes``, ``step``,
+``world_size``, ``global_batch``, ``asked_global_batch``, ``gpu_bytes``, ``gpu_total_bytes``, ``host_bytes``, ``step``,
 ``total_steps``, ``samples_per_s``, ``eta_s`` (else estimated from the step rate).
 """
 
@@ -84,7 +84,8 @@ def _batch_text(snapshot: Mapping[str, Any], times: str) -> str:
     world = int(snapshot.get("world_size") or 1)
     total = snapshot.get("global_batch") or int(micro) * int(accum) * world
     product = f"{micro} {times} {accum}" + (f" {times} {world}" if world > 1 else "")
-    return f"{product} = {total}"
+    asked = snapshot.get("asked_global_batch")
+    return f"{product} = {total}" + (f" (asked {asked})" if asked and asked != total else "")
 
 
 def _memory_text(snapshot: Mapping[str, Any]) -> str:

@@ -331,6 +331,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "finished": end is not None, "started": start, "ended": end, "last_activity": last,
         "total_s": total, "lost_s": min(lost, total) if total else lost, "attempts": len(attempts),
         "batch_history": _batch_history(attempts, events, decisions),
+        "asked_global_batch": (meta.get("plan") or {}).get("asked_global"),  # None: the global batch was kept
         "failures": failures,
         "steps_lost": sum(f["steps_lost"] or 0 for f in failures),
         "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in failures
@@ -374,9 +375,11 @@ def _clock(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "-"
 
 
-def _batch_text(entry: dict[str, Any]) -> str:
+def _batch_text(entry: dict[str, Any], asked: int | None = None) -> str:
     text = (f"micro {entry['micro_batch']} × accum {entry['grad_accum']} × world {entry['world_size']}"
             f" = {entry['global_batch']}")
+    if asked is not None and asked != entry["global_batch"]:
+        text += f" (asked {asked})"
     if entry["expandable_segments"]:
         text += ", expandable_segments"
     if entry["fallbacks_applied"]:
@@ -450,10 +453,13 @@ def _checkpoint_lines(summary: dict[str, Any]) -> list[str]:
 def format_report(report: dict[str, Any]) -> str:
     lines = _header(report)
     lines.append("batch configuration over time:")
+    asked = report.get("asked_global_batch")
+    if asked is not None:
+        lines.append(f"  the script takes no accumulation: its global batch is micro × world (asked {asked})")
     for entry in report["batch_history"]:
         who = "" if entry["by"] == "supervisor" else f" (in-process by the worker: {entry['reason']})"
         why = f" — {entry['reason']}" if entry["by"] == "supervisor" and entry["reason"] else ""
-        lines.append(f"  {_clock(entry['t'])} attempt {entry['attempt']}: {_batch_text(entry)}{who}{why}")
+        lines.append(f"  {_clock(entry['t'])} attempt {entry['attempt']}: {_batch_text(entry, asked)}{who}{why}")
     lines.append("failures:" if report["failures"] else "failures:    none")
     for failure in report["failures"]:
         lines += _failure_lines(failure)

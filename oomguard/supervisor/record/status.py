@@ -56,6 +56,9 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "micro_batch": plan.get("micro_batch", config.get("micro_batch")),
         "grad_accum": plan.get("grad_accum"),
         "global_batch": plan.get("global_batch"),
+        # the global batch asked for: above global_batch once a script that cannot accumulate was shrunk
+        "asked_global_batch": plan.get("asked_global") or plan.get("global_batch"),
+        "accumulates": plan.get("asked_global") is None,
         "world_size": plan.get("world_size", config.get("world_size")),
         "expandable_segments": plan.get("expandable_segments", False),
         "fallbacks_applied": plan.get("fallbacks_applied", 0),
@@ -94,7 +97,7 @@ def format_status(doc: dict[str, Any]) -> str:
         f"reason:     {doc['reason']}",
         f"attempt:    {doc['attempt']}",
         f"batch:      micro {doc['micro_batch']} × accum {doc['grad_accum']} × world {doc['world_size']}"
-        f" = {doc['global_batch']}",
+        f" = {global_text(doc)}",
         f"worker pid: {doc['worker_pid'] or '-'}",
         f"checkpoint: {_checkpoint_text(doc)}",
     ]
@@ -122,6 +125,12 @@ def format_status(doc: dict[str, Any]) -> str:
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['summary']}")
     return "\n".join(lines)
+
+
+def global_text(doc: dict[str, Any]) -> str:
+    """The real global batch, and the one asked for when it is smaller (a script without accumulation)."""
+    real, asked = doc.get("global_batch"), doc.get("asked_global_batch")
+    return f"{real} (asked {asked})" if asked is not None and asked != real else str(real)
 
 
 def _checkpoint_text(doc: dict[str, Any]) -> str:

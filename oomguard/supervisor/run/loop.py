@@ -206,7 +206,8 @@ class Supervisor:
             log(f"no GPU figures: {self.last_sample.gpu_unavailable}")
         self.tuner.store = FitStore()
         self.tuner.key = JobKey(self.config.command, gpus, self.config.world_size)
-        start = self.tuner.starting_micro(self.plan.batch.micro_batch) if fresh else None
+        may_shrink = fresh and self.config.may_shrink  # a script that cannot accumulate keeps its size
+        start = self.tuner.starting_micro(self.plan.batch.micro_batch) if may_shrink else None
         if (change := replan.start_at_fitted(self.plan, start, self.tuner.key.describe())) is not None:
             self._replan(change)
             log(f"an earlier run of this job fitted micro-batch {start}: starting there")
@@ -401,7 +402,7 @@ class Supervisor:
             self._event("resume_point", path=checkpoint.path, step=checkpoint.step)
         b = self.plan.batch
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {b.micro_batch}"
-                         f" × accumulation {b.grad_accum} × world {b.world_size} = {b.global_batch}"
+                         f" × accumulation {b.grad_accum} × world {b.world_size} = {b.global_text}"
                          + (f", resuming from {checkpoint.path}" if checkpoint else ""))
         self._watch(current, ChannelReader(files.events))
         worker.reap()
@@ -707,4 +708,4 @@ class Supervisor:
 
 def _policy_config(config: RunConfig) -> PolicyConfig:
     return PolicyConfig(config.min_micro_batch, config.max_restarts, config.backoff, config.max_backoff,
-                        len(config.fallback_args))
+                        len(config.fallback_args), config.allow_smaller_global_batch)

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from oomguard.supervisor.errors import UsageError
 
-NAMES = ("micro_batch", "grad_accum", "global_batch", "world_size", "checkpoint", "checkpoint_step",
-         "attempt", "run_dir", "eval_micro_batch", "num_workers")
+NAMES = ("micro_batch", "grad_accum", "grad_accum_total", "global_batch", "world_size", "checkpoint",
+         "checkpoint_step", "attempt", "run_dir", "eval_micro_batch", "num_workers")
 
 _FORMATTER = string.Formatter()
 

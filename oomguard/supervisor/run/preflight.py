@@ -7,6 +7,10 @@ would (sample values with spaces and quotes in the checkpoint path), builds that
 environment, and checks that the command can be started at all (it exists and is executable), that
 the script and its settings files exist and that a watched checkpoint reaches the script
 (``run/wiring.py``), so each of these is one line and exit 2 before anything runs.
+
+``notices`` are the lines said at start about forms that run but not as a reader might think: a
+script that cannot accumulate, a script given the per-rank accumulation where it takes the total,
+an ``accelerate launch`` that starts fewer processes than it names.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from pathlib import Path
 
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.policy import Plan
+from oomguard.supervisor.dist import launcher
+from oomguard.supervisor.dist.accelerate import AccelerateLaunch
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.run import wiring
+from oomguard.supervisor.run.accumulation import Carrier, no_accumulation_line, total_warning
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, placeholder_values
 
 SAMPLE_CHECKPOINT = "/tmp/a run's dir/ckpt step-100.pt"  # a space and a quote: quoting must survive it
@@ -42,6 +49,22 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
     _check_executable(argv[0], env, cwd or Path.cwd())
     wiring.check(config, cwd or Path.cwd())  # the script exists, and something hands it its checkpoint
     return argv
+
+
+def notices(config: RunConfig, cwd: Path | None = None) -> list[str]:
+    """One line each, said at start, for what runs differently from how it reads."""
+    lines = []
+    launch = launcher.parse(config.command)
+    if isinstance(launch, AccelerateLaunch) and launch.note:
+        lines.append(launch.note)
+    batch = config.initial_plan
+    if config.accumulation is Carrier.NONE:
+        lines.append(no_accumulation_line(batch.micro_batch, batch.world_size, config.allow_smaller_global_batch))
+    warning = total_warning(config.command, launcher.program(config.command), cwd or Path.cwd(), batch.grad_accum,
+                            batch.world_size, batch.micro_batch)
+    if warning is not None:
+        lines.append(warning)
+    return lines
 
 
 def _check_splits(config: RunConfig) -> None:

@@ -33,6 +33,8 @@ def placeholder_values(config: RunConfig, plan: Plan, attempt: int,
     batch = plan.batch
     return {
         "micro_batch": batch.micro_batch, "grad_accum": batch.grad_accum,
+        # summed over the ranks: for scripts that divide it by the world size (nanoGPT under torchrun)
+        "grad_accum_total": batch.grad_accum * batch.world_size,
         "global_batch": batch.global_batch, "world_size": batch.world_size,
         "checkpoint": checkpoint.path if checkpoint else "",
         "checkpoint_step": checkpoint.step if checkpoint and checkpoint.step is not None else "",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from oomguard.supervisor.decide.classify import ExitFacts, Verdict, classify
 from oomguard.supervisor.decide.policy import Decision, Plan
 from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
-from oomguard.supervisor.dist.coordination import Coordinator
+from oomguard.supervisor.dist.coordination import Coordinator, store_address
 from oomguard.supervisor.dist.torchrun import Shape
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.output import OutputScanner
@@ -38,8 +38,7 @@ class World:
         if self.nodes is None:
             return None
         self.nodes.connect()
-        return (f"node {self.nodes.shape.node_rank} of {self.nodes.shape.nnodes}: decisions shared through "
-                "node 0's store (rendezvous port + 1)")
+        return joined_line(self.nodes)
 
     def finish(self) -> None:
         if self.nodes is not None:
@@ -52,7 +51,7 @@ class World:
         if self.nodes is None:
             return plan, checkpoint, False
         plan, checkpoint, agreed = agree_start(self.nodes, attempt, plan, checkpoint)
-        self._event("round_start", round=attempt, node=self.nodes.shape.node_rank, **agreed)
+        self._event("round_start", round=attempt, node=self.nodes.node, **agreed)
         return plan, checkpoint, True
 
     def command(self, argv: list[str], env: dict[str, str], files: AttemptFiles, attempt: int) -> list[str]:
@@ -62,7 +61,7 @@ class World:
         if self.ranks is None:
             return argv
         env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
-        env["OOMGUARD_NODE_RANK"] = str(self.shape.node_rank if self.shape else 0)
+        env["OOMGUARD_NODE_RANK"] = str(self.nodes.node if self.nodes is not None else 0)
         return self.ranks.argv
 
     def line_sink(self, feed: Callable[[str], None]) -> Callable[[str], None]:
@@ -100,3 +99,13 @@ class World:
         """Node 0 decides for every node."""
         return decision if self.nodes is None else agree_decision(self.nodes, attempt, decision)
 
+
+
+def joined_line(nodes: Coordinator) -> str:
+    """Which node this is in the shared rounds, and how it came to be it."""
+    host, port = store_address(nodes.shape)
+    how = "" if nodes.shape.node_rank is not None else (
+        " (the rendezvous host is this machine and this node bound first)" if nodes.leader
+        else " (joined in that order; c10d numbers torchrun's ranks itself)")
+    where = f"hosts oomguard's store on port {port}" if nodes.leader else f"shares node 0's store at {host}:{port}"
+    return f"node {nodes.node} of {nodes.shape.nnodes}: {where}{how}"

@@ -47,10 +47,16 @@ function clock(t) {
   return t ? new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }) : "–";
 }
 
-function batchText(micro, accum, world, global) {
+function batchText(micro, accum, world, global, asked) {
   if (!micro) return "–";
   const w = world && world > 1 ? ` × ${world}` : "";
-  return `${micro} × ${accum ?? "?"}${w} = ${global ?? "?"}`;
+  // a script without accumulation trains at micro × world: the global batch asked for is shown beside it
+  const short = asked && global && asked !== global ? ` (asked ${asked})` : "";
+  return `${micro} × ${accum ?? "?"}${w} = ${global ?? "?"}${short}`;
+}
+
+function askedGlobal() {
+  return view.status ? view.status.asked_global_batch : null;
 }
 
 // At most one refresh per interval however fast events come (a progress record per step would
@@ -95,7 +101,8 @@ function renderStatus(doc) {
   const last = doc.failures.length ? doc.failures[doc.failures.length - 1] : null;
   const cause = last && last.cause ? ` · cause: ${last.cause.summary}` : "";
   $("detail").textContent = `${doc.reason}${progress}${forecast}${cause} · updated ${clock(doc.updated)}`;
-  $("batch").textContent = batchText(doc.micro_batch, doc.grad_accum, doc.world_size, doc.global_batch);
+  $("batch").textContent = batchText(doc.micro_batch, doc.grad_accum, doc.world_size, doc.global_batch,
+                                     doc.asked_global_batch);
   const warnings = doc.warnings || [];
   $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, `attempt ${w.attempt}: ${w.message}`)));
   $("warnings").hidden = warnings.length === 0;
@@ -107,7 +114,7 @@ function renderBatchHistory() {
   const items = [];
   let previous = null;
   for (const a of view.attempts) {
-    const text = batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch);
+    const text = batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch, askedGlobal());
     if (text === previous) continue;
     previous = text;
     const why = a.kind ? ` (ended: ${a.kind})` : "";
@@ -123,7 +130,7 @@ function renderAttempts() {
     const exit = a.exit ?? (a.ended ? "" : "running");  // the server words it as status and the report do
     return el("tr", { "data-attempt": a.attempt },
       el("td", {}, String(a.attempt)), el("td", {}, clock(a.started)),
-      el("td", {}, batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch)),
+      el("td", {}, batchText(a.micro_batch, a.grad_accum, a.world_size, a.global_batch, askedGlobal())),
       el("td", { class: `kind kind-${a.kind || "none"}` }, a.kind || (a.ended ? "ok" : "running")),
       el("td", {}, String(exit)),
       el("td", { class: "evidence", title: a.evidence || "" }, (a.evidence || "").slice(0, 240)),
