@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.supervisor.observe.cgroup import MemoryCgroup, locate_cgroup
 from oomguard.supervisor.observe.gpu import GpuMonitor
 from oomguard.supervisor.observe.memory import (
     AttemptPeak,
-    CgroupReader,
     MemorySample,
     Sampler,
     fold_peak,
-    locate_cgroup,
     read_pressure,
     tree_memory,
 )
@@ -95,8 +94,8 @@ def test_no_worker_samples_the_host() -> None:
 
 
 @pytest.fixture
-def child_cgroup() -> Iterator[CgroupReader]:
-    own = CgroupReader.for_pid("self")
+def child_cgroup() -> Iterator[MemoryCgroup]:
+    own = MemoryCgroup.for_pid("self")
     if own is None:
         pytest.skip("no memory cgroup readable on this machine")
     path = own.path / f"oomguard-test-{uuid.uuid4().hex[:8]}"
@@ -106,7 +105,7 @@ def child_cgroup() -> Iterator[CgroupReader]:
         (path / limit_file).write_text(str(512 * MIB))
     except OSError as exc:
         pytest.skip(f"cannot create a child memory cgroup under {own.path}: {exc}")
-    yield CgroupReader(path, own.version)
+    yield MemoryCgroup(path, own.version)
     for _ in range(50):  # rmdir fails while the killed process is still being reaped
         try:
             path.rmdir()
@@ -116,7 +115,7 @@ def child_cgroup() -> Iterator[CgroupReader]:
 
 
 @pytest.mark.cgroup
-def test_real_child_cgroup_limit_and_usage(child_cgroup: CgroupReader) -> None:
+def test_real_child_cgroup_limit_and_usage(child_cgroup: MemoryCgroup) -> None:
     before = child_cgroup.read()
     assert before.limit_bytes == 512 * MIB and before.oom_kills in (0, None)
     # Start a fresh holder inside the cgroup: memory is charged where it is first touched.
@@ -129,7 +128,7 @@ def test_real_child_cgroup_limit_and_usage(child_cgroup: CgroupReader) -> None:
         proc.stdout.readline()
         after = child_cgroup.read()
         assert after.usage_bytes >= 180 * MIB and 150 * MIB <= after.working_set_bytes <= after.usage_bytes
-        found = CgroupReader.for_pid(proc.pid)
+        found = MemoryCgroup.for_pid(proc.pid)
         assert found is not None and found.path == child_cgroup.path
         sample = no_gpu_sampler().sample(proc.pid)  # the sampler finds the worker's cgroup itself
         assert sample.cgroup is not None and sample.cgroup.limit_bytes == 512 * MIB
@@ -147,7 +146,7 @@ def test_v2_reader_over_a_directory(tmp_path: Path) -> None:
     (cg / "memory.current").write_text(f"{300 * MIB}\n")
     (cg / "memory.stat").write_text(f"anon {200 * MIB}\nfile {100 * MIB}\ninactive_file {80 * MIB}\n")
     (cg / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    got = CgroupReader(cg, 2).read()
+    got = MemoryCgroup(cg, 2).read()
     assert (got.usage_bytes, got.working_set_bytes) == (300 * MIB, 220 * MIB)
     assert got.limit_bytes == 1024 * MIB  # the parent's limit binds the unlimited child
     assert got.oom_kills == 1 and got.version == 2
@@ -155,7 +154,7 @@ def test_v2_reader_over_a_directory(tmp_path: Path) -> None:
     # What the parent's limit counts: everything in the parent (oomguard beside its worker), not the worker alone.
     (parent / "memory.current").write_text(f"{400 * MIB}\n")
     (parent / "memory.stat").write_text(f"anon {300 * MIB}\ninactive_file {90 * MIB}\n")
-    got = CgroupReader(cg, 2).read()
+    got = MemoryCgroup(cg, 2).read()
     assert got.limit_working_set_bytes == 310 * MIB and got.counted_bytes == 310 * MIB
     assert got.working_set_bytes == 220 * MIB
 
@@ -165,12 +164,12 @@ def test_v1_reader_over_a_directory(tmp_path: Path) -> None:
     (tmp_path / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     (tmp_path / "memory.stat").write_text(f"cache 0\ntotal_inactive_file {10 * MIB}\n")
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
-    got = CgroupReader(tmp_path, 1).read()
+    got = MemoryCgroup(tmp_path, 1).read()
     assert got.limit_bytes is None and got.working_set_bytes == 90 * MIB and got.oom_kills == 2
 
 
 def test_real_own_cgroup_is_found() -> None:
-    own = CgroupReader.for_pid("self")
+    own = MemoryCgroup.for_pid("self")
     if own is None:
         pytest.skip("no memory cgroup on this machine")
     assert own.read().usage_bytes > 0

@@ -1,4 +1,5 @@
-"""The worker's memory cgroup (v1 or v2): accounting, oomguard's --memory-limit, OOM-kill counters.
+"""Memory cgroups (v1 or v2), one class: the worker's own (accounting, oomguard's --memory-limit,
+OOM-kill counters) and any other oomguard reads (the figures of ``MemoryCgroup.read``).
 
 The supervisor makes a child cgroup of its own for each attempt's worker. The kernel's oom_kill
 counter in it proves a SIGKILL was the OOM killer's; whether the cgroup's own limit was hit tells
@@ -16,6 +17,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this big
+# is no limit, whatever the page size.
+_V1_UNLIMITED = 2**62
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """A memory cgroup's figures. ``working_set_bytes`` = usage minus inactive file cache.
+
+    Usage counts page cache that the kernel reclaims before any OOM kill, so budgets compare the
+    working set (as Kubernetes and Docker do), not raw usage. ``limit_bytes`` is the tightest
+    limit on the way up to the hierarchy's root; None when unlimited. ``limit_working_set_bytes``
+    is the working set of the cgroup that sets that limit: what the kernel counts against it, the
+    worker's and whatever shares that cgroup with it (oomguard itself, when it runs inside it).
+    """
+
+    path: str
+    version: int
+    usage_bytes: int
+    working_set_bytes: int
+    limit_bytes: int | None
+    oom_kills: int | None
+    limit_working_set_bytes: int | None = None
+
+    @property
+    def counted_bytes(self) -> int:
+        """The memory counted against ``limit_bytes``: the limiting cgroup's working set when known."""
+        return self.limit_working_set_bytes if self.limit_working_set_bytes is not None else self.working_set_bytes
 
 
 def _read_kv(path: Path) -> dict[str, int]:
@@ -57,9 +87,18 @@ def own_memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path 
 
 @dataclass
 class MemoryCgroup:
+    """One memory cgroup directory (v1 or v2): the worker's own, which oomguard makes, limits and
+    removes, or any other it only reads (the one a process is in, a parent that sets a limit).
+    ``limit`` is the limit oomguard set on it, if it set one."""
+
     path: Path
     version: int
     limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.version not in (1, 2):
+            raise ValueError(f"cgroup version must be 1 or 2, not {self.version}")
+        self.path = Path(self.path)
 
     @property
     def procs(self) -> Path:
@@ -94,6 +133,60 @@ class MemoryCgroup:
         except OSError:
             return False
 
+    def read(self) -> CgroupMemory:
+        """Current figures; raises OSError when the cgroup is gone."""
+        usage, working = self._usage(self.path)
+        oom = (_stat_field(self.path / "memory.oom_control", "oom_kill") if self.version == 1
+               else _stat_field(self.path / "memory.events", "oom_kill"))
+        limit, where = self._limit()
+        return CgroupMemory(str(self.path), self.version, usage, working, limit, oom, self._counted(where, working))
+
+    def _counted(self, where: Path | None, working: int) -> int | None:
+        """The working set of the cgroup that sets the limit (None when it cannot be read)."""
+        if where is None or where == self.path:
+            return working
+        try:
+            return self._usage(where)[1]
+        except (OSError, ValueError):  # a limit set where usage is not readable: the worker's own figure stands
+            return None
+
+    def _usage(self, node: Path) -> tuple[int, int]:
+        """(usage, working set) of one cgroup directory; a parent's figures include its children."""
+        if self.version == 1:
+            usage = _read_int(node / "memory.usage_in_bytes")
+            inactive = _stat_field(node / "memory.stat", "total_inactive_file")
+        else:
+            usage = _read_int(node / "memory.current")
+            inactive = _stat_field(node / "memory.stat", "inactive_file")
+        return usage, max(0, usage - (inactive or 0))
+
+    def _limit(self) -> tuple[int | None, Path | None]:
+        """The tightest limit from this cgroup upwards (a parent's limit binds its children too),
+        and the cgroup that sets it.
+
+        The walk ends where the control file does (the hierarchy's root has none in v2; the
+        mount point's parent is not a cgroup in v1).
+        """
+        name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+        tightest: tuple[int | None, Path | None] = (None, None)
+        node = self.path
+        while (node / name).exists() and node.parent != node:
+            limit = _parse_limit((node / name).read_text())
+            if limit is not None and (tightest[0] is None or limit < tightest[0]):
+                tightest = (limit, node)
+            node = node.parent
+        return tightest
+
+    @classmethod
+    def for_pid(cls, pid: int | str = "self", proc: Path = Path("/proc")) -> MemoryCgroup | None:
+        """The memory cgroup that ``pid`` belongs to, or None when there is none to read."""
+        try:
+            membership = (proc / str(pid) / "cgroup").read_text()
+            mounts = (proc / str(pid) / "mountinfo").read_text()
+        except OSError:
+            return None
+        return locate_cgroup(membership, mounts)
+
     def pids(self) -> list[int]:
         try:
             return [int(p) for p in self.procs.read_text().split()]
@@ -120,6 +213,76 @@ class MemoryCgroup:
                 return
             except OSError:
                 time.sleep(0.05)
+
+
+def locate_cgroup(membership: str, mountinfo: str) -> MemoryCgroup | None:
+    """A reader for the memory cgroup named in ``/proc/PID/cgroup``, found via ``mountinfo``.
+
+    Prefers the v1 ``memory`` controller when mounted (hybrid hosts mount a v2 tree that has no
+    memory controller); else the v2 tree if its directory has ``memory.current``.
+    """
+    v1_mount, v2_mount = _memory_mounts(mountinfo)
+    for line in membership.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if v1_mount is not None and "memory" in controllers.split(","):
+            return _reader(v1_mount, rel, 1)
+        if v2_mount is not None and hierarchy == "0" and controllers == "":
+            found = _reader(v2_mount, rel, 2)
+            if found is not None and v1_mount is None:
+                return found
+    return None
+
+
+def _memory_mounts(mountinfo: str) -> tuple[tuple[Path, str] | None, tuple[Path, str] | None]:
+    """((v1 memory mount point, its root), (v2 mount point, its root)) from mountinfo."""
+    v1 = v2 = None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        entry = (Path(fields[4]), fields[3])
+        if tail[0] == "cgroup" and "memory" in tail[2].split(","):
+            v1 = entry
+        elif tail[0] == "cgroup2" and v2 is None:
+            v2 = entry
+    return v1, v2
+
+
+def _reader(mount: tuple[Path, str], rel: str, version: int) -> MemoryCgroup | None:
+    point, root = mount
+    # Inside a cgroup namespace the mount's root is the container's cgroup and paths are
+    # relative to it; outside, strip the mount's root from the absolute path.
+    if root != "/" and rel.startswith(root):
+        rel = rel[len(root) :]
+    path = point / rel.lstrip("/")
+    probe = "memory.usage_in_bytes" if version == 1 else "memory.current"
+    return MemoryCgroup(path, version) if (path / probe).exists() else None
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def _parse_limit(text: str) -> int | None:
+    text = text.strip()
+    if text == "max":
+        return None
+    value = int(text)
+    return None if value >= _V1_UNLIMITED else value
+
+
+def _stat_field(path: Path, key: str) -> int | None:
+    """``key``'s value in a flat "key value" file, or None when the file or key is missing."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except OSError:
+        return None
+    return None
 
 
 def make_worker_cgroup(name: str) -> tuple[MemoryCgroup | None, str]:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from oomguard.supervisor.decide.classify import ExitFacts
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
-from oomguard.supervisor.observe.memory import CgroupReader
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.run.outcome import Stop
 from oomguard.supervisor.run.states import StopReason
@@ -46,8 +45,9 @@ class Containment:
         """The file a process writes its pid to, to join the cgroup (the launcher does)."""
         return self.cgroup.procs if self.cgroup else None
 
-    def reader(self) -> CgroupReader | None:
-        return CgroupReader(self.cgroup.path, self.cgroup.version) if self.cgroup else None
+    def reader(self) -> MemoryCgroup | None:
+        """The cgroup the sampler reads (the worker's own), or None without one."""
+        return self.cgroup
 
     def exit_facts(self, returncode: int, watch: AttemptWatch, stop: Stop | None) -> ExitFacts:
         """Everything classification needs about how the attempt ended, and why oomguard stopped it."""
