@@ -88,8 +88,9 @@ def test_a_network_bind_needs_the_printed_token(tmp_path: Path, live_run: Run) -
         assert "WARNING: listening on 0.0.0.0" in said and "?token=" in said
         token = said.split("?token=", 1)[1].split()[0]
         with httpx.Client(base_url=fleet.url, timeout=10, follow_redirects=False) as client:
-            for path in ("/", "/api/runs", "/healthz"):
+            for path in ("/", "/api/runs", "/metrics"):
                 assert client.get(path).status_code == 401, path
+            assert client.get("/healthz").status_code == 200  # probes need no token; it reveals nothing
             link = client.get(f"/?token={token}")
             assert link.status_code == 303 and "HttpOnly" in link.headers["set-cookie"]
             assert len(client.get("/api/runs").json()["runs"]) == 1  # the cookie the link set
