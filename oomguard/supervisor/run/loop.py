@@ -32,7 +32,7 @@ from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
-from oomguard.supervisor.observe.memory import MemorySample, Sampler, fold_peak
+from oomguard.supervisor.observe.memory import MemorySample, Sampler
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import Action as MemoryAction
@@ -331,6 +331,7 @@ class Supervisor:
         for existing in self.index.refresh():  # known before this attempt: not its progress
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
         self.plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
+        checkpoint = self._resume_point(checkpoint)
         if checkpoint is not None and checkpoint.step is None:  # nanoGPT's ckpt.pt: {checkpoint_step} from the output
             checkpoint = replace(checkpoint, step=self._step_from_output(checkpoint))
         if agreed:  # every node: node 0's plan and checkpoint
@@ -345,7 +346,7 @@ class Supervisor:
         if not self.plan.expandable_segments and expandable_already(env):
             self.plan = replace(self.plan, expandable_segments=True)
         self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
-        watch = AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None))
+        watch = AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum))
         self.trend = TrendWatch(self.trend.prior_per_s, self.trend.checkpoint_rhythm(0.0)[1], time.monotonic())
         box = self._start_worker(argv, env, files, watch)
         assert self.worker is not None
@@ -363,6 +364,15 @@ class Supervisor:
         facts = box.exit_facts(self.worker.returncode, watch)
         gpus = bool(self.last_sample and self.last_sample.gpus)
         return self.world.verdict(facts, watch.scanner, gpus, self.attempt), watch, checkpoint
+
+    def _resume_point(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
+        """The chosen checkpoint, or where rotation (HF's save_total_limit) deleted it since it was
+        chosen, the newest one that exists, said in the journal."""
+        found = self.index.still_there(checkpoint, self.journal.bad_checkpoints())
+        if checkpoint is not None and found != checkpoint:
+            self._event("resume_point_vanished", path=checkpoint.path, fallback=found.path if found else None)
+            log(f"{checkpoint.path} is gone; resuming from {found.path if found else 'the start'} instead")
+        return found
 
     def _step_from_output(self, checkpoint: Checkpoint) -> int | None:
         """The step the output showed when a checkpoint without a step in its name was written."""
@@ -458,7 +468,7 @@ class Supervisor:
         sample = self.sampler.sample(self.worker.worker_pid or self.worker.pgid)
         self.handover.procs.add(self.worker.tree())
         self.last_sample = sample
-        watch.peak = fold_peak(watch.peak, sample)
+        watch.observe(sample)  # its peaks, and what its processes did since the last sample
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
                                    sample.worker_gpu_bytes, watch.last_step, watch.progress)
         watch.progress = None
@@ -516,8 +526,7 @@ class Supervisor:
         for ckpt in found:
             step = ckpt.step if ckpt.step is not None else watch.step_at(ckpt.mtime)
             if self.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.attempt):
-                watch.new_checkpoint = True
-                watch.last_progress = time.monotonic()
+                watch.checkpoint_landed(step, time.monotonic(), time.time())
                 self._event("checkpoint", path=ckpt.path, step=step)
                 self.trend.checkpoint_seen(time.monotonic())
                 if self.trend.restart_reason and worker_alive:
@@ -537,10 +546,20 @@ class Supervisor:
 
     def _check_hang(self, watch: AttemptWatch) -> None:
         assert self.worker is not None
-        hung = watch.hang_reason(self.worker.last_output, self.config.hang_timeout, time.monotonic())
-        if hung is None:
+        now = time.monotonic()
+        judgement = watch.check_hang(self.worker.last_output, self.config.hang_timeout, now)
+        if judgement is None:
             return
-        watch.hung = hung
+        news = watch.liveness.news(judgement, now)
+        if news is not None:  # silent but busy, or no longer: status, the dashboard and the journal say why
+            self.journal.set_meta(liveness=judgement.note(self.attempt, time.time()))
+            if news == "held":
+                self._event("held_alive", **judgement.figures)
+                log(f"worker {judgement.held}: not a hang")
+        if judgement.hung is None:
+            return
+        watch.hung = hung = judgement.hung
+        self._event("hang", **judgement.figures)
         log(f"worker hung: {hung}; dumping its stack")
         self._guarded("stack dump", self.worker.dump_stack)
         self.worker.stop(min(self.config.grace_period, 10.0))
