@@ -12,26 +12,28 @@ folds those and the output's life signs into a ``Judgement`` the loop acts on: h
 figures that decided it), held alive (and why: ``silent 42 min; busy: 97% of a core``), or neither.
 Pure: the sampler's readings and the clock come in as arguments.
 
-The CPU floor comes from measurement (``bench/idle_cpu.py``, 20 one-second samples of each
-scenario's whole process tree on a loaded 2-core machine):
+The CPU floor comes from measurement (``bench/idle_cpu.py``: each scenario's whole process tree,
+sampled every second for 20 s after it settled, on a 2-core machine shared with other jobs, so busy
+processes got a fifth of a core or so):
 
-    =====================================================  =====================  =========
-    scenario                                               CPU per 1 s interval   I/O
-    =====================================================  =====================  =========
-    blocked on a lock (torch pool, tqdm monitor thread)    0.0 % at most          0 B
-    blocked reading a pipe                                 0.0 %                  0 B
-    asleep                                                 0.0 %                  0 B
-    DataLoader, 2 workers deadlocked on a lock             0.0-1.0 %              0 B
-    gloo all_reduce whose peer never comes (2 ranks)       0.0-1.0 %              0 B
-    HF Trainer blocked in a callback                       0.0-1.0 %              0 B
-    training loop (1 thread; with 2 DataLoader workers)    70-100 %, 100-200 %    -
-    a loop spinning, printing nothing                      80-100 %               0 B
-    =====================================================  =====================  =========
+    =====================================================  ==========================  ==========
+    scenario                                               CPU per 1 s interval        I/O
+    =====================================================  ==========================  ==========
+    blocked on a lock (torch's pool, tqdm's monitor)       0.0 % in every interval     0 B
+    blocked reading a pipe                                 0.0 %                       0 B
+    asleep                                                 0.0 %                       0 B
+    DataLoader, 2 workers deadlocked on a lock             0.0 %                       0 B
+    gloo all_reduce whose peer never comes (2 ranks)       0.0 %                       0 B
+    HF Trainer blocked in a callback                       0.0 %                       0 B
+    training loop, 1 thread                                22.6 % at least (mean 28)   MiB/s
+    training with 2 DataLoader workers                     18.5 % at least (mean 25)   MiB/s
+    a loop spinning, printing nothing                      18.7 % at least (mean 22)   0 B
+    =====================================================  ==========================  ==========
 
-A hung tree's only CPU is a periodic wake-up (the DataLoader's 5 s status check, gloo's and
-tqdm's timers): one clock tick (10 ms) in an interval at most. Training, even starved on a
-shared machine, takes tens of percent. The floor, 5 % of one core, is five ticks per second:
-five times the most a hung tree was seen to use, and a tenth of the least a busy one did.
+A hung tree's only CPU is a periodic wake-up (the DataLoader's 5 s status check, gloo's and tqdm's
+timers), microseconds: not one clock tick (10 ms) in a second. Work, even starved by a shared
+machine, is tens of percent. The floor, 5 % of one core, is five ticks a second: clear of a stray
+tick or two in a hung tree, and under a third of the least a busy one was seen to get.
 """
 
 from __future__ import annotations

@@ -417,9 +417,9 @@ class Supervisor:
             self._check_peers()
         self._guarded("channel", self._read_channel, watch, channel)
         self.forecast_board.clear()
+        self._guarded("checkpoints", self._check_checkpoints, watch, False)  # its last ones may carry its last step
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
-        self._guarded("checkpoints", self._check_checkpoints, watch, False)
 
     def _guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
         """Run one observer; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
