@@ -91,8 +91,7 @@ def test_a_blocked_worker_is_hung_within_the_timeout_and_one_sampling_period() -
         assert live.judge(now - last_line, 20.0, False, now).hung is None
     judgement = live.judge(30.5 - last_line, 20.0, False, 30.5)
     assert judgement.hung == ("no output or progress for 20 s (--hang-timeout 20); idle for 20 s: CPU at most "
-                              "0.0% of a core (floor 5%), 0 B of I/O, no GPU figures (GPU figures unavailable: "
-                              "no NVIDIA driver)")
+                              "0.0% of a core (floor 5%), 0 B of I/O, no GPU figures: no NVIDIA driver")
     assert judgement.figures["idle_s"] == 20.0 and judgement.figures["cpu_max_pct"] == 0.0
     assert judgement.figures["gpu"].startswith("GPU figures unavailable")
 
@@ -209,3 +208,11 @@ def test_first_interval_runs_from_the_attempt_start() -> None:
     live2 = Liveness(started=100.0)
     live2.add(replace(sample(101.0, 0.0), worker_cpu_seconds=0.0))
     assert live2.busy is None and live2.idle is not None and live2.idle.since == 100.0
+
+
+def test_idle_gpus_do_not_keep_a_hung_worker_alive() -> None:
+    live = Liveness(started=0.0)
+    feed(live, 0.0, 30.0, cpu_per_s=0.0, gpus=(gpu(util=0, worker=2 << 30, sm=0),))  # memory held, nothing running
+    judgement = live.judge(quiet=30.0, configured=20.0, steps_known=True, now=30.0)
+    assert judgement.hung is not None and judgement.hung.endswith("0 B of I/O, its GPUs idle")
+    assert judgement.figures["gpu"] == "idle"

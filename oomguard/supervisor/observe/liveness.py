@@ -243,7 +243,8 @@ class Liveness:
         idle = self.idle
         if idle is None or not idle.cpu_known:
             return "no CPU figures of its processes"
-        gpu = f"no GPU figures ({self.gpu_note})" if self.gpu_note else "its GPUs idle"
+        gpu = f"no GPU figures: {self.gpu_note.removeprefix('GPU figures unavailable: ')}" if self.gpu_note else (
+            "its GPUs idle")
         return (f"idle for {idle_for:.0f} s: CPU at most {100 * idle.max_share:.1f}% of a core "
                 f"(floor {100 * CPU_FLOOR:g}%), {_size(idle.io_bytes)} of I/O, {gpu}")
 
