@@ -30,6 +30,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--resume_from_checkpoint", default=None)
     p.add_argument("--max_steps", type=int, default=6)
     p.add_argument("--save_steps", type=int, default=2)
+    p.add_argument("--save_total_limit", type=int, default=None, help="keep only the newest N checkpoints")
+    p.add_argument("--logging_steps", type=int, default=1)
+    p.add_argument("--disable_tqdm", action="store_true", help="no progress bar (usual in batch jobs)")
+    p.add_argument("--log_level", default="passive", help="the Trainer's log level, e.g. info")
+    p.add_argument("--n_layer", type=int, default=1)
+    p.add_argument("--quiet", action="store_true", help="print nothing of its own")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--vocab", type=int, default=16384)
     p.add_argument("--memory-budget-mb", type=int, default=0, help="host memory budget (RLIMIT_AS)")
@@ -69,21 +75,22 @@ class MemoryBudget(TrainerCallback):
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=32, n_layer=1, n_head=2)
+    config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=32, n_layer=args.n_layer, n_head=2)
     model = GPT2LMHeadModel(config)
     steps_data = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     training = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=args.max_steps,
-        save_strategy="steps", save_steps=args.save_steps, logging_steps=1, report_to="none", use_cpu=True,
-        dataloader_num_workers=0, seed=0, learning_rate=1e-3,
+        save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit,
+        logging_steps=args.logging_steps, disable_tqdm=args.disable_tqdm, log_level=args.log_level,
+        report_to="none", use_cpu=True, dataloader_num_workers=0, seed=0, learning_rate=1e-3,
     )
-    print(f"micro-batch {args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps}",
-          flush=True)
+    say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
+    say(f"micro-batch {args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps}")
     trainer = Trainer(model=model, args=training, train_dataset=TokenData(steps_data, args.seq_len, args.vocab),
                       callbacks=[MemoryBudget(args.memory_budget_mb, args.budget_from_step)])
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    print(f"finished at step {trainer.state.global_step}", flush=True)
+    say(f"finished at step {trainer.state.global_step}")
 
 
 if __name__ == "__main__":

@@ -44,3 +44,21 @@ def test_a_growing_checkpoint_is_not_chosen_while_the_worker_runs(tmp_path: Path
         assert index.newest(excluded, worker_alive=False).path.endswith("ck-1")  # type: ignore[union-attr]
     finally:
         index.stop()
+
+
+def test_a_resume_point_rotated_away_falls_back_to_the_newest_that_exists(tmp_path: Path) -> None:
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_text(str(step))
+    index = CheckpointIndex(["checkpoint-*"], tmp_path)
+    chosen = index.newest(set(), worker_alive=False)
+    assert chosen is not None and chosen.step == 6
+    assert index.still_there(chosen, set()) == chosen
+    for name in ("checkpoint-6", "checkpoint-4"):  # save_total_limit's rotation, and a bad one below
+        for f in (tmp_path / name).iterdir():
+            f.unlink()
+        (tmp_path / name).rmdir()
+    (tmp_path / "checkpoint-8").mkdir()  # newer, but marked bad
+    fallback = index.still_there(chosen, {str(tmp_path / "checkpoint-8")})
+    assert fallback is not None and fallback.path == str(tmp_path / "checkpoint-2")
+    assert index.still_there(None, set()) is None

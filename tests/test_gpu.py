@@ -25,6 +25,7 @@ class FakeDevice:
     util: int = 55
     mig: int = 0
     procs: list[tuple[int, int | None]] = field(default_factory=list)
+    sm: list[tuple[int, int, int]] = field(default_factory=list)  # per-process samples: (pid, SM %, time in µs)
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
 
 
@@ -80,6 +81,14 @@ class FakePynvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         d = self._dev(handle, "procs")
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.procs]
+
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, since: int) -> list[Any]:
+        samples = [s for s in self._dev(handle, "sm").sm if s[2] > since]
+        if not samples:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # what NVML says when none was sampled
+        return [SimpleNamespace(pid=pid, smUtil=sm, memUtil=0, encUtil=0, decUtil=0, timeStamp=t)
+                for pid, sm, t in samples]
 
 
 def monitor(fake: FakePynvml, visible: str | None = None, **kw: Any) -> GpuMonitor:
@@ -214,3 +223,28 @@ def test_lost_gpu_mid_run_keeps_other_figures() -> None:
     fake.devices[1].errors["memory"] = pynvml.NVML_ERROR_GPU_IS_LOST
     snap = mon.read()
     assert len(snap.devices) == 1 and "GPU is lost" in (snap.unavailable or "")
+
+
+def test_per_process_sm_share_since_the_last_reading() -> None:
+    """The worker's own kernels, not another job's on the same GPU; samples already read are not
+    read again, and no sample since then is an idle worker, not an unknown one."""
+    me = os.getpid()
+    device = FakeDevice(UUIDS[0], util=90, procs=[(me, GIB), (4242, GIB)], sm=[(me, 35, 10), (4242, 90, 11)])
+    mon = monitor(FakePynvml([device]), pid_exists=lambda pid: True)
+    assert mon.read([me]).devices[0].worker_sm_pct == 35
+    assert mon.read([me]).devices[0].worker_sm_pct == 0  # nothing new since time 11
+    device.sm.append((4242, 100, 20))  # only the other job ran
+    assert mon.read([me]).devices[0].worker_sm_pct == 0
+    device.sm.append((me, 60, 30))
+    assert mon.read([me]).devices[0].worker_sm_pct == 60
+
+
+def test_no_per_process_utilization_leaves_the_device_figure() -> None:
+    me = os.getpid()
+    refused = {"sm": pynvml.NVML_ERROR_NOT_SUPPORTED}
+    fake = FakePynvml([FakeDevice(UUIDS[0], util=70, procs=[(me, GIB)], errors=refused)])
+    mon = monitor(fake)
+    reading = mon.read([me]).devices[0]
+    assert reading.worker_sm_pct is None and reading.utilization_pct == 70 and reading.worker_bytes == GIB
+    del fake.devices[0].errors["sm"]  # asked once: a device that refused is not asked every sample
+    assert mon.read([me]).devices[0].worker_sm_pct is None

@@ -264,3 +264,33 @@ def test_unfinished_run_with_an_interrupted_attempt(scripted: tuple[Journal, Clo
 @pytest.mark.parametrize("seconds,text", [(4.25, "4.2 s"), (125, "2 min 05 s"), (7260, "2 h 01 min")])
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_a_checkpoint_rewritten_or_rotated_away_later_counts_for_the_attempt_that_wrote_it(
+        scripted: tuple[Journal, Clock]) -> None:
+    """Lightning re-saves the checkpoint it resumed from under the same name during the next attempt,
+    and rotation (save_top_k, HF's save_total_limit) deletes it later: the failed attempt still saved
+    step 4 at 1030, and only the 5 s after it are lost."""
+    journal, clock = scripted
+    ckpt = "ckpts/epoch=0-step=4.ckpt"
+    journal.start_attempt(1, 11, plan(16, 2), None, ["train"], "logs/attempt-1.log")
+    at(clock, 1031)
+    journal.checkpoint_seen(ckpt, 4, 1030.0, 1)
+    fail(journal, clock, 1, 1035, "host_oom", "restart", (8, 4), last_step=None)
+    at(clock, 1036)
+    journal.checkpoint_seen(ckpt, 4, 1030.0, None)  # known before attempt 2: not its progress
+    journal.start_attempt(2, 12, plan(8, 4), ckpt, ["train"], "logs/attempt-2.log")
+    at(clock, 1046)
+    assert not journal.checkpoint_seen(ckpt, 4, 1045.0, 2)  # the same step written again: not progress
+    journal.checkpoint_seen("ckpts/epoch=1-step=8.ckpt", 8, 1060.0, 2)  # and epoch=0-step=4.ckpt rotated away
+    at(clock, 1070)
+    journal.end_attempt(2, returncode=0, exit_code=0, decision="finished", last_step=8)
+    journal.transition("running", "succeeded", "worker finished (attempt 2)", 2)
+    journal.set_meta(state="succeeded")
+
+    (failure,) = build_report(journal)["failures"]
+    assert (failure["lost_s"], failure["gap_s"]) == (5.0, 1.0)  # not the whole 35 s of the attempt
+    assert failure["last_step"] == 4 and failure["last_step_source"] == "checkpoint"
+    assert failure["resumed_from"] == {"path": ckpt, "step": 4} and failure["steps_lost"] == 0
+    assert [(w["mtime"], w["attempt"]) for w in journal.checkpoint_writes() if w["path"] == ckpt] == [
+        (1030.0, 1), (1045.0, 2)]

@@ -103,3 +103,40 @@ def test_stable_running_for_grow_after_counts_from_the_first_step() -> None:
     assert watch.running_since() == watch.started  # no steps known: from the start
     watch.note_step(StepSeen(1, None), now=watch.started + 40.0, wall=0.0)  # 40 s loading the model
     assert watch.running_since() == watch.started + 40.0
+
+
+@pytest.mark.parametrize("line", [
+    # what the issue saw read as step 4 after a resume, and its kin: numbers of files, not of training
+    "Restoring states from the checkpoint path at ckpts/epoch=0-step=4.ckpt",
+    "Restored all states from the checkpoint at /tmp/run/epoch=0-step=4.ckpt",
+    "saved epoch=0-step=4.ckpt",
+    "[transformers] Saving model checkpoint to out/checkpoint-500",
+    "[transformers] Deleting older checkpoint [out/checkpoint-500] due to args.save_total_limit",
+    "[transformers]   Continuing training from global step 500",
+    "Resuming optimization from step 250",
+    "Resumed from checkpoint: out/step_4",
+    "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 180.33it/s]",
+    "Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00,  3.91it/s]",
+    "Validation DataLoader 0:  50%|█████     | 1/2 [00:00<00:00, 11.81it/s]\x1b[A",
+    "{'loss': '9.636', 'grad_norm': '0.2173', 'learning_rate': '0.001', 'epoch': '0.1667'}",  # 'epoch' is no step
+    "{'train_runtime': '11.8', 'train_steps_per_second': '0.509', 'train_loss': '9.637', 'epoch': '1'}",
+])
+def test_no_step_from_paths_file_names_or_checkpoint_messages(line: str) -> None:
+    assert StepMatcher().match(line) is None
+
+
+def test_a_bar_glued_to_a_checkpoint_message_still_gives_its_step() -> None:
+    line = " 33%|███▎      | 2/6 [00:03<00:07,  1.81s/it][transformers] Saving model checkpoint to out/checkpoint-2"
+    assert StepMatcher().match(line) == StepSeen(2, 6)
+
+
+@pytest.mark.parametrize(("line", "per_step", "expected"), [
+    # Lightning counts batches within an epoch; with accumulation 2 four batches are two optimizer steps
+    ("Epoch 1/2  ━━━━━━━╸━━━━━━━━━ 4/8 0:00:02 • 0:00:03 1.69it/s v_num: 0.000", 2, StepSeen(6, 12)),
+    ("\x1b[2KEpoch 1/2  \x1b[35m━━━━━━\x1b[0m\x1b[90m╺━━━━━━━\x1b[0m 4/8 \x1b[2m0:00:02 • 0:00:03\x1b[0m", 2,
+     StepSeen(6, 12)),  # the same bar rendered for a terminal
+    ("Epoch 2/-1  ━━━━━━━━━━━━━━━━━ 8/8 0:00:04 • 0:00:00", 4, StepSeen(6, None)),  # no epoch limit: no total
+    ("Epoch 1:  50%|█████     | 4/8 [00:01<00:01,  3.70it/s, v_num=0, train_loss=0.943]", 2, StepSeen(6, None)),
+])
+def test_lightning_bars_in_optimizer_steps(line: str, per_step: int, expected: StepSeen) -> None:
+    assert StepMatcher(batches_per_step=per_step).match(line) == expected

@@ -139,8 +139,8 @@ class RunConfig:
         "--memory-limit", "host memory budget of the worker's process tree, e.g. 16G", parse_size,
         metavar="SIZE"))
     hang_timeout: float = field(default=1800.0, metadata=_opt(
-        "--hang-timeout", "seconds without output or progress before the worker counts as hung (once steps "
-        "are known, output without a new step is not progress)",
+        "--hang-timeout", "seconds without output or progress, with the worker's processes and GPUs idle, before "
+        "it counts as hung (once steps are known, output without a new step is not progress; 0: never)",
         _non_negative, metavar="SECONDS"))
     grace_period: float = field(default=30.0, metadata=_opt(
         "--grace-period", "seconds between SIGTERM and SIGKILL when stopping the worker",

@@ -63,6 +63,7 @@ class Status(_Open):
     checkpoint: str | None = None
     newest_checkpoint: CheckpointView | None = None
     progress: dict[str, Any] | None = None
+    liveness: dict[str, Any] | None = None  # why a silent worker is held alive, while it is
     started: float | None = None
     updated: float | None = None
     failures: list[FailureView]

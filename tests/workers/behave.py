@@ -14,7 +14,7 @@ from pathlib import Path
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["torch_oom", "fragmented", "allocate", "hang", "crash", "pidfile", "resume",
-                                    "grow_rss", "model", "stepless_checkpoint"])
+                                    "grow_rss", "model", "stepless_checkpoint", "lock", "loader_deadlock", "spin"])
     p.add_argument("--fixed-mb", type=int, default=10)
     p.add_argument("--hold", type=float, default=3.0)
     p.add_argument("--ckpt-dir", type=Path)
@@ -99,6 +99,51 @@ def hang(args: argparse.Namespace, micro: int, attempt: int) -> None:
         print("about to hang", flush=True)
         while True:
             time.sleep(1)
+
+
+def lock(args: argparse.Namespace, micro: int, attempt: int) -> None:
+    """Blocked for ever on a lock it already holds (the first attempt), CPU idle."""
+    if attempt == 1:
+        import threading
+
+        print("about to block on a lock", flush=True)
+        held = threading.Lock()
+        held.acquire()
+        held.acquire()
+
+
+def loader_deadlock(args: argparse.Namespace, micro: int, attempt: int) -> None:
+    """The first attempt waits for a batch from two DataLoader workers deadlocked on a lock that was
+    held when they forked (the classic fork-with-a-held-lock): every process of the tree idle."""
+    if attempt > 1:
+        return
+    import threading
+
+    import torch
+
+    held = threading.Lock()
+
+    class Data(torch.utils.data.Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            with held:  # never released in a forked child
+                return torch.zeros(4)
+
+    held.acquire()
+    batches = iter(torch.utils.data.DataLoader(Data(), batch_size=micro, num_workers=2))
+    print("waiting for the first batch", flush=True)
+    next(batches)
+
+
+def spin(args: argparse.Namespace, micro: int, attempt: int) -> None:
+    """Busy for --hold seconds printing nothing (a long silent epoch), then done."""
+    print("spinning", flush=True)
+    deadline = time.monotonic() + args.hold
+    while time.monotonic() < deadline:
+        sum(range(1000))
+    print("done spinning", flush=True)
 
 
 def crash(args: argparse.Namespace, micro: int, attempt: int) -> None:

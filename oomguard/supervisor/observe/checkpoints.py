@@ -195,3 +195,10 @@ class CheckpointIndex:
         else:
             candidates = [c for c in self.refresh(force=True) if c.path not in exclude]
         return candidates[0] if candidates else None
+
+    def still_there(self, checkpoint: Checkpoint | None, exclude: set[str]) -> Checkpoint | None:
+        """``checkpoint`` if it still exists; else the newest one that does (rotation such as HF's
+        ``save_total_limit`` deletes old ones, and a chosen one can vanish before the worker starts)."""
+        if checkpoint is None or os.path.exists(checkpoint.path):
+            return checkpoint
+        return self.newest(exclude | {checkpoint.path}, worker_alive=False)

@@ -73,6 +73,11 @@ class Nvml(Protocol):
 
     def processes(self, handle: Any) -> list[NvmlProcess]: ...
 
+    def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+        """(pid, SM busy percent, sample time in µs) of each process NVML sampled after ``since_us``;
+        empty when none was (no kernel of any process ran since then)."""
+        ...
+
 
 _KINDS = {
     "NVML_ERROR_LIBRARY_NOT_FOUND": "library_not_found",
@@ -132,6 +137,17 @@ class PyNvml:
                 return False
             raise
         return bool(current)
+
+    def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+        if not hasattr(self._lib, "nvmlDeviceGetProcessUtilization"):  # bindings older than the call
+            raise NvmlError("not_supported", "nvmlDeviceGetProcessUtilization: not in this pynvml")
+        try:
+            samples = self._call("nvmlDeviceGetProcessUtilization", handle, since_us)
+        except NvmlError as exc:
+            if exc.kind == "not_found":  # NVML's answer when no process was sampled since then
+                return []
+            raise
+        return [(int(s.pid), int(s.smUtil), int(s.timeStamp)) for s in samples]
 
     def processes(self, handle: Any) -> list[NvmlProcess]:
         out = []
@@ -214,6 +230,9 @@ class GpuReading:
     worker_note: str | None = None
     # (pid, bytes) of each worker process on this device: one per rank under torchrun
     worker_processes: tuple[tuple[int, int | None], ...] = ()
+    # the busiest worker process's SM share since the last reading (0 when none of them ran a
+    # kernel); None where NVML gives no per-process utilization (then only the device's counts)
+    worker_sm_pct: int | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +264,8 @@ class GpuMonitor:
         self._pid_exists = pid_exists
         self._devices: list[tuple[VisibleDevice, Any, str, str]] | None = None
         self._unavailable: str | None = None
+        self._sm_seen: dict[int, int] = {}  # NVML index -> newest per-process sample time read (µs)
+        self._sm_unsupported: set[int] = set()  # devices whose per-process utilization NVML refused
 
     @property
     def unavailable(self) -> str | None:
@@ -325,7 +346,24 @@ class GpuMonitor:
             worker_pids=worker_pids,
             worker_note=note,
             worker_processes=per_process,
+            worker_sm_pct=self._worker_sm(device.nvml_index, handle, pids),
         )
+
+    def _worker_sm(self, index: int, handle: Any, pids: frozenset[int]) -> int | None:
+        """The highest SM share of a worker process sampled since the last call; None where NVML
+        has no per-process utilization for this device (asked once: it does not start to)."""
+        assert self._nvml is not None
+        if index in self._sm_unsupported or not pids:
+            return None
+        try:
+            samples = self._nvml.process_utilization(handle, self._sm_seen.get(index, 0))
+        except NvmlError as exc:
+            if exc.kind in ("not_supported", "no_permission"):
+                self._sm_unsupported.add(index)  # MIG, vGPU, old boards: the device's utilization stands in
+            return None
+        if samples:
+            self._sm_seen[index] = max(t for _, _, t in samples)
+        return max((sm for pid, sm, _ in samples if pid in pids), default=0)
 
     def _per_process(self, handle: Any, pids: frozenset[int]) -> tuple[tuple[int, int | None], ...]:
         assert self._nvml is not None

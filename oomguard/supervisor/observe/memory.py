@@ -52,14 +52,19 @@ def read_pressure(path: Path = Path("/proc/pressure/memory")) -> Pressure | None
 
 @dataclass(frozen=True)
 class TreeMemory:
-    """RSS summed over a process and all its descendants.
+    """RSS summed over a process and all its descendants, and what the same walk reads of their work.
 
     Summed RSS counts pages shared between a parent and its forked dataloader workers more than
     once; PSS would not, but reading smaps costs ~100x more, and an over-estimate errs safe.
+    ``cpu_seconds`` (user + system, children already reaped included, so a DataLoader worker that
+    exits keeps its time in its parent's) and ``io_bytes`` (bytes read and written through syscalls)
+    are running totals; ``observe.liveness`` turns two samples into what the tree did between them.
     """
 
     rss_bytes: int
     pids: tuple[int, ...]
+    cpu_seconds: float | None = None
+    io_bytes: int | None = None
 
 
 def tree_memory(pid: int) -> TreeMemory | None:
@@ -69,14 +74,31 @@ def tree_memory(pid: int) -> TreeMemory | None:
         procs = [root, *root.children(recursive=True)]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    total, pids = 0, []
+    total, pids, cpu, io = 0, [], 0.0, 0
+    cpu_read = io_read = False
     for proc in procs:
         try:
-            total += proc.memory_info().rss
+            with proc.oneshot():
+                total += proc.memory_info().rss
+                times = proc.cpu_times()
+                cpu, cpu_read = cpu + times.user + times.system + times.children_user + times.children_system, True
+                counters = _io(proc)
+                if counters is not None:
+                    io, io_read = io + counters, True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # exited or hidden between the walk and the read
         pids.append(proc.pid)
-    return TreeMemory(total, tuple(pids))
+    return TreeMemory(total, tuple(pids), cpu if cpu_read else None, io if io_read else None)
+
+
+def _io(proc: psutil.Process) -> int | None:
+    """Bytes the process read and wrote through syscalls (/proc/PID/io); None where hidden."""
+    try:
+        counters = proc.io_counters()
+    except (psutil.AccessDenied, AttributeError, NotImplementedError):
+        return None  # another user's process, or a platform without /proc/PID/io
+    return int(getattr(counters, "read_chars", counters.read_bytes) + getattr(counters, "write_chars",
+                                                                             counters.write_bytes))
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,8 @@ class MemorySample:
     pressure: Pressure | None
     gpus: tuple[GpuReading, ...] = ()
     gpu_unavailable: str | None = None
+    worker_cpu_seconds: float | None = None  # running totals of the worker's tree (TreeMemory)
+    worker_io_bytes: int | None = None
 
     @property
     def worker_gpu_bytes(self) -> int | None:
@@ -172,6 +196,8 @@ class Sampler:
             pressure=read_pressure(self.pressure_path),
             gpus=snapshot.devices if snapshot else (),
             gpu_unavailable=snapshot.unavailable if snapshot else "GPU sampling disabled",
+            worker_cpu_seconds=tree.cpu_seconds if tree else None,
+            worker_io_bytes=tree.io_bytes if tree else None,
         )
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 
 ``AttemptWatch`` folds the worker's structured records (``worker.protocol``) and the output
 scanner's evidence into facts the loop and the policy read: the last step, whether a checkpoint
-landed, whether the worker reported its own failure, and how long it has been quiet. It does no I/O;
-the loop feeds it records and readings and carries out what follows from them.
+landed, whether the worker reported its own failure, how long it has been quiet and, with what its
+processes did (``observe.liveness``), whether that quiet is a hang. It does no I/O; the loop feeds it
+records and readings and carries out what follows from them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomguard.supervisor.observe.memory import AttemptPeak
+from oomguard.supervisor.observe.liveness import Judgement, Liveness
+from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
@@ -47,13 +49,19 @@ class AttemptWatch:
     total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
+    liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
+
+    def __post_init__(self) -> None:
+        self.liveness = Liveness(self.started)
 
     def feed_line(self, line: str) -> None:
         """One line of the worker's output (called by the output thread): evidence and progress."""
         self.scanner.feed(line)
+        now = time.monotonic()
+        self.liveness.output.sign(now)
         seen = self.matcher.match(line.rsplit("\r", 1)[-1])  # a carriage-return bar: its newest state
         if seen is not None:
-            self.note_step(seen, time.monotonic(), time.time())
+            self.note_step(seen, now, time.time())
 
     def note_step(self, seen: StepSeen, now: float, wall: float) -> None:
         """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
@@ -73,6 +81,7 @@ class AttemptWatch:
         self.output_steps += 1
         self.last_step = seen.step
         self.last_progress = now
+        self.liveness.steps.sign(now)
         if self.first_progress is None:
             self.first_progress, self.first_step = now, seen.step
         self.steps_at = (self.steps_at + [(wall, seen.step)])[-256:]
@@ -102,6 +111,21 @@ class AttemptWatch:
         a model is not running), else the attempt's start."""
         return self.first_progress if self.first_progress is not None else self.started
 
+    def observe(self, sample: MemorySample) -> None:
+        """One memory sample of the worker: its peaks, and what its processes did since the last."""
+        self.peak = fold_peak(self.peak, sample)
+        self.liveness.add(sample)
+
+    def checkpoint_landed(self, step: int | None, now: float, wall: float) -> None:
+        """A new checkpoint settled: progress, and where its name carries a step (read by the
+        checkpoint index from the file it found, not from the output), the step it was written at."""
+        self.new_checkpoint = True
+        self.last_progress = now
+        if step is not None and (self.last_step is None or step > self.last_step):
+            self.last_step = step
+            self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": self.total_steps,
+                             "eta_s": None, "t": wall, "source": "checkpoint"}
+
     @property
     def peak_rss(self) -> int:
         return self.peak.worker_rss_bytes if self.peak else 0
@@ -115,6 +139,7 @@ class AttemptWatch:
         if kind == protocol.PROGRESS:
             if self.resume is not None and isinstance(record.get("step"), int):
                 self.resume.see(record["step"], record.get("total_steps"))
+            self.liveness.steps.sign(now)
             self.progress_records += 1
             self.last_step = record.get("step", self.last_step)
             self.progress = record
@@ -125,16 +150,21 @@ class AttemptWatch:
             self.worker_failure = record
         return kind != protocol.HEARTBEAT
 
-    def hang_reason(self, last_output: float, timeout: float, now: float) -> str | None:
-        """Why the worker counts as hung, or None: no output and no progress for ``timeout``."""
+    def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
+        """Whether the worker is hung (no output or progress for the timeout, and its processes and
+        GPUs idle as long) or held alive despite its silence; None with hangs off."""
+        if timeout <= 0:
+            return None
         # Where steps are known (records or output), output without a new step is not progress:
-        # a script printing warnings in a loop is still hung.
+        # a script printing warnings in a loop is still silent.
         steps_known = self.progress_records > 0 or self.output_steps > 0
         quiet = now - (self.last_progress if steps_known else max(last_output, self.last_progress))
-        if timeout <= 0 or quiet < timeout:
-            return None
-        what = "progress" if steps_known else "output or progress"
-        return f"no {what} for {quiet:.0f} s (--hang-timeout {timeout:g})"
+        return self.liveness.judge(quiet, timeout, steps_known, now)
+
+    def hang_reason(self, last_output: float, timeout: float, now: float) -> str | None:
+        """Why the worker counts as hung, or None."""
+        judgement = self.check_hang(last_output, timeout, now)
+        return judgement.hung if judgement is not None else None
 
     def request_pending(self, request_file_exists: bool, now: float) -> bool:
         """A checkpoint request already written and still fresh is not repeated."""

@@ -34,6 +34,9 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE TABLE IF NOT EXISTS checkpoints (
     path TEXT PRIMARY KEY, step INTEGER, mtime REAL NOT NULL, first_seen REAL NOT NULL,
     attempt INTEGER, bad INTEGER NOT NULL DEFAULT 0, reason TEXT);
+CREATE TABLE IF NOT EXISTS checkpoint_writes (
+    path TEXT NOT NULL, mtime REAL NOT NULL, step INTEGER, attempt INTEGER, seen REAL NOT NULL,
+    PRIMARY KEY (path, mtime));
 CREATE TABLE IF NOT EXISTS samples (
     id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, attempt INTEGER, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS samples_t ON samples (t);
@@ -164,8 +167,15 @@ class Journal:
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
         """Record a checkpoint; True when it is new to the journal, or rewritten at a later step (a
         script that keeps one file, like nanoGPT's ``ckpt.pt``, makes progress by rewriting it; the
-        same step written again after a resume is not progress)."""
+        same step written again after a resume is not progress).
+
+        Each write (a new mtime) is also kept as first seen, with its step and the attempt that wrote
+        it, in ``checkpoint_writes``: a file rewritten later under the same name (Lightning re-saves the
+        one it resumed from) or deleted by rotation still counts for the attempt that wrote it."""
         with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO checkpoint_writes (path, mtime, step, attempt, seen) "
+                       "VALUES (?, ?, ?, ?, ?)",
+                       (path, mtime, step, attempt, time.time()))
             cur = db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen, attempt) "
                              "VALUES (?, ?, ?, ?, ?)", (path, step, mtime, time.time(), attempt))
             if cur.rowcount > 0:
@@ -229,6 +239,14 @@ class Journal:
     def checkpoints(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._query(
             "SELECT * FROM checkpoints ORDER BY coalesce(step, -1) DESC, mtime DESC")]
+
+    def checkpoint_writes(self) -> list[dict[str, Any]]:
+        """Every write of every checkpoint as first seen, oldest first (see ``checkpoint_seen``); empty
+        for a journal written before writes were kept (opened read-only, it has no such table)."""
+        try:
+            return [dict(r) for r in self._query("SELECT * FROM checkpoint_writes ORDER BY mtime, path")]
+        except sqlite3.OperationalError:
+            return []
 
     def latest_samples(self, n: int) -> list[dict[str, Any]]:
         rows = self._query("SELECT t, attempt, data FROM samples ORDER BY id DESC LIMIT ?", (n,))

@@ -9,7 +9,9 @@ Two figures need a definition:
 
 * **lost time** of a failed attempt: from its last checkpoint the next attempt resumed from (the
   attempt's start when it wrote none that was used) to its end, plus the gap until the next attempt
-  started (backoff and restart).
+  started (backoff and restart). A checkpoint counts as written when it was first seen: one the next
+  attempt rewrote under the same name (Lightning re-saves the one it resumed from) or that rotation
+  deleted later (``save_total_limit``) still counts for the attempt that wrote it.
 * **steps lost** (work redone): the failed attempt's last step minus the step of the checkpoint the
   next attempt resumed from (0 when it started over; the step before the first one the next attempt
   showed when it was started from a checkpoint but did not load it, a ``not_resumed`` event). The
@@ -110,9 +112,19 @@ def _checkpoint_by_path(checkpoints: list[dict[str, Any]]) -> dict[str, dict[str
     return {c["path"]: c for c in checkpoints}
 
 
-def _written_during(checkpoints: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
-    """Good checkpoints whose files were last written while the attempt ran, newest first."""
-    return [c for c in checkpoints if not c["bad"] and start <= c["mtime"] <= end]
+def _writes(journal: Journal, checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every checkpoint write as first seen (path, mtime, step), with the file's bad mark; a journal
+    from before writes were kept has only each file's newest write."""
+    bad = {c["path"] for c in checkpoints if c["bad"]}
+    writes = journal.checkpoint_writes() or [{"path": c["path"], "mtime": c["mtime"], "step": c["step"]}
+                                             for c in checkpoints]
+    return [{**w, "bad": w["path"] in bad} for w in writes]
+
+
+def _written_during(writes: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
+    """Good checkpoint writes made while the attempt ran, newest first."""
+    return sorted((w for w in writes if not w["bad"] and start <= w["mtime"] <= end),
+                  key=lambda w: w["mtime"], reverse=True)
 
 
 def _last_step(attempt: dict[str, Any], reported: int | None, written: list[dict[str, Any]],
@@ -127,14 +139,20 @@ def _last_step(attempt: dict[str, Any], reported: int | None, written: list[dict
     return (max(bounds), "checkpoint") if bounds else (None, None)
 
 
-def _resume_point(nxt: dict[str, Any] | None, by_path: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The checkpoint the next attempt started from: ``{"path", "step", "mtime"}``; step 0 with no
-    path when it started over; None when there is no next attempt."""
+def _resume_point(nxt: dict[str, Any] | None, by_path: dict[str, dict[str, Any]],
+                  writes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The checkpoint the next attempt started from: ``{"path", "step", "mtime"}`` of the write it
+    found (not a later rewrite under the same name); step 0 with no path when it started over; None
+    when there is no next attempt."""
     if nxt is None:
         return None
     if not nxt["checkpoint"]:
         return {"path": None, "step": 0, "mtime": None, "bad": False}
     known = by_path.get(nxt["checkpoint"], {})
+    found = [w for w in writes if w["path"] == nxt["checkpoint"] and w["mtime"] <= nxt["started"]]
+    if found:
+        known = {**known, "step": found[-1]["step"] if found[-1]["step"] is not None else known.get("step"),
+                 "mtime": found[-1]["mtime"]}
     return {"path": nxt["checkpoint"], "step": known.get("step"), "mtime": known.get("mtime"),
             "bad": bool(known.get("bad"))}
 
@@ -160,10 +178,10 @@ def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str,
     start = attempt["started"]
     # Closed later by the next supervisor: when that happened says nothing of when the attempt died.
     end = (None if _interrupted(attempt) else attempt["ended"]) or ctx["last_t"].get(n, start)
-    written = _written_during(ctx["checkpoints"], start, end)
-    own = ctx["by_path"].get(attempt["checkpoint"] or "", {})
+    written = _written_during(ctx["writes"], start, end)
+    own = (_resume_point(attempt, ctx["by_path"], ctx["writes"]) or {}) if attempt["checkpoint"] else {}
     last_step, source = _last_step(attempt, ctx["steps"].get(n), written, own.get("step"))
-    resume = _resume_point(nxt, ctx["by_path"])
+    resume = _resume_point(nxt, ctx["by_path"], ctx["writes"])
     if resume is not None and resume["path"] and nxt is not None and nxt["attempt"] in ctx["resume_steps"]:
         resume["step"] = ctx["resume_steps"][nxt["attempt"]]
     # The next attempt was started from a checkpoint but showed an earlier first step: it redid
@@ -317,6 +335,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
                     if e["kind"] == "resume_point" and isinstance(e["data"].get("step"), int)}
     not_resumed = {e["attempt"]: e["data"] for e in events if e["kind"] == "not_resumed"}
     ctx = {"checkpoints": checkpoints, "by_path": _checkpoint_by_path(checkpoints), "steps": steps,
+           "writes": _writes(journal, checkpoints),
            "last_t": last_t, "decisions": decisions, "causes": causes, "resume_steps": resume_steps,
            "not_resumed": not_resumed}
     failures = _failures(attempts, ctx)

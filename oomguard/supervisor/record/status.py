@@ -72,9 +72,19 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "updated": meta.get("updated"),
         "failures": _with_causes(failure_records(attempts), journal.event_data("attribution")),
         "forecast": meta.get("forecast") if alive else None,
+        "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
     }
+
+
+def _liveness(meta: dict[str, Any], alive: bool) -> dict[str, Any] | None:
+    """Why a silent worker is held alive (``silent 42 min; busy: 97% of a core``), while it is: the
+    note of the running attempt, from a supervisor that is still there."""
+    note = meta.get("liveness")
+    if not alive or not note or meta.get("state") != "running" or note.get("attempt") != meta.get("attempt"):
+        return None
+    return dict(note)
 
 
 def _with_causes(failures: list[dict[str, Any]], causes: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -113,6 +123,8 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
+    if doc.get("liveness"):
+        lines.append(f"liveness:   {doc['liveness']['text']} (not a hang)")
     for problem in doc.get("degraded") or []:
         lines.append(f"degraded:   {problem['component']}: {problem['message']} "
                      f"({problem['lost']} {problem.get('unit', '')} lost so far)")

@@ -35,7 +35,7 @@ from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
-from oomguard.supervisor.observe.memory import MemorySample, Sampler, fold_peak
+from oomguard.supervisor.observe.memory import MemorySample, Sampler
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
@@ -390,7 +390,8 @@ class Supervisor:
         argv, env = self._render(checkpoint, files)
         previous = self.trend
         current = self.current = Current(
-            files, checkpoint, AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None)),
+            files, checkpoint,
+            AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
         self.wiring.attempt_started(self.attempt, checkpoint, current.watch)
         containment = self._start_worker(argv, env, current)
@@ -420,6 +421,7 @@ class Supervisor:
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
         node0_plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
         self._replan(replan.agreed(self.plan, node0_plan))
+        checkpoint = self._still_there(checkpoint)
         if checkpoint is not None and checkpoint.step is None:  # nanoGPT's ckpt.pt: {checkpoint_step} from the output
             checkpoint = replace(checkpoint, step=self._step_from_output(checkpoint))
         if agreed:  # every node: node 0's plan and checkpoint
@@ -437,6 +439,16 @@ class Supervisor:
         self._replan(replan.allocator_from_environment(self.plan, expandable_already(env)))
         self.journal.set_meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
         return argv, env
+
+
+    def _still_there(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
+        """The chosen checkpoint, or where rotation (HF's save_total_limit) deleted it since it was
+        chosen, the newest one that exists, said in the journal."""
+        found = self.index.still_there(checkpoint, self.journal.bad_checkpoints())
+        if checkpoint is not None and found != checkpoint:
+            self._event("resume_point_vanished", path=checkpoint.path, fallback=found.path if found else None)
+            log(f"{checkpoint.path} is gone; resuming from {found.path if found else 'the start'} instead")
+        return found
 
     def _step_from_output(self, checkpoint: Checkpoint) -> int | None:
         """The step the output showed when a checkpoint without a step in its name was written."""
@@ -502,9 +514,9 @@ class Supervisor:
         self.guarded("channel", self._read_channel, current, channel)
         self.guarded("wiring", self.wiring.tick, watch, self.index)
         self._board.clear()
+        self.guarded("checkpoints", self._check_checkpoints, current, False)  # its last ones may carry its last step
         if watch.progress is not None:
             self.journal.set_meta(progress=watch.progress)
-        self.guarded("checkpoints", self._check_checkpoints, current, False)
 
     def guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
         """Run one observer or hook; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
@@ -541,7 +553,7 @@ class Supervisor:
         sample = self.sampler.sample(worker.worker_pid or worker.pgid)
         self.handover.procs.add(worker.tree())
         self.last_sample = sample
-        watch.peak = fold_peak(watch.peak, sample)
+        watch.observe(sample)  # its peaks, and what its processes did since the last sample
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
                                    sample.worker_gpu_bytes, watch.last_step, watch.progress)
         watch.progress = None
@@ -603,8 +615,7 @@ class Supervisor:
         for ckpt in found:
             step = ckpt.step if ckpt.step is not None else watch.step_at(ckpt.mtime)
             if self.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.attempt):
-                watch.new_checkpoint = True
-                watch.last_progress = time.monotonic()
+                watch.checkpoint_landed(step, time.monotonic(), time.time())
                 self._event("checkpoint", path=ckpt.path, step=step)
                 current.trend.checkpoint_seen(time.monotonic())
                 if current.trend.restart_reason and worker_alive:
@@ -623,13 +634,24 @@ class Supervisor:
         self._event("checkpoint_request", reason=why, signal=sig.name if sent else None)
 
     def _check_hang(self, current: Current) -> None:
-        worker = current.worker
+        worker, watch = current.worker, current.watch
         assert worker is not None
         if current.stop is not None:
             return  # already being stopped: a worker on its way out is quiet
-        hung = current.watch.hang_reason(worker.last_output, self.config.hang_timeout, time.monotonic())
-        if hung is None:
+        now = time.monotonic()
+        judgement = watch.check_hang(worker.last_output, self.config.hang_timeout, now)
+        if judgement is None:
             return
+        news = watch.liveness.news(judgement, now)
+        if news is not None:  # silent but busy, or no longer: status, the dashboard and the journal say why
+            self.journal.set_meta(liveness=judgement.note(self.attempt, time.time()))
+            if news == "held":
+                self._event("held_alive", **judgement.figures)
+                log(f"worker {judgement.held}: not a hang")
+        if judgement.hung is None:
+            return
+        hung = judgement.hung
+        self._event("hang", **judgement.figures)
         log(f"worker hung: {hung}; dumping its stack")
         self._stop_worker(StopReason.HANG, hung, first=worker.dump_stack)
 

@@ -98,9 +98,10 @@ function renderStatus(doc) {
   $("reason").textContent = plainReason(doc);
   const progress = doc.progress && doc.progress.step !== undefined ? ` · step ${doc.progress.step}` : "";
   const forecast = doc.forecast ? ` · ${doc.forecast.text}` : "";
+  const liveness = doc.liveness ? ` · ${doc.liveness.text} (not a hang)` : "";
   const last = doc.failures.length ? doc.failures[doc.failures.length - 1] : null;
   const cause = last && last.cause ? ` · cause: ${last.cause.summary}` : "";
-  $("detail").textContent = `${doc.reason}${progress}${forecast}${cause} · updated ${clock(doc.updated)}`;
+  $("detail").textContent = `${doc.reason}${progress}${liveness}${forecast}${cause} · updated ${clock(doc.updated)}`;
   $("batch").textContent = batchText(doc.micro_batch, doc.grad_accum, doc.world_size, doc.global_batch,
                                      doc.asked_global_batch);
   const warnings = doc.warnings || [];
