@@ -184,3 +184,32 @@ def test_a_requested_restart_is_a_planned_restart_not_a_failure(tmp_path: Path) 
         sup.request_stop()
         loop.join(timeout=30)
         sup.close()
+
+
+def test_a_bad_mark_is_for_one_write_a_rewrite_is_judged_on_its_own(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torn ckpt-65 is marked bad; the script resumes from ckpt-60 and writes ckpt-65 whole when it gets
+    there again: that write is a resume point (found by the kill -9 campaign, which saw ``resumed from
+    ckpt-60, newest valid was ckpt-65``)."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "ckpt-000065.pt"
+    ckpt.write_text("65 torn")
+    os.utime(ckpt, (1_000_000, 1_000_000))
+    options = vars(build_parser().parse_args(["run", "--run-dir", str(tmp_path / "run"), "--no-web", "--micro-batch",
+                                              "1", "--grad-accum", "1", "--checkpoint", "ckpt-*.pt",
+                                              "--resume-args", "--resume {checkpoint}"]))
+    config = build_config({k: v for k, v in options.items() if k not in ("func", "subcommand")}, [PY, "-c", "pass"])
+    sup = Supervisor(config)
+    sup.open()
+    try:
+        sup.journal.checkpoint_seen(str(ckpt), 65, 1_000_000, 1)
+        sup.journal.mark_bad(str(ckpt), "checkpoint is corrupt")
+        assert sup._bad() == {str(ckpt)}  # the marked write is still there
+        ckpt.write_text("65 whole END")
+        os.utime(ckpt, (1_000_100, 1_000_100))
+        assert sup._bad() == set()
+        assert sup.journal.bad_checkpoints() == set()
+        events = [e["data"] for e in sup.journal.events(limit=10_000) if e["kind"] == "checkpoint_rewritten"]
+        assert events == [{"path": str(ckpt)}]
+    finally:
+        sup.close()

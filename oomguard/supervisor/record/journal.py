@@ -213,6 +213,15 @@ class Journal:
     def bad_checkpoints(self) -> set[str]:
         return {row["path"] for row in self._query("SELECT path FROM checkpoints WHERE bad = 1")}
 
+    def bad_marks(self) -> dict[str, float]:
+        """Each checkpoint marked bad, with the mtime of the write that was marked."""
+        return {row["path"]: row["mtime"] for row in self._query("SELECT path, mtime FROM checkpoints WHERE bad = 1")}
+
+    def clear_bad(self, path: str, mtime: float) -> None:
+        """The file was written again since it was marked bad: the new write is judged on its own."""
+        with self._write() as db:
+            db.execute("UPDATE checkpoints SET bad = 0, reason = NULL, mtime = ? WHERE path = ?", (mtime, path))
+
     def attempts(self) -> list[dict[str, Any]]:
         rows = [dict(r) for r in self._query("SELECT * FROM attempts ORDER BY attempt")]
         for row in rows:

@@ -146,6 +146,9 @@ class ResilientJournal(Journal):
     def mark_bad(self, path: str, reason: str) -> None:
         self._important(functools.partial(super().mark_bad, path, reason), None)
 
+    def clear_bad(self, path: str, mtime: float) -> None:
+        self._important(functools.partial(super().clear_bad, path, mtime), None)
+
     def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
                       step: int | None, progress: dict[str, Any] | None) -> None:
         self._expendable(functools.partial(super().record_sample, attempt, data, t, rss, gpu, step, progress),

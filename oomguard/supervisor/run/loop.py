@@ -416,7 +416,7 @@ class Supervisor:
 
     def _resume_point(self) -> Checkpoint | None:
         """The newest valid checkpoint (node 0's, with several nodes), with the step it holds."""
-        checkpoint = self.index.newest(self.journal.bad_checkpoints(), worker_alive=False)
+        checkpoint = self.index.newest(self._bad(), worker_alive=False)
         for existing in self.index.refresh():  # known before this attempt: not its progress
             self.journal.checkpoint_seen(existing.path, existing.step, existing.mtime, None)
         node0_plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
@@ -444,11 +444,29 @@ class Supervisor:
     def _still_there(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
         """The chosen checkpoint, or where rotation (HF's save_total_limit) deleted it since it was
         chosen, the newest one that exists, said in the journal."""
-        found = self.index.still_there(checkpoint, self.journal.bad_checkpoints())
+        found = self.index.still_there(checkpoint, self._bad())
         if checkpoint is not None and found != checkpoint:
             self._event("resume_point_vanished", path=checkpoint.path, fallback=found.path if found else None)
             log(f"{checkpoint.path} is gone; resuming from {found.path if found else 'the start'} instead")
         return found
+
+    def _bad(self) -> set[str]:
+        """The checkpoints still bad. A mark is for one write: a script that resumed from the one
+        before rewrites the torn file whole when it gets there again (same name, newer mtime), and
+        that write is judged on its own; keeping the mark would resume from an older one for ever."""
+        bad = set()
+        for path, marked in self.journal.bad_marks().items():
+            try:
+                now = (self.cwd / path).stat().st_mtime
+            except OSError:
+                bad.add(path)  # gone, or unreadable: still not a resume point
+                continue
+            if now > marked and marked > 0:
+                self.journal.clear_bad(path, now)
+                self._event("checkpoint_rewritten", path=path)
+            else:
+                bad.add(path)
+        return bad
 
     def _step_from_output(self, checkpoint: Checkpoint) -> int | None:
         """The step the output showed when a checkpoint without a step in its name was written."""
@@ -609,7 +627,7 @@ class Supervisor:
         """Journal new checkpoints. While the worker runs only settled ones count; once it has
         exited nothing is being written, so the last ones it wrote count too."""
         watch = current.watch
-        bad = self.journal.bad_checkpoints()
+        bad = self._bad()
         found = self.index.settled(bad) if worker_alive else [
             c for c in self.index.refresh(force=True) if c.path not in bad]
         for ckpt in found:
