@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.dist.accelerate import default_config_file, parse
-from oomguard.supervisor.dist.torchrun import Shape
+from oomguard.supervisor.distributed.accelerate import default_config_file, parse
+from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.run.preflight import notices
 

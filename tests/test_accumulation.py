@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.supervisor.command.accumulation import Carrier, carrier, total_warning
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.status import format_status
-from oomguard.supervisor.run.accumulation import Carrier, carrier, total_warning
 from oomguard.supervisor.run.preflight import notices
 from oomguard.supervisor.run.runtime import placeholder_values
 
@@ -107,7 +107,7 @@ def test_a_script_that_divides_by_the_world_size_is_warned_of_the_per_rank_value
     (tmp_path / "plain.py").write_text("gradient_accumulation_steps = 4\n")
     per_rank = ["torchrun", "--standalone", "--nproc_per_node=2", "train.py", "config/train_gpt2.py",
                 "--batch_size={micro_batch}", "--gradient_accumulation_steps={grad_accum}"]
-    from oomguard.supervisor.dist.launcher import program
+    from oomguard.supervisor.distributed.launcher import program
 
     line = total_warning(per_rank, program(per_rank), tmp_path, 2, 2, 4)
     assert line == ("train.py divides --gradient_accumulation_steps by the world size (as nanoGPT does) but is given "

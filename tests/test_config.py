@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.supervisor.command.placeholders import render
 from oomguard.supervisor.config import build_config, parse_size
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.run.placeholders import render
 
 
 def test_sizes() -> None:

@@ -9,8 +9,8 @@ import pytest
 import tomlkit
 from support import oomguard
 
+from oomguard.supervisor.command.configedit import apply_edits, check_edits
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.run.configedit import apply_edits, check_edits
 
 YAML = """\
 # training settings

@@ -13,7 +13,7 @@ import yaml
 
 from oomguard.supervisor.cli import build_parser
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST
+from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST
 
 DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
 K8S_VERSION = "1.33.0"

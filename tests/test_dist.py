@@ -11,8 +11,8 @@ import pytest
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.dist.errorfiles import RankScanner, read_error_files, root_cause
-from oomguard.supervisor.dist.torchrun import Shape, attempt_argv, parse, shape_of, wrap
+from oomguard.supervisor.distributed.errorfiles import RankScanner, read_error_files, root_cause
+from oomguard.supervisor.distributed.torchrun import Shape, attempt_argv, parse, shape_of, wrap
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.output import OutputScanner
 
@@ -163,7 +163,7 @@ def test_a_crash_names_the_rank_and_its_error_not_torchruns_banner() -> None:
 
 
 def test_every_node_picks_the_same_failure_for_a_round() -> None:
-    from oomguard.supervisor.dist.coordination import choose
+    from oomguard.supervisor.distributed.coordination import choose
 
     reports = {0: {"kind": "killed", "stopped_for_peer": 1, "evidence": "SIGTERM"},
                1: {"kind": "host_oom", "evidence": "rank 1: DefaultCPUAllocator"},
@@ -212,7 +212,7 @@ def test_rankless_nodes_on_one_machine_elect_the_first_to_bind_and_number_the_re
     the first to bind keeps the shared decision, the other joins it as node 1."""
     import socket
 
-    from oomguard.supervisor.dist.coordination import Coordinator, PeerLost
+    from oomguard.supervisor.distributed.coordination import Coordinator, PeerLost
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -22,11 +22,11 @@ from oomguard.supervisor.decide import replan
 from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
+from oomguard.supervisor.lifecycle.outcome import GRACE_CAP, Stop, ending_of, grace
+from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import build_report
 from oomguard.supervisor.run.loop import Supervisor
-from oomguard.supervisor.run.outcome import GRACE_CAP, Stop, ending_of, grace
-from oomguard.supervisor.run.states import Ending, StopReason
 
 PY = sys.executable
 FINISHED = Verdict(None, "exit code 0", None, 0)

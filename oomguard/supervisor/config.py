@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oomguard.supervisor.command.accumulation import Carrier, carrier
+from oomguard.supervisor.command.placeholders import check_template, used
 from oomguard.supervisor.decide.batch import BatchPlan, divisors
-from oomguard.supervisor.dist.launcher import shape_of
-from oomguard.supervisor.dist.torchrun import Shape
+from oomguard.supervisor.distributed.launcher import shape_of
+from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.run.accumulation import Carrier, carrier
-from oomguard.supervisor.run.placeholders import check_template, used
 from oomguard.supervisor.units import parse_size
 
 if sys.version_info >= (3, 11):
@@ -206,7 +206,7 @@ class RunConfig:
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
         self._check_progress_pattern()
-        from oomguard.supervisor.run.configedit import parse_edit
+        from oomguard.supervisor.command.configedit import parse_edit
 
         for spec in self.edits:
             check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
@@ -219,7 +219,7 @@ class RunConfig:
     @property
     def accumulation(self) -> Carrier:
         """How the command hands the script its accumulation (run.accumulation)."""
-        from oomguard.supervisor.run.configedit import parse_edit
+        from oomguard.supervisor.command.configedit import parse_edit
 
         edits = [parse_edit(spec).value for spec in self.edits]
         return carrier((*self.command, self.resume_args, *self.fallback_args, *edits))

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from oomguard.supervisor.lifecycle.states import RunState
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.status import status_document
-from oomguard.supervisor.run.states import RunState
 from oomguard.web.timeline import chart_point
 
 FRESH_S = 30.0

@@ -36,6 +36,17 @@ HEARTBEAT = "heartbeat"  # step
 CHECKPOINT = "checkpoint"  # path, step
 FAILURE = "failure"  # kind (cuda_oom | host_oom | cuda_fatal | crash), message, micro_batch
 BATCH = "batch"  # micro_batch, grad_accum, reason (oom | grow | grow_failed | resume)
+# Written by the in-process probe (oomguard/probe/), which the supervisor loads into every Python
+# process of the worker through a sitecustomize on PYTHONPATH. Every probe record also carries pid,
+# rank, local_rank and world_size (None outside a launcher).
+PROBE = "probe"  # state (loaded | off | failed), detail: once per process that imports torch, and on failures
+STEP = "step"  # step (the optimizer step reached, resumed count included), steps (optimizer steps since the
+#                last step record), seconds (wall time those steps took), rss_bytes, and per CUDA device
+#                "cuda:N": allocated_peak, reserved_peak (since the last step record, then reset),
+#                limit_bytes (the per-process fraction's cap, else total) in the mapping ``devices``
+OOM = "oom"  # device ("cuda:N" | "cpu"), step, requested_bytes, allocated_bytes, reserved_bytes, free_bytes,
+#              total_bytes, fraction (set_per_process_memory_fraction, or None), micro_batch: at a CUDA OOM,
+#              from torch's OOM observer; at an uncaught out-of-memory exception, what is known
 
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     PROGRESS: ("step",),
@@ -43,6 +54,9 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     CHECKPOINT: ("path", "step"),
     FAILURE: ("kind", "message"),
     BATCH: ("micro_batch", "grad_accum", "reason"),
+    PROBE: ("state", "pid"),
+    STEP: ("step", "steps", "pid"),
+    OOM: ("device", "pid"),
 }
 
 

@@ -11,7 +11,7 @@ import enum
 import signal
 from dataclasses import dataclass
 
-from oomguard.supervisor.dist.errorfiles import RootCause
+from oomguard.supervisor.distributed.errorfiles import RootCause
 from oomguard.supervisor.observe.output import OutputScanner
 
 

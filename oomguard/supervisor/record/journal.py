@@ -44,8 +44,8 @@ CREATE INDEX IF NOT EXISTS events_attempt ON events (attempt);
 """
 
 
-# Columns added after the first release: how an attempt ended (run.states.Ending) and why oomguard
-# stopped its worker (run.states.StopReason).
+# Columns added after the first release: how an attempt ended (lifecycle.states.Ending) and why oomguard
+# stopped its worker (lifecycle.states.StopReason).
 _ADDED_COLUMNS = (("ending", "TEXT"), ("stop_reason", "TEXT"))
 
 

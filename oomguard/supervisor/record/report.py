@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.run.states import Ending, StopReason
 
 TERMINAL = ("succeeded", "failed", "stopped")
 INTERRUPTED = Ending.INTERRUPTED.value  # an attempt that ended without a recorded exit (its supervisor died)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oomguard.supervisor.decide.classify import ExitFacts
+from oomguard.supervisor.lifecycle.outcome import Stop
+from oomguard.supervisor.lifecycle.states import StopReason
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
 from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.run.outcome import Stop
-from oomguard.supervisor.run.states import StopReason
 
 
 @dataclass

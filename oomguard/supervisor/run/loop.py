@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import psutil
 
+from oomguard.supervisor.command.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import replan
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus
@@ -31,8 +32,10 @@ from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.decide.tuning import SizeTuner
-from oomguard.supervisor.dist.coordination import EXIT_PEER_LOST, PeerLost
+from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
+from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.memory import MemorySample, Sampler
@@ -45,11 +48,9 @@ from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import closing_decision, stopped_by
 from oomguard.supervisor.record.resilient import ResilientJournal
-from oomguard.supervisor.run.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.run.containment import Containment, remove_stale
 from oomguard.supervisor.run.control import ControlFlags
 from oomguard.supervisor.run.lock import RunLock
-from oomguard.supervisor.run.outcome import Outcome, Stop, ending_of, grace
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import (
     AttemptFiles,
@@ -60,7 +61,6 @@ from oomguard.supervisor.run.runtime import (
     placeholder_values,
 )
 from oomguard.supervisor.run.settle import Handover
-from oomguard.supervisor.run.states import Ending, RunState, StopReason, check_transition
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
@@ -490,7 +490,7 @@ class Supervisor:
     def _stop_worker(self, reason: StopReason, detail: str, grow_to: int | None = None,
                      first: Callable[[], object] | None = None) -> None:
         """The one way oomguard stops a worker: the first reason is the attempt's (kept in the journal),
-        its grace period is the reason's (``run.outcome.grace``), a second Ctrl-C cuts it short.
+        its grace period is the reason's (``lifecycle.outcome.grace``), a second Ctrl-C cuts it short.
         ``first`` runs once the reason is recorded and before the SIGTERM (a hang's stack dump, whose
         signal may itself end the worker)."""
         current = self.current

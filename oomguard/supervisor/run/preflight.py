@@ -20,14 +20,14 @@ import shlex
 import shutil
 from pathlib import Path
 
+from oomguard.supervisor.command.accumulation import Carrier, no_accumulation_line, total_warning
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.policy import Plan
-from oomguard.supervisor.dist import launcher
-from oomguard.supervisor.dist.accelerate import AccelerateLaunch
+from oomguard.supervisor.distributed import launcher
+from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.run import wiring
-from oomguard.supervisor.run.accumulation import Carrier, no_accumulation_line, total_warning
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, placeholder_values
 
 SAMPLE_CHECKPOINT = "/tmp/a run's dir/ckpt step-100.pt"  # a space and a quote: quoting must survive it

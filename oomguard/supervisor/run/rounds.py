@@ -12,7 +12,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
-from oomguard.supervisor.dist.coordination import Coordinator, choose
+from oomguard.supervisor.distributed.coordination import Coordinator, choose
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 
 

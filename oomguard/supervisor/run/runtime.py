@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from oomguard.supervisor.command.placeholders import render
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.run.placeholders import render
 from oomguard.worker import protocol
 
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
 
+from oomguard.supervisor.command.configedit import parse_edit
+from oomguard.supervisor.command.placeholders import used
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.dist import torchrun
+from oomguard.supervisor.distributed import torchrun
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.run.configedit import parse_edit
-from oomguard.supervisor.run.placeholders import used
 
 CHECKPOINT_NAMES = frozenset({"checkpoint", "checkpoint_step"})
 LIBRARY_ENV = frozenset({"OOMGUARD_CHECKPOINT", "OOMGUARD_CHECKPOINT_STEP"})

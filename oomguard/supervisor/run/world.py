@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from oomguard.supervisor.decide.classify import ExitFacts, Verdict, classify
 from oomguard.supervisor.decide.policy import Decision, Plan
-from oomguard.supervisor.dist.attempt import ERROR_FILE_ENV, TorchrunAttempt
-from oomguard.supervisor.dist.coordination import Coordinator, store_address
-from oomguard.supervisor.dist.torchrun import Shape
+from oomguard.supervisor.distributed.attempt import ERROR_FILE_ENV, TorchrunAttempt
+from oomguard.supervisor.distributed.coordination import Coordinator, store_address
+from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from oomguard.supervisor.dist import accelerate, torchrun
-from oomguard.supervisor.dist.accelerate import AccelerateLaunch
-from oomguard.supervisor.dist.torchrun import Shape, Torchrun
+from oomguard.supervisor.distributed import accelerate, torchrun
+from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
+from oomguard.supervisor.distributed.torchrun import Shape, Torchrun
 from oomguard.supervisor.errors import UsageError
 
 Launch = Torchrun | AccelerateLaunch

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.dist.torchrun import Shape
+from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
 
 MODULE = "accelerate.commands.launch"

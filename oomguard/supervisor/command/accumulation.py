@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from oomguard.supervisor.run.placeholders import used
+from oomguard.supervisor.command.placeholders import used
 
 ACCUMULATION = ("grad_accum", "grad_accum_total")
 ENV_NAMES = ("OOMGUARD_GRAD_ACCUM", "OOMGUARD_GLOBAL_BATCH")

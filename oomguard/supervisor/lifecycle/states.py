@@ -54,7 +54,7 @@ def check_transition(old: RunState, new: RunState) -> None:
 class StopReason(enum.Enum):
     """Why oomguard stopped a worker: given to the one call that stops it, kept as a journal column.
 
-    Each reason has its own grace period (``run.outcome.GRACE``): a worker stopped for a restart is
+    Each reason has its own grace period (``lifecycle.outcome.GRACE``): a worker stopped for a restart is
     asked to save first, one that broke the memory budget or hung is not waited for long.
     """
 

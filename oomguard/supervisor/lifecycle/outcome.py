@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
+from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.run.states import Ending, StopReason
 
 # Seconds a stopped worker gets between SIGTERM and SIGKILL, as a cap on --grace-period (None: the
 # whole --grace-period). A restart of any kind lets a preemption-aware script save; a worker over

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oomguard.supervisor.dist.errorfiles import RankScanner, RootCause, read_error_files, root_cause
-from oomguard.supervisor.dist.launcher import attempt_argv
-from oomguard.supervisor.dist.torchrun import Shape
+from oomguard.supervisor.distributed.errorfiles import RankScanner, RootCause, read_error_files, root_cause
+from oomguard.supervisor.distributed.launcher import attempt_argv
+from oomguard.supervisor.distributed.torchrun import Shape
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oomguard.supervisor.command.placeholders import render
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.durable import write_atomic
-from oomguard.supervisor.run.placeholders import render
 
 FORMATS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
 
