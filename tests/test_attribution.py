@@ -169,7 +169,7 @@ def test_per_sample_names_the_plateau_and_the_models_scaling() -> None:
 
     per = attribute(plateau_series(), Evidence(), 16, model=Fit(100 * MIB, 40 * MIB, 2))
     assert per.cause is Cause.PER_SAMPLE and "40.0 MiB a sample" in per.summary
-    assert per.figures["per_sample_bytes"] == 40 * MIB and "plateau" in per.summary
+    assert per.figures["per_sample_bytes"] == 40 * MIB and "at least" in per.summary  # a lower bound, no plateau
 
 
 def test_leaks_and_phase_spikes_stay_out_of_the_fit() -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, attribute
+from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, Plateau, attribute
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.forecast import Forecast, Move, budgets, forecast, soonest
 from oomguard.supervisor.decide.memmodel import Fit
@@ -94,14 +94,15 @@ class TrendWatch:
 
     def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
                   kind: FailureKind | None = None, failed_at: float | None = None,
-                  earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
+                  earlier: Sequence[Plateau] = ()) -> Attribution:
         """The cause of this attempt's memory failure, from the series that matters: the GPU's when
         there is one, else the worker tree's RSS; measured against the limit a failure of ``kind``
         hit at ``failed_at`` (monotonic). Without a kind (a planned restart) there is no failure
-        for the trend to explain."""
+        for the trend to explain, and the readings are no lower bounds."""
         name = "GPU memory" if "GPU memory" in self.series else HOST
         limit = self.limit(kind, failed_at, evidence.capacity)
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier,
+                         failed=kind is not None)
 
     def limit(self, kind: FailureKind | None, failed_at: float | None = None,
               capacity: int | None = None) -> Limit | None:
