@@ -96,8 +96,9 @@ def test_a_cuda_oom_with_the_probe_is_told_in_the_allocators_figures() -> None:
     found = attribute(ramp(81014 * MIB), Evidence(allocator=alloc, step_peaks={128: 128 * 290 * MIB}), 256,
                       "GPU memory", limit=Limit("GPU", H100, ramp(81014 * MIB)))
     assert found.cause is Cause.PER_SAMPLE
-    assert found.summary == ("per-sample: needed 1.1 GiB more with 77.6 GiB allocated of 79.2 GiB at micro-batch 256 "
-                             "(921.6 MiB reserved but unallocated); 290.0 MiB per sample measured at 128"), found.summary
+    assert found.summary == (
+        "per-sample: needed 1.1 GiB more with 77.6 GiB allocated of 79.2 GiB at micro-batch 256 "
+        "(921.6 MiB reserved but unallocated); at most 290.0 MiB per sample measured at 128"), found.summary
     assert found.figures["source"] == "allocator" and found.figures["measured_at"] == [128]
     assert "does not follow" not in found.summary
 

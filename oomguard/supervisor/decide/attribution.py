@@ -304,7 +304,9 @@ def _allocator_line(alloc: AllocatorOom, micro_batch: int, figures: Mapping[str,
         text += f" ({format_size(unallocated)} reserved but unallocated)"
     if (per_sample := figures.get("per_sample_bytes")) is not None:
         sizes = " and ".join(str(m) for m in sorted(figures["measured_at"], reverse=True))
-        text += f"; {format_size(per_sample)} per sample measured at {sizes}"
+        # One size cannot part fixed memory from per-sample memory: its peak over its samples is a ceiling.
+        most = "at most " if len(figures["measured_at"]) == 1 else ""
+        text += f"; {most}{format_size(per_sample)} per sample measured at {sizes}"
     return text
 
 
