@@ -188,6 +188,36 @@ def test_an_oom_record_of_the_host_is_no_allocator_figure() -> None:
     assert AllocatorOom.from_record(oom_record(device="cpu")) is None
     probe = ProbeReport()
     assert not probe.take(oom_record(device="cpu")) and probe.oom is None
-    probe.take(oom_record())
     probe.take(oom_record(requested_bytes=1))
-    assert probe.oom is not None and probe.oom.requested == int(1.12 * GIB)  # the first OOM is the one
+    probe.take(oom_record())
+    probe.take(oom_record(device="cpu"))
+    assert probe.oom is not None and probe.oom.requested == int(1.12 * GIB)  # the newest CUDA OOM is the one
+
+
+def test_the_forecast_and_a_leak_are_measured_on_the_allocators_step_peaks_against_its_limit() -> None:
+    """NVML sees no per-process figure here; the probe's step peaks rise 64 MiB a second toward the
+    fraction's 24 GiB cap: the forecast names the allocator, and the CUDA OOM at the cap is a leak."""
+    from oomguard.supervisor.decide.classify import FailureKind
+    from oomguard.supervisor.observe.memory import MemorySample
+    from oomguard.supervisor.run.trendwatch import TrendWatch
+
+    watch = TrendWatch()
+    found = None
+    for i in range(60):
+        sample = MemorySample(float(i), float(i), 1, 300 * MIB, (1,), 64 * GIB, 32 * GIB, None, None)
+        found = watch.add(sample, i * 10, None, 0.95, (20 * GIB + i * 64 * MIB, 24 * GIB))
+    assert found is not None and found.budget == "allocator" and found.limit == int(24 * GIB * 0.95)
+    assert watch.leaking()
+    blamed = watch.attribute(Evidence(), 16, kind=FailureKind.CUDA_OOM, failed_at=61.0)
+    assert blamed.cause is Cause.LEAK and "allocator grew" in blamed.summary, blamed.summary
+    assert "its 24576 MiB limit" in blamed.summary
+
+
+def test_metrics_export_the_probes_figures() -> None:
+    from oomguard.web.metrics import _progress
+
+    progress = {"step": 12, "steps_per_s": 2.5, "allocated_peak": 2 * GIB, "limit_bytes": 24 * GIB}
+    values = {m.name: m.samples[0].value for m in _progress({"progress": progress})}
+    assert values == {"oomguard_step": 12.0, "oomguard_steps_per_second": 2.5,
+                      "oomguard_allocated_peak_bytes": float(2 * GIB),
+                      "oomguard_allocator_limit_bytes": float(24 * GIB)}

@@ -77,22 +77,25 @@ class ProbeReport:
     steps_timed: int = 0
     seconds: float = 0.0
     allocated_peak: int | None = None  # highest over devices and records of this attempt
+    allocated_now: int | None = None  # the newest step record's peak (highest device): the line the forecast fits
     reserved_peak: int | None = None
     limit_bytes: int | None = None  # the lowest limit any device reported
-    oom: AllocatorOom | None = None  # the first CUDA OOM of the attempt
+    # The newest CUDA OOM of the attempt: one the script caught and survived (a smaller batch in
+    # process) is not the one that ended it.
+    oom: AllocatorOom | None = None
 
     def take(self, record: dict[str, Any]) -> bool:
         """Fold one probe record in; True when it is a step record with a step."""
         kind = record.get("type")
         if kind == protocol.PROBE:
             self.state, self.detail = record.get("state"), record.get("detail")
-        elif kind == protocol.OOM and self.oom is None:
-            self.oom = AllocatorOom.from_record(record)
+        elif kind == protocol.OOM:
+            self.oom = AllocatorOom.from_record(record) or self.oom
         elif kind == protocol.STEP and (step := _int(record.get("step"))) is not None:
             self.records += 1
             self.step = step if self.step is None else max(self.step, step)
             self._time(record)
-            self._peaks(record.get("devices"))
+            self.allocated_now = self._peaks(record.get("devices"))
             return True
         return False
 
@@ -110,16 +113,26 @@ class ProbeReport:
             self.steps_timed += steps
             self.seconds += float(seconds)
 
-    def _peaks(self, devices: Any) -> None:
+    def _peaks(self, devices: Any) -> int | None:
+        """Fold one record's devices in; the highest allocated peak among them."""
         if not isinstance(devices, dict):
-            return
+            return None
+        highest = None
         for figures in devices.values():
             if not isinstance(figures, dict):
                 continue
+            highest = _higher(highest, _int(figures.get("allocated_peak")))
             self.allocated_peak = _higher(self.allocated_peak, _int(figures.get("allocated_peak")))
             self.reserved_peak = _higher(self.reserved_peak, _int(figures.get("reserved_peak")))
             if (limit := _int(figures.get("limit_bytes"))) and (self.limit_bytes is None or limit < self.limit_bytes):
                 self.limit_bytes = limit
+        return highest
+
+    def reading(self) -> tuple[int, int] | None:
+        """(the newest step peak, the limit) for the forecast; None before both are known."""
+        if self.allocated_now is None or not self.limit_bytes:
+            return None
+        return self.allocated_now, self.limit_bytes
 
     @property
     def steps_per_s(self) -> float | None:

@@ -593,7 +593,8 @@ class Supervisor:
         """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
         after next, restart right after the next one (asking for it when the limit is nearer)."""
         trend = current.trend
-        forecast = trend.add(sample, current.watch.last_step, self.config.memory_limit, self.config.soft_threshold)
+        forecast = trend.add(sample, current.watch.last_step, self.config.memory_limit, self.config.soft_threshold,
+                             current.watch.probe.reading())
         self._board.show(forecast)
         if forecast is None or forecast.move is Move.WATCH or not self.config.checkpoints:
             return  # without checkpoints a restart would redo everything: the forecast is only shown

@@ -148,7 +148,7 @@ function renderAttempts() {
       el("td", {}, String(exit)),
       el("td", { class: "evidence", title: a.evidence || "" }, (a.evidence || "").slice(0, 240)),
       el("td", { class: "small" }, a.decision || ""),
-      el("td", { class: "peak" }, a.peak_allocated ? bytes(a.peak_allocated) : "–"));
+      el("td", { class: "peak" }, bytes(peakAllocated(a))));
   });
   document.querySelector("#attempts tbody").replaceChildren(...rows);
   const select = $("log-attempt");
@@ -156,6 +156,14 @@ function renderAttempts() {
   select.replaceChildren(...view.attempts.slice().reverse().map((a) => el("option", { value: a.attempt },
     `attempt ${a.attempt}`)));
   if (chosen !== null) select.value = String(chosen);
+}
+
+// The allocator's highest step peak (the probe's): the journal keeps it when the attempt ends; the
+// running attempt's is in the status's progress so far.
+function peakAllocated(a) {
+  if (a.peak_allocated) return a.peak_allocated;
+  const p = view.status && view.status.progress;
+  return !a.ended && p && p.source === "probe" && a.attempt === view.status.attempt ? p.allocated_peak : null;
 }
 
 async function refreshLog() {
