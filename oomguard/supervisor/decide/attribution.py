@@ -138,11 +138,7 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
     ``earlier`` the plateaus of this run's earlier per-sample failures; ``failed``: a memory failure
     ended the attempt, so its readings are lower bounds (False for a planned restart)."""
     blind = bool(readings) and not any(r.used for r in readings)
-    if blind:  # all 0: the readings did not see the worker's memory (no per-process figure)
-        readings = ()
-        limit = None
-    elif limit is not None and not any(r.used for r in limit.readings):
-        limit = None
+    readings, limit = _seen(readings, limit)
     trend = steady_rise(readings)
     room = limit.headroom() if limit is not None else None
     figures = {**_trend_figures(trend), **_room_figures(room)}
@@ -169,6 +165,16 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
         figures["unseen"] = what
         spike = f"; the {what} readings saw none of its memory (all 0){spike}"
     return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier, failed)
+
+
+def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Reading], Limit | None]:
+    """Readings that are all 0 did not see the worker's memory (NVML without a per-process figure):
+    they are no readings, and a limit measured on such readings is no limit to measure against."""
+    if readings and not any(r.used for r in readings):
+        return (), None
+    if limit is not None and not any(r.used for r in limit.readings):
+        return readings, None
+    return readings, limit
 
 
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
