@@ -151,3 +151,12 @@ def test_one_run_meets_every_form_and_halves_after_each_memory_failure(tmp_path:
             assert record["output"][-1] in failure["evidence"]
     assert doc["state"] == "succeeded" and doc["micro_batch"] == micro == 1
     assert f"worker attempt={len(RECORDS) + 1} micro=1" in out.stdout
+
+
+def test_the_docs_list_every_record() -> None:
+    """docs/oom-messages.md lists each form with its source and classification: none missing."""
+    doc = (ROOT / "docs" / "oom-messages.md").read_text()
+    for record in RECORDS:
+        assert f"- `{record['id']}` ({record['version']}): {record['source']}" in doc, record["id"]
+        shown = record["evidence"] if len(record["evidence"]) <= 90 else record["evidence"][:87]
+        assert shown in doc and f"| {record['device']} | `{record['kind']}` |" in doc, record["id"]
