@@ -46,7 +46,10 @@ def check_hung_in_time(run_dir: Path) -> dict[str, Any]:
     assert "idle for" in evidence and "% of a core (floor 5%)" in evidence and "no GPU figures" in evidence
     (hang,) = events(run_dir, "hang")
     assert hang["quiet_s"] >= TIMEOUT, hang
-    assert hang["idle_s"] >= TIMEOUT and hang["cpu_max_pct"] < 5 and hang["io_bytes"] < 2**20
+    assert hang["idle_s"] >= TIMEOUT and hang["cpu_max_pct"] < 5
+    # Python's start-up reads (~1.1 MiB of .pyc) fall inside the idle stretch when a loaded machine
+    # starves the worker below the CPU floor while it starts (seen at load 18 on 2 cores).
+    assert hang["io_bytes"] < 4 * 2**20, hang
     return hang
 
 
