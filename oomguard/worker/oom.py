@@ -61,6 +61,13 @@ def is_recoverable(kind: str | None) -> bool:
     return kind in (CUDA_OOM, HOST_OOM)
 
 
+def poisons_communicator(exc: BaseException) -> bool:
+    """An out-of-memory NCCL reported (``Cuda failure 'out of memory'``): a memory failure the
+    supervisor halves for, but the communicator that raised it is aborted, so a retry in this
+    process would wait in the next collective forever. Only a new process recovers."""
+    return "NCCL" in str(exc) or "Cuda failure" in str(exc)
+
+
 def drop_frames(tb: TracebackType | None) -> None:
     """Clear the locals of every frame in ``tb``.
 
