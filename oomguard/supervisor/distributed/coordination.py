@@ -29,8 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from oomguard.supervisor.distributed.torchrun import Shape
-
-EXIT_PEER_LOST = 75  # EX_TEMPFAIL: the run can go on once every node is back
+from oomguard.supervisor.lifecycle.exits import EXIT_PEER_LOST  # EX_TEMPFAIL: goes on once every node is back
 _TIERS = {"cuda_oom": 0, "host_oom": 0, "memory_limit": 0, "hang": 1, "crash": 2, "killed": 3}
 
 
