@@ -196,19 +196,23 @@ RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --
 COPY requirements.txt /opt/oomguard/requirements.txt
 RUN python3 -m venv /opt/oomguard/venv \\
     && /opt/oomguard/venv/bin/pip install -q --no-cache-dir -r /opt/oomguard/requirements.txt \\
-    && echo /opt/oomguard/src > "$(/opt/oomguard/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/oomguard-src.pth" \\
-    && printf '#!/opt/oomguard/venv/bin/python\\nimport sys\\nfrom oomguard.supervisor.cli import main\\nsys.exit(main())\\n' \\
-       > /opt/oomguard/venv/bin/oomguard && chmod 755 /opt/oomguard/venv/bin/oomguard
+    && site="$(/opt/oomguard/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+    && echo /opt/oomguard/src > "$site/oomguard-src.pth"
+COPY oomguard /opt/oomguard/venv/bin/oomguard
 STOPSIGNAL SIGRTMIN+3
 CMD ["/lib/systemd/systemd"]
 """
+# The console script pip would write for the package's [project.scripts] entry.
+SYSTEMD_LAUNCHER = ("#!/opt/oomguard/venv/bin/python\n"
+                    "import sys\nfrom oomguard.supervisor.cli import main\nsys.exit(main())\n")
 
 
 def systemd_image(root: Path, base: str) -> tuple[str, float]:
     """Debian with systemd and oomguard's dependencies on ``base``: (reference, seconds spent building; 0
     when podman already had it). Call it under ``locked()``."""
     requirements = "\n".join(_dependencies(root / "pyproject.toml")) + "\n"
-    key = hashlib.sha256("\0".join([base, SYSTEMD_CONTAINERFILE, requirements]).encode()).hexdigest()[:16]
+    recipe = "\0".join([base, SYSTEMD_CONTAINERFILE, SYSTEMD_LAUNCHER, requirements])
+    key = hashlib.sha256(recipe.encode()).hexdigest()[:16]
     ref = f"{SYSTEMD_REPOSITORY}:{key}"
     if podman("image", "exists", ref).returncode == 0:
         return ref, 0.0
@@ -216,6 +220,8 @@ def systemd_image(root: Path, base: str) -> tuple[str, float]:
     with tempfile.TemporaryDirectory() as context:
         (Path(context) / "Containerfile").write_text(SYSTEMD_CONTAINERFILE)
         (Path(context) / "requirements.txt").write_text(requirements)
+        (Path(context) / "oomguard").write_text(SYSTEMD_LAUNCHER)
+        (Path(context) / "oomguard").chmod(0o755)  # COPY keeps the mode
         podman("build", "--format", "docker", "--network", "host", *ulimits(), "--build-arg", f"BASE_IMAGE={base}",
                "-t", ref, context, timeout=900, check=True)
     for old in podman("images", "--format", "{{.Repository}}:{{.Tag}}", SYSTEMD_REPOSITORY).stdout.split():

@@ -271,6 +271,8 @@ def test_print_writes_nothing(oomguard_bin: Path, tmp_path: Path, monkeypatch: p
      (["--", "--micro-bach", "32", "--", sys.executable, "t.py"], "--micro-bach 32 (did you mean --micro-batch?)"),
      (["--", "--micro-batch", "8", "--grad-accum", "1", sys.executable, "t.py"], "put -- before the training command"),
      (["--", "--micro-batch", "8", "--grad-accum", "1", "--", sys.executable, "trian.py"], "trian.py does not exist"),
+     (["--user", "nobody", "--", "--micro-batch", "8", "--grad-accum", "1", "--", sys.executable, "t.py"],
+      "--user nobody needs --system"),
      (["--", "--micro-batch", "8", "--grad-accum", "1", "--checkpoint", "out/*.pt", "--", sys.executable, "t.py"],
       "nothing hands the checkpoint to the script")],
 )
@@ -334,7 +336,8 @@ def test_exit_statuses_are_the_ones_oomguard_returns() -> None:
     from oomguard.supervisor.run.control import ControlFlags
 
     assert coordination.EXIT_PEER_LOST == exits.EXIT_PEER_LOST
-    flags, saved = ControlFlags(), {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
+    flags = ControlFlags()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
     try:
         flags.install_signal_handlers()
         stop_signals = {sig for sig in saved if signal.getsignal(sig) == flags._on_stop_signal}

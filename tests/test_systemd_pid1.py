@@ -247,7 +247,7 @@ def test_a_give_up_is_not_restarted(box: Box, unit: str) -> None:
 @pytest.mark.timeout(900)
 def test_a_killed_or_hung_supervisor_is_restarted_and_continues_its_run(box: Box, unit: str) -> None:
     # TimeoutStopSec also bounds systemd's wait for the cgroup to empty after its SIGKILL: systemd in a container
-    # on cgroup v1 gets no notification that the cgroup emptied (no release agent there), and waits it out.
+    # on cgroup v1 is not always told that the cgroup emptied (no release agent there) and then waits it out.
     workdir = _install(box, unit, watchdog=6, stop_timeout=10, **{"--grace-period": "5"})
     box.sh(f"systemctl start {unit}", timeout=300)
     _steps(workdir, 5)

@@ -343,6 +343,8 @@ def _check_run(args: Sequence[str], cwd: Path) -> Path:
 
 def _unit_user(args: argparse.Namespace, scope: str) -> str | None:
     if scope != SYSTEM:
+        if args.unit_user:
+            raise ServiceError(f"--user {args.unit_user} needs --system: a user unit runs as you")
         return None
     user: str | None = args.unit_user or os.environ.get("SUDO_USER") or pwd.getpwuid(os.getuid()).pw_name
     return None if user == "root" else user
