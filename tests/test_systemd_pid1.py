@@ -116,6 +116,9 @@ class Box:
     def journal(self, unit: str) -> str:
         return self.sh(f"journalctl --no-pager -o cat -u {unit}", check=False).stdout[-6000:]
 
+    def uid(self, user: str) -> int:
+        return int(self.sh(f"id -u {user}").stdout)
+
     def job_processes(self) -> str:
         return self.sh(f"python3 -c {shlex.quote(FIND_JOB)}").stdout.strip()
 
@@ -173,15 +176,20 @@ def unit(box: Box, request: pytest.FixtureRequest) -> Iterator[str]:
     box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
 
 
-def _install(box: Box, unit: str, *job_args: str, watchdog: int = 120, stop_timeout: int = 60, **run: str) -> Path:
-    """`oomguard service --system` for the job, in its own directory, then daemon-reload. systemd's restart
-    delay is cut to 1 s with a drop-in (the unit's own 30 s would only slow the test)."""
+def _install(box: Box, unit: str, *job_args: str, watchdog: int = 120, stop_timeout: int = 60,
+             user: str | None = None, **run: str) -> Path:
+    """`oomguard service --system` for the job, in its own directory (given to ``user`` when set, who then
+    runs it), then daemon-reload. systemd's restart delay is cut to 1 s with a drop-in (the unit's own 30 s
+    would only slow the test)."""
     workdir = box.jobs / unit
     workdir.mkdir()
+    if user is not None:
+        box.sh(f"chown {user}: {JOBS}/{unit}")
     options = {"--micro-batch": "8", "--grad-accum": "1", "--backoff": "0.1", "--grace-period": "20",
                "--checkpoint": "ckpt/step-*.txt", "--resume-args": "--resume {checkpoint}", **run}
     run_args = [word for pair in options.items() for word in pair]
-    command = [containers.SYSTEMD_OOMGUARD, "service", "--system", "--name", unit, "--stop-timeout", str(stop_timeout),
+    command = [containers.SYSTEMD_OOMGUARD, "service", "--system", *(["--user", user] if user else []),
+               "--name", unit, "--stop-timeout", str(stop_timeout),
                "--watchdog", str(watchdog), "--", *run_args, "--",
                "python3", f"{JOBS}/job.py", "--micro", "{micro_batch}", "--accum", "{grad_accum}", *job_args]
     box.sh(f"cd {JOBS}/{unit} && {shlex.join(command)}")
@@ -233,7 +241,14 @@ def test_start_is_ready_with_status_and_stop_is_clean(box: Box, unit: str) -> No
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_give_up_is_not_restarted(box: Box, unit: str) -> None:
-    _install(box, unit, "--crash-at", "2", **{"--max-restarts": "1"})
+    # As another account (User=nobody). In a directory it cannot write, no unit is written: one line, exit 2.
+    refused = box.sh(f"cd {JOBS} && {containers.SYSTEMD_OOMGUARD} service --print --system --user nobody -- "
+                     f"--micro-batch 8 --grad-accum 1 -- python3 {JOBS}/job.py --micro {{micro_batch}}", check=False)
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr == (f"oomguard service: error: --user nobody cannot write {JOBS}: give it to that user "
+                              f"(sudo chown -R nobody: {JOBS}), or run `oomguard service` in a directory nobody can "
+                              "write\n"), refused.stderr
+    workdir = _install(box, unit, "--crash-at", "2", user="nobody", **{"--max-restarts": "1"})
     box.sh(f"systemctl start {unit}", timeout=300, check=False)  # may fail: the give-up can come before READY
     props = box.wait_for(unit, "the give-up", {"ActiveState": "failed"})
     assert props["ExecMainStatus"] == str(exits.EXIT_GAVE_UP), f"{props}\n{box.journal(unit)}"
@@ -241,6 +256,7 @@ def test_a_give_up_is_not_restarted(box: Box, unit: str) -> None:
     props = box.show(unit, "ActiveState", "NRestarts")
     assert props == {"ActiveState": "failed", "NRestarts": "0"}, f"{props}\n{box.journal(unit)}"
     assert box.job_processes() == ""
+    assert (workdir / "oomguard-run" / "journal.sqlite").stat().st_uid == box.uid("nobody")
 
 
 @pytest.mark.slow
