@@ -16,6 +16,7 @@ from typing import Any
 from oomguard.supervisor.observe.liveness import Judgement, Liveness
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.observe.output import OutputScanner
+from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
 from oomguard.worker import protocol
@@ -50,6 +51,7 @@ class AttemptWatch:
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
     liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
+    probe: ProbeReport = field(default_factory=ProbeReport)  # whether the probe is in the worker, or why not
 
     def __post_init__(self) -> None:
         self.liveness = Liveness(self.started)
@@ -148,6 +150,8 @@ class AttemptWatch:
             self.last_progress_event = now
         elif kind == protocol.FAILURE:
             self.worker_failure = record
+        elif kind == protocol.PROBE:
+            self.probe.take(record)
         return kind != protocol.HEARTBEAT
 
     def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
