@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from probing import last_step, records, run_probed, run_script
+from probing import last_step, probe_env, records, run_probed, run_script
 from support import ROOT
 
 from oomguard.probe import SITE_DIR
@@ -111,7 +112,7 @@ def test_the_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
 
 
 def test_a_program_that_never_imports_torch_is_untouched(tmp_path: Path) -> None:
-    out = run_script(tmp_path, "import sys, json\nprint(sorted(m for m in sys.modules if 'torch' in m or 'probe' in m))\n")
+    out = run_script(tmp_path, "import sys\nprint(sorted(m for m in sys.modules if 'torch' in m or 'probe' in m))\n")
     assert out.stdout.strip() == "['_oomguard_probe', '_oomguard_probe.probe', '_oomguard_probe.probe.hook', " \
                                  "'_oomguard_probe.probe.start']"
     assert not (tmp_path / "events.jsonl").exists()
@@ -143,10 +144,9 @@ def test_a_probe_that_cannot_load_says_so_and_the_program_runs(tmp_path: Path) -
 def test_an_uncaught_cpu_out_of_memory_is_reported_then_raised_as_before(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(GAN.replace('print("last step", it)', "torch.empty(2**50, dtype=torch.uint8)"))
-    env_out = __import__("subprocess").run([sys.executable, str(script)], capture_output=True, text=True,
-                                           timeout=120, cwd=tmp_path,
-                                           env=__import__("probing").probe_env(tmp_path, OOMGUARD_MICRO_BATCH="8"))
-    assert env_out.returncode == 1 and "DefaultCPUAllocator: can't allocate memory" in env_out.stderr
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=probe_env(tmp_path, OOMGUARD_MICRO_BATCH="8"))
+    assert out.returncode == 1 and "DefaultCPUAllocator: can't allocate memory" in out.stderr
     [oom] = records(tmp_path, "oom")
     assert (oom["device"], oom["requested_bytes"], oom["step"], oom["micro_batch"]) == ("cpu", 2**50, 9, 8)
     assert last_step(tmp_path) == 9  # the steps since the last record were written at exit

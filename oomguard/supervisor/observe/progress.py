@@ -152,7 +152,8 @@ class AttemptWatch:
             self.worker_failure = record
         elif kind == protocol.PROBE:
             self.probe.take(record)
-        return kind != protocol.HEARTBEAT
+        # The probe's step records come every 0.5 s from each process: too many to journal one event each.
+        return kind not in (protocol.HEARTBEAT, protocol.STEP)
 
     def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
         """Whether the worker is hung (no output or progress for the timeout, and its processes and
