@@ -1,7 +1,10 @@
-"""What the probe costs per optimizer step, on the smallest step there is: a tiny model's.
+"""What the probe costs per optimizer step, on the smallest example's step and on a tinier one.
 
-One process, a 16 x 16 linear model and SGD (a step of some tens of microseconds: the probe's
-fixed cost is the largest share of a step it can be). Rounds of ``--steps`` steps alternate with
+Two models in one process: the smallest example's (examples/train_nanogpt_style.py's TinyLM with
+AdamW at its default batch of 8 x 128 tokens) and, as the worst case, a 16 x 16 linear model with
+SGD (a step of tens of microseconds: the probe's fixed cost is the largest share of a step it can
+be). Times are the process's CPU time, so that a loaded machine's descheduling is not counted as
+either's step. Rounds of ``--steps`` steps alternate with
 and without the probe's step hook (torch's global post hook, exactly what the probe registers,
 writing its ``step`` records to a temporary channel every 0.5 s), so drift in a loaded machine hits
 both alike. Reports the median step time of each and the spread (interquartile range) over rounds,
@@ -10,7 +13,7 @@ the noise, so the hook's own work is also timed alone (its calls in a loop) and 
 the median step. Also the interpreter's start-up with and without the probe's sitecustomize
 (``python -c pass``): the price paid by a process that never imports torch.
 
-    .venv/bin/python bench/probe_cost.py --rounds 30 --steps 2000
+    .venv/bin/python bench/probe_cost.py --rounds 30
 """
 
 from __future__ import annotations
@@ -35,14 +38,39 @@ from oomguard.probe import SITE_DIR  # noqa: E402
 from oomguard.probe.steps import StepCounter  # noqa: E402
 
 
+class TinyLM(torch.nn.Module):
+    """examples/train_nanogpt_style.py's model, at its defaults."""
+
+    def __init__(self, vocab: int = 4096) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 32)
+        self.block = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+        self.head = torch.nn.Linear(32, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens[:, :-1])
+        logits = self.head(x + self.block(x))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def nanogpt_style() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    model = TinyLM()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.randint(0, 4096, (8, 129))
+
+
+def tiny_linear() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    model = torch.nn.Linear(16, 16)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3), torch.randn(4, 16)
+
+
 def step_time(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> float:
-    """Seconds per step over ``steps`` steps."""
-    start = time.perf_counter()
+    """CPU seconds per step over ``steps`` steps."""
+    start = time.process_time()
     for _ in range(steps):
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
-    return (time.perf_counter() - start) / steps
+    return (time.process_time() - start) / steps
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -50,11 +78,8 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     return median, q1, q3
 
 
-def optimizer_steps(rounds: int, steps: int) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    model = torch.nn.Linear(16, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(4, 16)
+def optimizer_steps(make: Any, rounds: int, steps: int) -> dict[str, Any]:
+    model, opt, x = make()
     register = importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook
     counter = StepCounter(torch)
     step_time(model, opt, x, steps)  # warm up
@@ -66,10 +91,10 @@ def optimizer_steps(rounds: int, steps: int) -> dict[str, Any]:
         handle.remove()
     calls = []  # the hook's own work, timed alone: what the step-time difference is too noisy to show
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(steps):
             counter.on_step(opt, (), {})
-        calls.append((time.perf_counter() - start) / steps)
+        calls.append((time.process_time() - start) / steps)
     (b, b1, b3), (p, p1, p3) = spread(bare), spread(probed)
     hook, h1, h3 = spread(calls)
     pairs = [q - r for q, r in zip(probed, bare, strict=True)]
@@ -98,12 +123,15 @@ def startup(rounds: int, events: str) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1000, help="steps of the tiny linear model a round")
+    p.add_argument("--example-steps", type=int, default=50, help="steps of the example's model a round")
     p.add_argument("--startup-rounds", type=int, default=20)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["OOMGUARD_EVENTS"] = str(Path(tmp) / "events.jsonl")  # the records are written, as in a run
-        result = {"optimizer_step": optimizer_steps(args.rounds, args.steps),
+        torch.set_num_threads(1)
+        result = {"smallest_example_step": optimizer_steps(nanogpt_style, args.rounds, args.example_steps),
+                  "tiny_linear_step": optimizer_steps(tiny_linear, args.rounds, args.steps),
                   "interpreter_startup": startup(args.startup_rounds, os.environ["OOMGUARD_EVENTS"])}
     print(json.dumps(result, indent=2))
 

@@ -152,6 +152,7 @@ class AttemptWatch:
             self.worker_failure = record
         elif kind == protocol.PROBE:
             self.probe.take(record)
+            return record.get("state") != "loaded"  # one per process: the meta counts them; failures are events
         # The probe's step records come every 0.5 s from each process: too many to journal one event each.
         return kind not in (protocol.HEARTBEAT, protocol.STEP)
 
