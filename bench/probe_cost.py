@@ -108,8 +108,10 @@ def optimizer_steps(make: Any, rounds: int, steps: int) -> dict[str, Any]:
 
 
 def startup(rounds: int, events: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Bytecode as an installed package has it (a first run writes it): not a compile in every start.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     probed_env = {**env, "PYTHONPATH": SITE_DIR, "OOMGUARD_EVENTS": events}
+    subprocess.run([sys.executable, "-c", "pass"], env=probed_env, check=True)
     bare, probed = [], []
     for _ in range(rounds):
         for times, with_env in ((bare, env), (probed, probed_env)):
@@ -117,7 +119,17 @@ def startup(rounds: int, events: str) -> dict[str, Any]:
             subprocess.run([sys.executable, "-c", "pass"], env=with_env, check=True)
             times.append(time.perf_counter() - start)
     return {"bare_ms": round(statistics.median(bare) * 1e3, 2), "probed_ms": round(statistics.median(probed) * 1e3, 2),
+            "sitecustomize_ms": round(statistics.median(sitecustomize_import(probed_env) for _ in range(rounds)), 3),
             "rounds": rounds}
+
+
+def sitecustomize_import(env: dict[str, str]) -> float:
+    """Milliseconds Python spent importing the probe's sitecustomize (-X importtime, cumulative):
+    the whole cost in a process that never imports torch, without the noise of a process start."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env, capture_output=True,
+                         text=True, check=True)
+    rows = [row for row in (line.split("|") for line in out.stderr.splitlines()) if row[-1].strip() == "sitecustomize"]
+    return max(int(row[1]) for row in rows) / 1e3
 
 
 def main() -> None:
@@ -126,13 +138,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000, help="steps of the tiny linear model a round")
     p.add_argument("--example-steps", type=int, default=50, help="steps of the example's model a round")
     p.add_argument("--startup-rounds", type=int, default=20)
+    p.add_argument("--startup-only", action="store_true", help="only the interpreter's start-up")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["OOMGUARD_EVENTS"] = str(Path(tmp) / "events.jsonl")  # the records are written, as in a run
         torch.set_num_threads(1)
-        result = {"smallest_example_step": optimizer_steps(nanogpt_style, args.rounds, args.example_steps),
-                  "tiny_linear_step": optimizer_steps(tiny_linear, args.rounds, args.steps),
-                  "interpreter_startup": startup(args.startup_rounds, os.environ["OOMGUARD_EVENTS"])}
+        result: dict[str, Any] = {}
+        if not args.startup_only:
+            result["smallest_example_step"] = optimizer_steps(nanogpt_style, args.rounds, args.example_steps)
+            result["tiny_linear_step"] = optimizer_steps(tiny_linear, args.rounds, args.steps)
+        result["interpreter_startup"] = startup(args.startup_rounds, os.environ["OOMGUARD_EVENTS"])
     print(json.dumps(result, indent=2))
 
 
