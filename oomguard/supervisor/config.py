@@ -176,6 +176,9 @@ class RunConfig:
         "the middle is cut (default: no cap)", parse_size, metavar="SIZE"))
     run_dir: Path = field(default=Path("oomguard-run"), metadata=_opt(
         "--run-dir", "directory for the journal, logs and state of this run", Path, metavar="DIR"))
+    probe: bool = field(default=True, metadata=_opt(
+        "--no-probe", "do not load oomguard's probe into the worker's Python processes (its sitecustomize on "
+        "PYTHONPATH, which reports optimizer steps, allocator peaks and OOMs; docs/probe.md)", None))
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))
     host: str = field(default="127.0.0.1", metadata=_opt(
         "--host", "dashboard address", str, metavar="H"))

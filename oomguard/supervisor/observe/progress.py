@@ -22,6 +22,7 @@ from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.observe.liveness import Judgement, Liveness
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.observe.output import OutputScanner
+from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
 from oomguard.worker import protocol
@@ -57,6 +58,7 @@ class AttemptWatch:
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
     probe: ProbeReport = field(default_factory=ProbeReport)  # the in-process probe's steps and allocator figures
     liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
+    probe: ProbeReport = field(default_factory=ProbeReport)  # whether the probe is in the worker, or why not
 
     def __post_init__(self) -> None:
         self.liveness = Liveness(self.started)
@@ -160,7 +162,11 @@ class AttemptWatch:
             return self._progress_event_due(now)
         if kind == protocol.FAILURE:
             self.worker_failure = record
-        return kind != protocol.HEARTBEAT
+        elif kind == protocol.PROBE:
+            self.probe.take(record)
+            return record.get("state") != "loaded"  # one per process: the meta counts them; failures are events
+        # The probe's step records come every 0.5 s from each process: too many to journal one event each.
+        return kind not in (protocol.HEARTBEAT, protocol.STEP)
 
     def _progress_event_due(self, now: float) -> bool:
         if now - self.last_progress_event < PROGRESS_EVENT_EVERY:

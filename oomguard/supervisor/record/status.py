@@ -76,6 +76,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "forecast": meta.get("forecast") if alive else None,
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
+        "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
     }
 
@@ -125,6 +126,8 @@ def format_status(doc: dict[str, Any]) -> str:
                      + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
     if memory.get("gpu_unavailable"):
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
+    if doc.get("probe"):
+        lines.append(f"probe:      {probe_text(doc['probe'])}")
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):
@@ -141,6 +144,22 @@ def format_status(doc: dict[str, Any]) -> str:
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['summary']}")
     return "\n".join(lines)
+
+
+def probe_text(probe: dict[str, Any]) -> str:
+    """Whether the probe is in the worker: loaded in N processes, failed and why, off, or none seen and why."""
+    state, failures = probe.get("state"), probe.get("failures") or []
+    if state == "loaded":
+        count = probe.get("processes", 0)
+        text = f"loaded in {count} process{'es' if count != 1 else ''}"
+        if probe.get("ranks"):
+            text += " (ranks " + ", ".join(str(rank) for rank in probe["ranks"]) + ")"
+        return text + (f"; a part failed in {len(failures)}: {failures[0]['detail']}" if failures else "")
+    if state == "failed":
+        return f"failed to load: {probe.get('why')} (the run goes on without it)"
+    if state == "off":
+        return f"none: {probe.get('why')}"
+    return f"none seen: {probe.get('why')}"
 
 
 def global_text(doc: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, c
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.memory import MemorySample, Sampler
+from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
@@ -392,8 +393,10 @@ class Supervisor:
         previous = self.trend
         current = self.current = Current(
             files, checkpoint,
-            AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum)),
+            AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum),
+                         probe=ProbeReport.for_command(self.config.probe, self.config.command)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
+        self.journal.set_meta(probe=current.watch.probe.as_meta())
         self.wiring.attempt_started(self.attempt, checkpoint, current.watch)
         containment = self._start_worker(argv, env, current)
         worker = current.worker
@@ -557,6 +560,8 @@ class Supervisor:
         for record in channel.read():
             if current.watch.take(record, time.monotonic()):
                 self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
+            if record["type"] == "probe":
+                self.journal.set_meta(probe=current.watch.probe.as_meta())
             if record["type"] == "checkpoint" and current.trend.restart_reason:
                 self._restart_now(current)  # the worker says it saved: sooner than the file settling
 
