@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import Point, Prediction, fit, propose_growth, shrink_after_oom
+from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction, fit, propose_growth, shrink_after_oom
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -27,6 +27,7 @@ class SizeTuner:
     store: FitStore | None = None
     key: JobKey | None = None
     points: list[Point] = field(default_factory=list)
+    stored_failures: list[Point] = field(default_factory=list)  # earlier runs' OOMs under the same key
 
     @staticmethod
     def points_from_attempts(rows: Sequence[dict[str, Any]]) -> list[Point]:
@@ -60,9 +61,9 @@ class SizeTuner:
         return peak.worker_rss_bytes or None
 
     def record(self, micro: int, peak: int | None, memory_failed: bool) -> None:
+        # A success with no reading (no per-process GPU figures, as in many containers) still proves
+        # the size fits: the fit store starts the next run there. The line ignores it.
         point = Point(micro, None if memory_failed else peak, not memory_failed)
-        if point.succeeded and point.peak_bytes is None:
-            return  # a success with no reading teaches nothing
         self.points.append(point)
         if self.store is not None and self.key is not None:
             try:
@@ -70,12 +71,15 @@ class SizeTuner:
             except Exception:
                 self.store = None
 
-    def shrink_hint(self, failed_micro: int, sample: MemorySample | None) -> Prediction | None:
+    def shrink_hint(self, failed_micro: int, sample: MemorySample | None, oom: OomFigures | None = None
+                    ) -> Prediction | None:
+        """Where to go after an OOM: never to a size this run or an earlier run of the same job (same
+        key: script, device, limit) saw fail, nor one ``oom``'s figures prove cannot fit."""
         capacity = self.capacity(sample)
         if capacity is None:
             return None
-        return shrink_after_oom(self.points, failed_micro, self.per_process_batch, capacity, self.margin,
-                                self.min_micro)
+        return shrink_after_oom([*self.stored_failures, *self.points], failed_micro, self.per_process_batch,
+                                capacity, self.margin, self.min_micro, oom)
 
     def growth(self, current_micro: int, running_peak: int | None, sample: MemorySample | None
                ) -> Prediction | None:
@@ -98,4 +102,7 @@ class SizeTuner:
             record = self.store.load(self.key)
         except Exception:
             return None
-        return record.starting_micro(self.per_process_batch, requested) if record else None
+        if record is None:
+            return None
+        self.stored_failures = [p for p in record.points if not p.succeeded]
+        return record.starting_micro(self.per_process_batch, requested)

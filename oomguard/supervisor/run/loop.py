@@ -205,10 +205,11 @@ class Supervisor:
         if self.last_sample.gpu_unavailable:
             log(f"no GPU figures: {self.last_sample.gpu_unavailable}")
         self.tuner.store = FitStore()
-        self.tuner.key = JobKey(self.config.command, gpus, self.config.world_size)
+        self.tuner.key = JobKey.for_run(self.config.command, self.cwd, [*self.index.directories(), self.run_dir], gpus,
+                                        self.config.world_size, self.tuner.capacity(self.last_sample))
         may_shrink = fresh and self.config.may_shrink  # a script that cannot accumulate keeps its size
         start = self.tuner.starting_micro(self.plan.batch.micro_batch) if may_shrink else None
-        if (change := replan.start_at_fitted(self.plan, start, self.tuner.key.describe())) is not None:
+        if (change := replan.start_at_fitted(self.plan, start, self.tuner.key.describe(), bool(gpus))) is not None:
             self._replan(change)
             log(f"an earlier run of this job fitted micro-batch {start}: starting there")
 
