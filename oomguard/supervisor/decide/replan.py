@@ -53,7 +53,8 @@ def start_at_fitted(plan: Plan, micro_batch: int | None, job: str, gpu: bool = F
     new = replace(plan, batch=plan.batch.with_micro_batch(micro_batch),
                   expandable_segments=plan.expandable_segments or gpu)
     also = " with expandable_segments:True" if new.expandable_segments and not plan.expandable_segments else ""
-    return PlanChange(new, Source.FIT_STORE, f"an earlier run of this job fitted micro-batch {micro_batch}{also} ({job})")
+    return PlanChange(new, Source.FIT_STORE,
+                      f"an earlier run of this job fitted micro-batch {micro_batch}{also} ({job})")
 
 
 def after_failure(decision: Decision) -> PlanChange:
