@@ -31,6 +31,7 @@ def run(tmp_path: Path, name: str) -> dict[str, object]:
     return status(tmp_path / name)
 
 
+@pytest.mark.timeout(600)  # several fresh torch processes; a loaded 2-core box is slow
 def test_a_measured_job_starts_where_it_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              fit_store_per_test: Path) -> None:
     monkeypatch.setenv("PEERS_BUDGET_MB", "100")  # 16 samples do not fit in 100 MB more, 8 do

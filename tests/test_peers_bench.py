@@ -135,6 +135,7 @@ bench_extra = pytest.mark.skipif(
 )
 
 
+@pytest.mark.timeout(600)  # several fresh torch processes; a loaded 2-core box is slow
 @bench_extra
 def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     out, docs, work = tmp_path / "peers.json", tmp_path / "docs", tmp_path / "work"
