@@ -617,7 +617,7 @@ def _installed(dist: str) -> bool:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--steps", type=int, default=14, help="optimizer steps each contender (and each sweep size) trains")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps each contender (and each sweep size) trains")
     p.add_argument("--rounds", type=int, default=3, help="times every job runs, in a rotated order (at least 3 for "
                    "a spread worth reading)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the result to FILE as JSON")
@@ -626,7 +626,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="memory each process may add after its first forward (default: 180 on CPU, 120 on CUDA); "
                    "pick it so that --global-batch does not fit")
     p.add_argument("--fit-steps", type=int, default=2, help="steps a size must train to count as fitting")
-    p.add_argument("--sweep-min", type=int, default=1, help="time only fitting sizes from this one up")
+    p.add_argument("--sweep-min", type=int, default=4, help="time only fitting sizes from this one up (sizes 1 and 2 "
+                   "were 10-25 %% slower than 8 on this CPU; --sweep-min 1 times them too)")
     p.add_argument("--check", type=float, default=0.05, help="the self-check's slowdown (0: no self-check)")
     p.add_argument("--cpu", type=int, default=None,
                    help="pin every contender's process to this CPU (default: the last one; -1: no pinning)")
