@@ -36,6 +36,15 @@ def test_the_places_a_run_writes_are_not_the_job(tmp_path: Path) -> None:
     assert first.files and first.files[0].startswith("train.py:")
 
 
+def test_a_relative_output_directory_is_output_before_and_after_it_exists(tmp_path: Path) -> None:
+    command = ["python", "train.py", "--output", "out", "--bs", "{micro_batch}"]
+    writes = CheckpointIndex(["out/checkpoint-*"], tmp_path).directories()
+    before = JobKey.for_run(command, tmp_path, writes, (), 1, None)
+    (tmp_path / "out").mkdir()
+    after = JobKey.for_run(command, tmp_path, writes, (), 1, None)
+    assert before.command[3] == OUTPUT and before.fingerprint == after.fingerprint
+
+
 def test_the_script_the_device_and_the_limit_are(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('model v1')\n")
     base = key_for(tmp_path, "out")

@@ -99,12 +99,11 @@ class JobKey:
 
 
 def _as_path(value: str, cwd: Path) -> Path | None:
-    """``value`` as an absolute path when it looks like one (a separator in it, or it exists)."""
+    """``value`` read as a path (existing or not: an output directory the first run has not made
+    yet must be taken out of the key as the second run's is); None for a placeholder or a flag."""
     if not value or "{" in value or value.startswith("-"):
         return None
     path = Path(value) if os.path.isabs(value) else cwd / value
-    if os.sep not in value and not path.exists():
-        return None
     try:
         return path.resolve()
     except (OSError, RuntimeError):
