@@ -140,7 +140,7 @@ bench_extra = pytest.mark.skipif(
 def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     out, docs, work = tmp_path / "peers.json", tmp_path / "docs", tmp_path / "work"
     cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "--rounds", "1", "--steps", "4", "--global-batch", "16",
-           "--budget-mb", "100", "--fit-steps", "1", "--no-bisect", "--sweep-min", "8", "--check", "0", "--only",
+           "--budget-mb", "100", "--no-bisect", "--sweep-min", "8", "--check", "0", "--only",
            "oomguard-run", "composer-auto-microbatch", "--json", str(out), "--docs", str(docs), "--work", str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -161,8 +161,11 @@ def test_tiny_benchmark_writes_the_issue_schema(tmp_path: Path) -> None:
     assert last_step.samples == 16 and last_step.micro == row["micro_batch"]["median"]
     if importlib.util.find_spec("composer") is None:
         assert "torch" in rows["composer-auto-microbatch"]["skipped"]
-    assert result["fits"] == {"fitting_divisors": [1, 2, 4, 8], "largest_fitting": 8, "smallest_failing": 16}
-    assert [s["micro"] for s in result["sweep"]] == [8] and result["best_micro"] == 8
+    # 16 sits at the budget's edge: the fit probe (2 steps) may fit it where oomguard's worker (4) did not
+    fit = result["fits"]
+    assert fit["largest_fitting"] in (8, 16) and fit["fitting_divisors"] == peers.divisors(fit["largest_fitting"])
+    assert [s["micro"] for s in result["sweep"]] == [m for m in (8, 16) if m <= fit["largest_fitting"]]
+    assert result["best_micro"] in (8, 16)
     # oomguard-run settled at 8, the sweep timed 8 with the same script: the ratio is its tax plus noise
     assert row["ratio_to_same_size"]["median"] > 0
     assert "oomguard-run" in (docs / "peers.md").read_text()
