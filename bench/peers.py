@@ -511,7 +511,7 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
                   f"fits is {fit['largest_fitting']}, {fit['smallest_failing']} does not."]
     if check:
         lines += ["", f"Self-check: the plain script at micro-batch {check['micro']}, made "
-                  f"{check['slowdown']:.0%} slower (it waits that share of each step), against the same size "
+                  f"{check['slowdown']:.0%} slower (it spins for that share of each step), against the same size "
                   f"unslowed in the same round: {fmt(check['ratio'], 3)} (expected {1 / (1 + check['slowdown']):.3f}); "
                   + ("told apart in every round." if check["told_apart"] else
                      "NOT told apart in every round: the spread here is wider than 5 %.")]

@@ -16,8 +16,8 @@ stay the plain scripts users write:
   the caching allocator raises a real ``torch.OutOfMemoryError``.
 - ``PEERS_DEVICE``: ``cpu`` or ``cuda``.
 - ``PEERS_CPU``: the one CPU every contender's process is pinned to (none: not pinned).
-- ``PEERS_SLOWDOWN``: a fraction; the plain script then waits that share of each step's time after
-  the step (the benchmark's self-check: a 5 %-slower variant must be told apart).
+- ``PEERS_SLOWDOWN``: a fraction; the plain script then spins for that share of each step's time
+  after the step (the benchmark's self-check: a 5 %-slower variant must be told apart).
 
 Timing: every record that times something (``opt``, ``model``, ``data``) waits for the device
 first (``torch.cuda.synchronize`` on CUDA), so a step's record is stamped when its kernels are done,
@@ -131,7 +131,11 @@ class Pace:
     def step_done(self) -> None:
         now = time.perf_counter()
         if self.share > 0:
-            time.sleep(self.share * (now - self.last))
+            # Spin, not sleep: on a contended CPU a sleeping task is scheduled back with the sleeper's
+            # credit, which made a "slower" variant that slept come out faster than the real one.
+            until = now + self.share * (now - self.last)
+            while time.perf_counter() < until:
+                pass
         self.last = time.perf_counter()
 
 
