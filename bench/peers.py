@@ -22,14 +22,20 @@ bench/peerkit/ says what it follows):
 Nothing is taken from a tool's own report: every figure comes from the records the model itself
 writes (each forward, each completed backward with whether the gradients were fresh, each
 optimizer step), the harness's launch and exit times and, for the restart path, oomguard's journal.
-First a sweep trains every micro-batch that fits (the divisors of the global batch, then a
-bisection for the largest size that fits, each probe in a fresh process) so "the best that fits"
-is measured.
+First the sizes that fit are found (the divisors of the global batch, then a bisection for the
+largest size that fits, each probe in a fresh process). Then ``--rounds`` rounds run every job
+once, in an order rotated each round: each contender, the sweep (the plain script oomguard-run
+supervises, ``peerkit/train_plain.py``, at each fitting size in a process of its own, timed by the
+same records, so "the best that fits" is measured the way the contenders run) and a self-check (the
+best divisor made ``--check`` slower, which must come out slower in every round). Every figure is
+the median over the rounds with its min–max; ratios are paired within a round.
 
-    python bench/peers.py                       # CPU, about 4-6 minutes on 2 cores
-    python bench/peers.py --device cuda --json peers.json   # untested here: no GPU was lent
+    python bench/peers.py --json docs/peers.json               # CPU: a few minutes on 2 cores
+    python bench/peers.py --device cuda --docs /tmp/cuda --json peers-cuda.json   # not yet run on a GPU
 
-Writes docs/peers.md (the table, the exact command and machine) and docs/peers.png (the chart).
+Writes docs/peers.md (the table, the exact command and machine) and docs/peers.png (the chart; where
+matplotlib is installed); with ``--device cuda``, docs/peers-cuda.md and docs/peers-cuda.png.
+``--render FILE`` writes them again from a saved ``--json`` result without running anything.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "bench" / "peerkit"
 DOCS = ROOT / "docs"
 
-OURS = ("oomguard-run", "oomguard-session")
+OURS = ("oomguard-run", "oomguard-run-measured", "oomguard-session")
 PEERS = ("hf-auto-find-batch-size", "accelerate-find-executable-batch-size", "lightning-batch-size-finder",
          "composer-auto-microbatch")
 CONTENDERS = (*OURS, *PEERS)
@@ -79,6 +85,8 @@ HOW = {
                     "(`--batch-size {micro_batch} --gradient-accumulation-steps {grad_accum}`); an OOM ends the "
                     "process and the supervisor restarts it at a smaller divisor, the global batch kept; an empty "
                     "fit store.",
+    "oomguard-run-measured": "the same `oomguard run` again, with a copy of the fit store a first run of the same "
+                             "job left (same script, device and limit): it starts at the largest size known to fit.",
     "oomguard-session": "`Session(model, optimizer, loss_fn, SessionConfig(global_batch=N, micro_batch=N))`: the "
                         "same step retried in the process at a smaller divisor.",
     "hf-auto-find-batch-size": "`Trainer` with `TrainingArguments(per_device_train_batch_size=N, "
@@ -190,16 +198,36 @@ def summarize(name: str, tr: Trace, launch: float, end: float, requested: int, s
     }
 
 
+WARMUP_STEPS = 2  # settled steps left out of the timed window: allocator pools, first-touch pages, caches
+
+
 def steady_rate(settled: Sequence[Step]) -> float | None:
     """Samples/s once settled: each step's samples over the time since the step before, median over
-    the settled steps after the first interval (warm-up: allocator pools, first-touch pages)."""
+    the settled steps after the first ``WARMUP_STEPS`` (the warm-up is outside the timed window;
+    with too few steps for that, whatever is left after the first interval)."""
     rates = [b.samples / (b.t - a.t) for a, b in zip(settled, settled[1:], strict=False) if b.t > a.t]
-    if len(rates) > 2:
-        rates = rates[1:]
+    skip = WARMUP_STEPS if len(rates) > WARMUP_STEPS + 1 else min(1, len(rates) - 1)
+    rates = rates[max(skip, 0):]
     return statistics.median(rates) if rates else None
 
 
-# ----- running the contenders
+# ----- what runs: contenders, the sweep's fixed sizes and the self-check, each a job
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process tree to time: a contender, or the plain script at one fixed size (the sweep);
+    ``slowdown`` makes it wait that share of each step (the self-check's slower variant)."""
+
+    label: str
+    kind: str  # a contender's name, or "sweep"
+    micro: int | None = None
+    slowdown: float = 0.0
+
+
+def sweep_job(micro: int, slowdown: float = 0.0) -> Job:
+    label = f"sweep@{micro}" + (f" slowed {slowdown:.0%}" if slowdown else "")
+    return Job(label, "sweep", micro, slowdown)
 
 
 @dataclass
@@ -217,15 +245,31 @@ def worker_env(args: argparse.Namespace, records: Path, **extra: str) -> dict[st
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OOMGUARD_", "PEERS_"))}
     env.update(PEERS_RECORDS=str(records), PEERS_BUDGET_MB=str(args.budget_mb), PEERS_DEVICE=args.device,
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
-               PYTHONUNBUFFERED="1", **extra)
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
+    if args.cpu is not None:
+        env["PEERS_CPU"] = str(args.cpu)
     return env
 
 
-def command_for(name: str, args: argparse.Namespace, work: Path) -> tuple[list[str], dict[str, str]]:
+def plain_command(args: argparse.Namespace, micro: int, steps: int, out: Path) -> list[str]:
+    """The plain script at one fixed size, as the sweep runs it (and as oomguard-run's worker runs it
+    once settled: the same file, loop, checkpoint writes and records)."""
+    g = args.global_batch
+    accum = -(-g // micro)
+    return [sys.executable, str(KIT / "train_plain.py"), "--batch-size", str(micro), "--gradient-accumulation-steps",
+            str(accum), "--global-batch", str(g), "--steps", str(steps), "--output", str(out)]
+
+
+def command_for(job: Job, args: argparse.Namespace, work: Path, fitstore: Path | None = None
+                ) -> tuple[list[str], dict[str, str]]:
     g, n = str(args.global_batch), str(args.steps)
-    records = work / f"{name}.jsonl"
-    if name == "oomguard-run":
-        ckpt = work / "run-ckpt"
+    records = work / "records.jsonl"
+    if job.kind == "sweep":
+        assert job.micro is not None
+        env = worker_env(args, records, PEERS_SLOWDOWN=str(job.slowdown))
+        return plain_command(args, job.micro, args.steps, work / "ckpt"), env
+    if job.kind in ("oomguard-run", "oomguard-run-measured"):
+        ckpt = work / "ckpt"
         cmd = [sys.executable, "-m", "oomguard", "run", "--run-dir", str(work / "run"), "--no-web",
                "--global-batch", g, "--micro-batch", g, "--checkpoint", str(ckpt / "checkpoint-*"),
                "--resume-args", "--resume-from {checkpoint}", "--",
@@ -233,10 +277,13 @@ def command_for(name: str, args: argparse.Namespace, work: Path) -> tuple[list[s
                sys.executable, "-I", "-S", str(KIT / "exit_stamp.py"),
                sys.executable, str(KIT / "train_plain.py"), "--batch-size", "{micro_batch}",
                "--gradient-accumulation-steps", "{grad_accum}", "--steps", n, "--output", str(ckpt)]
-        # A fresh fit store: a remembered size would skip the OOMs this benchmark is about (a second
-        # run of the same job does start at the size that fitted; see notes in docs/peers.md).
-        return cmd, worker_env(args, records, OOMGUARD_CACHE_DIR=str(work / "fitstore"))
-    cmd = [sys.executable, str(KIT / SCRIPTS[name]), "--global-batch", g, "--steps", n]
+        # oomguard-run: an empty fit store (a remembered size would skip the OOMs this benchmark is
+        # about); oomguard-run-measured: a copy of the store a first run of the same job left.
+        store = work / "fitstore"
+        if fitstore is not None:
+            shutil.copytree(fitstore, store, dirs_exist_ok=True)
+        return cmd, worker_env(args, records, OOMGUARD_CACHE_DIR=str(store))
+    cmd = [sys.executable, str(KIT / SCRIPTS[job.kind]), "--global-batch", g, "--steps", n]
     return cmd, worker_env(args, records)
 
 
@@ -263,80 +310,108 @@ def skip_reason(name: str, device: str) -> str | None:
     return None if installed else f"{module} is not installed: pip install -e '.[bench]'"
 
 
-def contender_row(name: str, args: argparse.Namespace, work: Path, best: float | None) -> tuple[dict[str, Any],
-                                                                                               Outcome | None]:
-    why = skip_reason(name, args.device)
-    if why is not None:
-        print(f"{name}: skipped: {why}", flush=True)
-        return {"contender": name, "skipped": why}, None
-    cmd, env = command_for(name, args, work)
-    out = run(name, cmd, env, work, args.timeout)
-    row = summarize(name, trace(read_records(out.records)), out.launch, out.end, args.global_batch, args.steps, best)
+def run_job(job: Job, args: argparse.Namespace, work: Path, seed: Path | None) -> tuple[dict[str, Any], Outcome]:
+    """Run one job in a fresh directory of its own; its row (not yet compared with the sweep)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    cmd, env = command_for(job, args, work, seed if job.kind == "oomguard-run-measured" else None)
+    out = run(job.label, cmd, env, work, args.timeout)
+    row = summarize(job.label, trace(read_records(out.records)), out.launch, out.end, args.global_batch, args.steps,
+                    None)
     if out.returncode != 0:
-        row = {"contender": name, "skipped": f"exited {out.returncode}: {out.stderr.strip()[-300:]}"}
-    print(f"{name}: {json.dumps(row)}", flush=True)
+        row = {"contender": job.label, "skipped": f"exited {out.returncode}: {out.stderr.strip()[-300:]}"}
+    if job.kind in ("oomguard-run", "oomguard-run-measured") and "skipped" not in row:
+        row["restart_split"] = restart_split(read_records(out.records), work / "run")
+    print(f"  {job.label}: {json.dumps({k: v for k, v in row.items() if k != 'restart_split'})}", flush=True)
     return row, out
 
 
-def second_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """``oomguard run`` once more on the same job, with the fit store the first run left: it starts
-    at the size that fitted (what a user's second night costs). Fresh run directory and checkpoints."""
-    shutil.rmtree(work / "run-ckpt", ignore_errors=True)
-    cmd, env = command_for("oomguard-run", args, work)
-    cmd[cmd.index("--run-dir") + 1] = str(work / "run-again")
-    env["PEERS_RECORDS"] = str(work / "oomguard-run-again.jsonl")
-    out = run("oomguard-run", cmd, env, work, args.timeout)
-    row = summarize("oomguard-run", trace(read_records(out.records)), out.launch, out.end, args.global_batch,
-                    args.steps, None)
-    return {k: row.get(k) for k in ("trained_global", "micro_batch", "ooms", "settle_s", "wall_s")}
-
-
-# ----- the sweep
+# ----- which sizes fit (each probed in a fresh process)
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def sweep(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every divisor of the global batch that fits, then a bisection up to the largest size that
-    fits (each probe in a fresh process); returns the sweep row and every measured size."""
-    measured: list[dict[str, Any]] = []
+def fits(args: argparse.Namespace, micro: int, work: Path) -> bool:
+    """Does the plain script train ``--fit-steps`` steps at ``micro`` under the budget?"""
+    where = work / f"fit-{micro}"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    cmd = plain_command(args, micro, args.fit_steps, where / "ckpt")
+    out = run(f"fit@{micro}", cmd, worker_env(args, where / "records.jsonl"), where, args.timeout)
+    ok = out.returncode == 0
+    if not ok and "can't allocate memory" not in out.stderr and "out of memory" not in out.stderr:
+        raise RuntimeError(f"the plain script failed at micro-batch {micro} for a reason other than memory: "
+                           f"{out.stderr.strip()[-500:]}")
+    print(f"  micro-batch {micro}: {'fits' if ok else 'does not fit'}", flush=True)
+    return ok
 
-    def probe(sizes: list[int], steps: int) -> list[dict[str, Any]]:
-        cmd = [sys.executable, str(KIT / "train_sweep.py"), "--global-batch", str(args.global_batch),
-               "--steps", str(steps), "--sizes", *map(str, sizes)]
-        out = run("sweep", cmd, worker_env(args, work / "sweep.jsonl"), work, args.timeout)
-        found = [r for r in read_records(out.records) if r["ev"] == "sweep"]
-        if out.returncode != 0 or not found:
-            raise RuntimeError(f"sweep at {sizes} failed: {out.stderr.strip()[-500:]}")
-        measured.extend(found)
-        return found
 
-    found = probe(divisors(args.global_batch), args.sweep_steps)
-    fit = [r["micro"] for r in found if r["fits"]]
-    failed = [r["micro"] for r in found if not r["fits"]]
-    low, high = (max(fit) if fit else 0), (min(failed) if failed else None)
-    while args.bisect and high is not None and high - low > 1:  # the largest size that fits, divisor or not
+def find_fits(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The divisors of the global batch that fit (from the largest down to the first that fits:
+    memory grows with the micro-batch, so every smaller one fits too), then a bisection for the
+    largest size that fits, divisor or not."""
+    failing: int | None = None
+    low = 0
+    for d in reversed(divisors(args.global_batch)):
+        if fits(args, d, work):
+            low = d
+            break
+        failing = d
+    fitting = [d for d in divisors(args.global_batch) if d <= low]
+    high = failing
+    while args.bisect and high is not None and high - low > 1:
         mid = (low + high) // 2
-        if probe([mid], args.sweep_steps)[0]["fits"]:
-            low = mid
-        else:
-            high = mid
-    fits = sorted((r for r in measured if r["fits"]), key=lambda r: r["micro"])
-    if not fits:
-        return {"contender": "sweep", "skipped": "no micro-batch fits under the budget"}, measured
-    best = max(fits, key=lambda r: r["samples_per_s"])
-    row = {"contender": "sweep", "micro_batch": best["micro"], "samples_per_s": round(best["samples_per_s"], 1),
-           "largest_fitting": low if args.bisect else max(r["micro"] for r in fits),
-           "smallest_failing": high,
-           "fits": {str(r["micro"]): round(r["samples_per_s"], 1) for r in fits}}
-    print(f"sweep: {json.dumps(row)}", flush=True)
-    return row, measured
+        low, high = (mid, high) if fits(args, mid, work) else (low, mid)
+    return {"fitting_divisors": fitting, "largest_fitting": low, "smallest_failing": high}
+
+
+# ----- rounds: every job once per round, the order rotated, so load that comes and goes hits all alike
+
+
+def rotated(jobs: Sequence[Job], round_index: int, rounds: int) -> list[Job]:
+    shift = (round_index * len(jobs)) // max(rounds, 1)
+    return [*jobs[shift:], *jobs[:shift]]
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float] | None:
+    """Median and min–max of the figures the rounds measured (None when no round measured it)."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return None
+    return {"median": statistics.median(got), "min": min(got), "max": max(got), "n": len(got)}
+
+
+def paired(numer: Sequence[dict[str, Any]], denom: Sequence[dict[str, Any]]) -> list[float | None]:
+    """Per round, one job's samples/s over another's measured in the same round (load drift between
+    rounds cancels)."""
+    out: list[float | None] = []
+    for a, b in zip(numer, denom, strict=True):
+        x, y = a.get("samples_per_s"), b.get("samples_per_s")
+        out.append(x / y if x and y else None)
+    return out
+
+
+def aggregate(label: str, per_round: Sequence[dict[str, Any]], best: Sequence[dict[str, Any]] | None,
+              same_size: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A contender's row: each figure's median and min–max over the rounds; × best that fits and
+    × the sweep at the contender's own settled size, paired round by round."""
+    ran = [r for r in per_round if "skipped" not in r]
+    if not ran:
+        return {"contender": label, "skipped": per_round[0]["skipped"] if per_round else "did not run"}
+    row: dict[str, Any] = {"contender": label, "rounds": list(per_round)}
+    for key in ("requested_global", "trained_global", "micro_batch", "ooms", "settle_s", "wall_s", "samples_per_s",
+                "steps_redone"):
+        row[key] = spread([r.get(key) for r in ran])
+    row["ratio_to_best"] = spread(paired(per_round, best)) if best else None
+    micro = int(row["micro_batch"]["median"]) if row["micro_batch"] else None
+    if micro in same_size and label not in (f"sweep@{micro}",):
+        row["ratio_to_same_size"] = spread(paired(per_round, same_size[micro]))
+    return row
 
 
 # ----- the restart path: where the time between an OOM and the next first step goes
-
 
 SEGMENTS = ("oom to atexit", "teardown", "notice and decide", "spawn", "interpreter start", "imports",
             "model build", "data", "first step")  # "first step": or, when the size fails too, its OOM
@@ -379,11 +454,36 @@ def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict
     return splits
 
 
+
+
 # ----- output
 
 
-def markdown(rows: Sequence[dict[str, Any]], sweep_row: dict[str, Any], splits: Sequence[dict[str, Any]],
-             argv: Sequence[str], machine: str, elapsed: float) -> str:
+def fmt(figure: dict[str, float] | None, digits: int = 1) -> str:
+    """``median (min–max)``, or the one value when every round agreed."""
+    if figure is None:
+        return "–"
+    med, lo, hi = (f"{figure[k]:.{digits}f}" for k in ("median", "min", "max"))
+    return med if lo == hi else f"{med} ({lo}–{hi})"
+
+
+def _count(figure: dict[str, float] | None) -> str:
+    return fmt(figure, 0)
+
+
+def table_line(r: dict[str, Any]) -> str:
+    if "skipped" in r:
+        return f"| `{r['contender']}` | skipped: {r['skipped']} | | | | | | | |"
+    asked, trained = r["requested_global"]["median"], r["trained_global"]
+    drift = "" if trained["min"] == trained["max"] == asked else " (drifted)"
+    return (f"| `{r['contender']}` | {asked:.0f} → **{_count(trained)}**{drift} | {_count(r['micro_batch'])} "
+            f"| {_count(r['ooms'])} | {fmt(r['settle_s'])} | {fmt(r['wall_s'])} | {fmt(r['samples_per_s'])} "
+            f"| {fmt(r['ratio_to_best'], 3)} | {fmt(r.get('ratio_to_same_size'), 3)} | {_count(r['steps_redone'])} |")
+
+
+def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed: float, drawn: bool = True,
+             name: str = "peers") -> str:
+    rows, fit, check = result["contenders"], result["fits"], result["check"]
     lines = [
         "# oomguard and the tools users would pick instead",
         "",
@@ -393,56 +493,65 @@ def markdown(rows: Sequence[dict[str, Any]], sweep_row: dict[str, Any], splits: 
         "python bench/peers.py " + " ".join(shlex.quote(a) for a in argv),
         "```",
         "",
-        f"Machine: {machine}. The whole benchmark took {elapsed:.0f} s.",
+        f"Machine: {machine}. {result['rounds']} rounds, every job once per round in a rotated order; the "
+        f"whole benchmark took {elapsed:.0f} s. Each figure is the median over the rounds, with the lowest and "
+        "highest in brackets when they differ.",
         "",
         "| contender | global batch asked → trained | micro-batch | OOMs | s to settle | wall s | samples/s "
-        "| × best that fits | steps redone |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| × best that fits | × sweep at its size | steps redone |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(table_line(r) for r in rows),
     ]
-    for r in rows:
-        if "skipped" in r:
-            lines.append(f"| `{r['contender']}` | skipped: {r['skipped']} | | | | | | | |")
-            continue
-        drift = "" if r["trained_global"] == r["requested_global"] else " (drifted)"
-        lines.append(
-            f"| `{r['contender']}` | {r['requested_global']} → **{r['trained_global']}**{drift} | {r['micro_batch']} "
-            f"| {r['ooms']} | {_fmt(r['settle_s'])} | {_fmt(r['wall_s'])} | {_fmt(r['samples_per_s'])} "
-            f"| {_fmt(r['ratio_to_best'], 2)} | {r['steps_redone']} |")
-    if "skipped" not in sweep_row:
-        sizes = ", ".join(f"{m}: {v}" for m, v in sweep_row["fits"].items())
-        lines += ["", f"Sweep (samples/s at each micro-batch that fits): {sizes}. Best that fits: micro-batch "
-                  f"{sweep_row['micro_batch']} at {sweep_row['samples_per_s']} samples/s; the largest size that fits "
-                  f"is {sweep_row['largest_fitting']}, {sweep_row['smallest_failing']} does not."]
-    again = next((r["second_run"] for r in rows if "second_run" in r), None)
-    if again:
-        lines += ["", f"`oomguard-run` again on the same job (a new run directory, the fit store the first run left): "
-                  f"{again['ooms']} OOMs, micro-batch {again['micro_batch']}, global {again['trained_global']}, "
-                  f"settled in {again['settle_s']} s, {again['wall_s']} s wall. The rows above start from an empty "
-                  "fit store."]
+    sweep = result["sweep"]
+    if sweep:
+        sizes = ", ".join(f"{s['micro']}: {fmt(s['samples_per_s'])}" for s in sweep)
+        lines += ["", f"Sweep (the plain script `bench/peerkit/train_plain.py` at one fixed micro-batch per process, "
+                  f"timed by the same records as the contenders; samples/s): {sizes}. Best that fits: micro-batch "
+                  f"{result['best_micro']}. The divisors that fit: {fit['fitting_divisors']}; the largest size that "
+                  f"fits is {fit['largest_fitting']}, {fit['smallest_failing']} does not."]
+    if check:
+        lines += ["", f"Self-check: the plain script at micro-batch {check['micro']}, made "
+                  f"{check['slowdown']:.0%} slower (it spins for that share of each step), against the same size "
+                  f"unslowed in the same round: {fmt(check['ratio'], 3)} (expected {1 / (1 + check['slowdown']):.3f}); "
+                  + ("told apart in every round." if check["told_apart"] else
+                     "NOT told apart in every round: the spread here is wider than 5 %.")]
+    splits = [(f"{r + 1}.{i}", s) for r, run_splits in enumerate(result["restart_splits"])
+              for i, s in enumerate(run_splits, 1)]
     if splits:
         lines += ["", "Where an `oomguard-run` restart's time goes (seconds, from the OOM to the next attempt's first "
-                  "optimizer step; the script's own records and oomguard's journal):", "",
+                  "optimizer step; the script's own records and oomguard's journal; round.restart):", "",
                   "| restart | " + " | ".join(SEGMENTS) + " | total |", "|---" * (len(SEGMENTS) + 2) + "|"]
-        for i, s in enumerate(splits, 1):
+        for name, s in splits:
             then = "" if s["then"] == "step" else " (OOM again)"
             total = sum(s[seg] for seg in SEGMENTS)
-            lines.append(f"| {i}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
+            lines.append(f"| {name}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
     lines += ["", "How each contender runs (each script in `bench/peerkit/` says what of the tool's source and "
               "documentation it follows):", "", *(f"- `{name}`: {HOW[name]}" for name in CONTENDERS)]
-    lines += ["", "Columns: the global batch asked for and the one the last optimizer step really trained on "
-              "(the samples whose backward completed, from the model's own records); the micro-batch of that step; "
-              "OOMs (forwards whose backward never completed); seconds from launch to the first optimizer step at "
-              "the settled size; wall seconds from launch to exit; samples/s once settled (median over the settled "
-              "steps) and its ratio to the best the sweep measured; optimizer steps run beyond the asked number "
-              "(thrown away or done twice).", "", "![oomguard and its peers](peers.png)", ""]
+    lines += ["", READING, ""] + ([f"![oomguard and its peers]({name}.png)", ""] if drawn else [])
     return "\n".join(lines)
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+READING = (
+    "How to read it. Columns: the global batch asked for and the one the last optimizer step really trained on "
+    "(the samples whose backward completed, from the model's own records); the micro-batch of that step; OOMs "
+    "(forwards whose backward never completed); seconds from launch to the first optimizer step at the settled "
+    "size; wall seconds from launch to exit; samples/s once settled: the median of the per-step rates over the "
+    f"settled steps after the first {WARMUP_STEPS} (the warm-up is outside the timed window; on CUDA every timed "
+    "record waits for `torch.cuda.synchronize()`); × best that fits: that rate over the best sweep size's rate "
+    "measured in the same round (a paired ratio, so load that changes between rounds cancels); × sweep at its "
+    "size: the same against the sweep at the contender's own settled micro-batch (for `oomguard-run` the same "
+    "script, loop and timing, so this is the supervisor's tax plus noise); optimizer steps run beyond the asked "
+    "number (thrown away or done twice). The sweep runs the very script `oomguard-run` supervises, so "
+    "`oomguard-run`'s × best that fits is at most 1 within its spread by construction; a framework peer's loop "
+    "is its own and may be faster or slower than the plain loop at the same size. A difference is real when "
+    "it is larger than the brackets; the self-check line says whether a 5 % slower variant stood apart.")
 
 
-def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> None:
+def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> bool:
+    """Draw the chart; False (and a line saying so) where matplotlib is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print(f"matplotlib is not installed: {path} not drawn (pip install -e '.[bench]')", flush=True)
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
@@ -450,16 +559,20 @@ def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> Non
 
     ran = [r for r in rows if "skipped" not in r]
     names = [r["contender"] for r in ran]
-    colors = ["#2b6cb0" if n in OURS else "#a0aec0" for n in names]
+    colors = ["#2b6cb0" if n.startswith("oomguard") else "#a0aec0" for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    panels = [("global batch trained (asked: dashed)", "trained_global", ran[0]["requested_global"] if ran else None),
-              ("samples/s once settled (best that fits: dashed)", "samples_per_s", best),
+    asked = ran[0]["requested_global"]["median"] if ran else None
+    panels = [("global batch trained (asked: dashed)", "trained_global", asked),
+              ("samples/s once settled, min–max (best that fits: dashed)", "samples_per_s", best),
               ("seconds to settle (dark) and wall (light)", "wall_s", None)]
     for ax, (title, key, line) in zip(axes, panels, strict=True):
-        values = [r[key] or 0 for r in ran]
-        ax.barh(names, values, color=colors if key != "wall_s" else "#cbd5e0")
+        figs = [r[key] or {"median": 0.0, "min": 0.0, "max": 0.0} for r in ran]
+        values = [f["median"] for f in figs]
+        err = [[v - f["min"] for v, f in zip(values, figs, strict=True)],
+               [f["max"] - v for v, f in zip(values, figs, strict=True)]]
+        ax.barh(names, values, color=colors if key != "wall_s" else "#cbd5e0", xerr=err, capsize=3)
         if key == "wall_s":
-            ax.barh(names, [r["settle_s"] or 0 for r in ran], color=colors)
+            ax.barh(names, [(r["settle_s"] or {"median": 0.0})["median"] for r in ran], color=colors)
         if line:
             ax.axvline(line, color="#c53030", linestyle="--")
         ax.set_title(title, fontsize=10)
@@ -470,15 +583,17 @@ def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> Non
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
-def machine_line(device: str, load_at_start: float) -> str:
+def machine_line(device: str, load_at_start: float, cpu_pin: int | None) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    where = f"{os.cpu_count()}-core CPU ({cpu}), 1 training thread per contender"
+    pin = f", pinned to CPU {cpu_pin}" if cpu_pin is not None else ""
+    where = f"{os.cpu_count()}-core CPU ({cpu}), 1 training thread per contender{pin}"
     if device == "cuda":
         import torch
 
@@ -486,64 +601,163 @@ def machine_line(device: str, load_at_start: float) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     # Other work on the box slows every contender alike but makes the figures noisier: say how busy it was.
     load = f"1-minute load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-    return f"{where}; Python {platform.python_version()}, torch {importlib.metadata.version('torch')}; {stamp}; {load}"
+    versions = ", ".join(f"{m} {importlib.metadata.version(m)}" for m in ("torch", "transformers", "accelerate",
+                                                                          "lightning") if _installed(m))
+    return f"{where}; Python {platform.python_version()}, {versions}; {stamp}; {load}"
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps each contender must train")
-    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the rows to FILE as a JSON list")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps each contender (and each sweep size) trains")
+    p.add_argument("--rounds", type=int, default=3, help="times every job runs, in a rotated order (at least 3 for "
+                   "a spread worth reading)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the result to FILE as JSON")
     p.add_argument("--global-batch", type=int, default=64, help="the global batch asked for (also the micro-batch)")
     p.add_argument("--budget-mb", type=int, default=None,
                    help="memory each process may add after its first forward (default: 180 on CPU, 120 on CUDA); "
                    "pick it so that --global-batch does not fit")
-    p.add_argument("--sweep-steps", type=int, default=8, help="steps timed at each size of the sweep")
+    p.add_argument("--fit-steps", type=int, default=2, help="steps a size must train to count as fitting")
+    p.add_argument("--sweep-min", type=int, default=4, help="time only fitting sizes from this one up (sizes 1 and 2 "
+                   "were 10-25 %% slower than 8 on this CPU; --sweep-min 1 times them too)")
+    p.add_argument("--check", type=float, default=0.05, help="the self-check's slowdown (0: no self-check)")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="pin every contender's process to this CPU (default: the last one; -1: no pinning)")
     p.add_argument("--no-bisect", dest="bisect", action="store_false",
                    help="sweep only the divisors of the global batch (no search for the largest size that fits)")
-    p.add_argument("--no-second-run", dest="second_run", action="store_false",
-                   help="do not run oomguard-run a second time with the fit store the first run left")
     p.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), metavar="NAME",
                    help=f"run only these contenders (the sweep always runs): {', '.join(CONTENDERS)}")
     p.add_argument("--docs", type=Path, default=DOCS, help="where peers.md and peers.png go ('-': nowhere)")
     p.add_argument("--work", type=Path, default=None, help="keep the records and run directories here")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one contender may take")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
+    p.add_argument("--render", type=Path, default=None, metavar="FILE",
+                   help="run nothing: write peers.md (and the chart) again from a result --json saved")
     args = p.parse_args(argv)
     if args.budget_mb is None:
         args.budget_mb = 120 if args.device == "cuda" else 180
     if args.steps < 2:
         p.error("--steps must be at least 2 (samples/s needs two steps)")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.cpu is None:
+        args.cpu = (os.cpu_count() or 1) - 1
+    elif args.cpu < 0:
+        args.cpu = None
     return args
+
+
+def plan_jobs(args: argparse.Namespace, fit: dict[str, Any]) -> tuple[list[Job], list[dict[str, Any]]]:
+    """The jobs of every round (contenders that can run, the sweep's sizes, the self-check) and the
+    contenders skipped with their reason."""
+    jobs, skipped = [], []
+    for name in args.only:
+        why = skip_reason(name, args.device)
+        if why is None:
+            jobs.append(Job(name, name))
+        else:
+            print(f"{name}: skipped: {why}", flush=True)
+            skipped.append({"contender": name, "skipped": why})
+    sizes = sorted({*fit["fitting_divisors"], fit["largest_fitting"]} - {0})
+    jobs += [sweep_job(m) for m in sizes if m >= args.sweep_min or m == fit["largest_fitting"]]
+    if args.check and fit["fitting_divisors"]:
+        jobs.append(sweep_job(max(fit["fitting_divisors"]), args.check))
+    return jobs, skipped
+
+
+def run_rounds(args: argparse.Namespace, work: Path, jobs: Sequence[Job], seed: Path | None
+               ) -> dict[str, list[dict[str, Any]]]:
+    results: dict[str, list[dict[str, Any]]] = {j.label: [] for j in jobs}
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}", flush=True)
+        for job in rotated(jobs, r, args.rounds):
+            where = work / f"round-{r + 1}" / job.label.replace(" ", "-").replace("%", "")
+            row, _ = run_job(job, args, where, seed)
+            results[job.label].append(row)
+    return results
+
+
+def seed_store(args: argparse.Namespace, work: Path) -> Path | None:
+    """A first ``oomguard run`` of the job, so ``oomguard-run-measured`` has a fit store to start from."""
+    if "oomguard-run-measured" not in args.only:
+        return None
+    print("seeding the fit store: one oomguard-run", flush=True)
+    where = work / "seed"
+    row, _ = run_job(Job("seed", "oomguard-run"), args, where, None)
+    return where / "fitstore" if "skipped" not in row else None
+
+
+def summarize_rounds(args: argparse.Namespace, fit: dict[str, Any], jobs: Sequence[Job],
+                     results: dict[str, list[dict[str, Any]]], skipped: list[dict[str, Any]]) -> dict[str, Any]:
+    sweep_jobs = [j for j in jobs if j.kind == "sweep" and not j.slowdown]
+    same_size = {j.micro: results[j.label] for j in sweep_jobs if j.micro is not None}
+    sweep: list[dict[str, Any]] = [
+        {"micro": j.micro, "samples_per_s": spread([r.get("samples_per_s") for r in results[j.label]])}
+        for j in sweep_jobs]
+    measured = [s for s in sweep if s["samples_per_s"]]
+    best = max(measured, key=lambda s: s["samples_per_s"]["median"]) if measured else None
+    best_rounds = same_size[best["micro"]] if best else None
+    rows = [aggregate(j.label, results[j.label], best_rounds, same_size) for j in jobs if j.kind != "sweep"]
+    order = {name: i for i, name in enumerate(CONTENDERS)}
+    rows = sorted([*rows, *skipped], key=lambda r: order.get(r["contender"], 99))
+    check = None
+    slow = next((j for j in jobs if j.slowdown), None)
+    if slow is not None and slow.micro in same_size:
+        ratios = paired(results[slow.label], same_size[slow.micro])
+        got = [x for x in ratios if x is not None]
+        check = {"micro": slow.micro, "slowdown": slow.slowdown, "ratio": spread(ratios),
+                 "told_apart": bool(got) and len(got) == len(ratios) and max(got) < 1.0}
+    splits = [r.get("restart_split", []) for r in results.get("oomguard-run", [])]
+    return {"rounds": args.rounds, "fits": fit, "sweep": sweep, "best_micro": best["micro"] if best else None,
+            "best_samples_per_s": best["samples_per_s"] if best else None, "contenders": rows, "check": check,
+            "restart_splits": splits}
+
+
+def write(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """The table to stdout, the result to ``--json``, peers.md and peers.png to ``--docs``."""
+    best = result["best_samples_per_s"]["median"] if result["best_samples_per_s"] else None
+    docs = None if str(args.docs) == "-" else args.docs
+    if docs is not None:
+        docs.mkdir(parents=True, exist_ok=True)
+    name = "peers" if result.get("device", "cpu") == "cpu" else "peers-cuda"  # the CPU and the GPU table
+    drawn = docs is not None and chart(result["contenders"], best, docs / f"{name}.png")
+    text = markdown(result, result["argv"], result["machine"], result["elapsed_s"], drawn, name)
+    print(text)
+    if args.json and args.json != args.render:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if docs is not None:
+        (docs / f"{name}.md").write_text(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:  # the docs again from a saved result, nothing run
+        result = json.loads(args.render.read_text())
+        result.setdefault("argv", ["--json", str(args.render)])
+        write(result, args)
+        return 0
     began, load = time.time(), os.getloadavg()[0]
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="oomguard-peers-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        sweep_row, _ = sweep(args, work)
-        best = sweep_row.get("samples_per_s")
-        splits: list[dict[str, Any]] = []
-        for name in args.only:
-            row, out = contender_row(name, args, work, best)
-            rows.append(row)
-            if name == "oomguard-run" and out is not None and "skipped" not in row:
-                splits = row["restart_split"] = restart_split(read_records(out.records), work / "run")
-                if args.second_run:
-                    row["second_run"] = second_run(args, work)
+        print("which sizes fit", flush=True)
+        fit = find_fits(args, work / "fits")
+        jobs, skipped = plan_jobs(args, fit)
+        seed = seed_store(args, work)
+        result = summarize_rounds(args, fit, jobs, run_rounds(args, work, jobs, seed), skipped)
     elapsed = time.time() - began
-    result = [*rows, sweep_row]
-    given = list(argv if argv is not None else sys.argv[1:])
-    text = markdown(rows, sweep_row, splits, given, machine_line(args.device, load), elapsed)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if str(args.docs) != "-":
-        args.docs.mkdir(parents=True, exist_ok=True)
-        (args.docs / "peers.md").write_text(text)
-        chart(rows, best, args.docs / "peers.png")
+    result["elapsed_s"] = round(elapsed, 1)
+    result["machine"] = machine_line(args.device, load, args.cpu)
+    result["argv"] = list(argv if argv is not None else sys.argv[1:])
+    result["device"] = args.device
+    write(result, args)
     return 0
 
 

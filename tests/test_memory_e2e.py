@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 from support import WORKER, oomguard, status
 
 from oomguard.supervisor.record.journal import Journal
@@ -39,12 +40,16 @@ def run_model(run_dir: Path, tmp_path: Path, *extra: str) -> dict:  # type: igno
     return status(run_dir)
 
 
-def test_memory_model_with_grow_ends_at_the_largest_fitting_divisor(run_dir: Path, tmp_path: Path) -> None:
+def test_memory_model_with_grow_ends_at_the_largest_fitting_divisor(run_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-process batch 96, memory 30 MiB + 5 MiB/sample under a 260 MiB limit: up to ~44 fits.
     Halving alone stops at 24 after failing at 96 and 48; the model with --grow ends at 32
     (the largest divisor of 96 that fits) with no more failures."""
     halving = run_model(tmp_path / "halving", tmp_path / "h")
     assert [f["micro_batch"] for f in halving["failures"]] == [96, 48] and halving["micro_batch"] == 24
+    # The same job (its checkpoint directory is where it writes, not what it is): a fit store of its
+    # own, or it would start at the 24 the halving run fitted.
+    monkeypatch.setenv("OOMGUARD_CACHE_DIR", str(tmp_path / "grown-cache"))
     grown = run_model(run_dir, tmp_path / "g", "--grow", "--grow-after", "1")
     assert [f["micro_batch"] for f in grown["failures"]] == [96, 48]
     assert grown["micro_batch"] == 32 and grown["grad_accum"] == 3 and grown["state"] == "succeeded"

@@ -1,5 +1,9 @@
 """A plain training script, the kind ``oomguard run`` supervises unchanged (and the sweep runs).
 
+The sweep of bench/peers.py runs this same file at one fixed size per process, so "the best that
+fits" is timed by the same loop, the same records and the same checkpoint writes as ``oomguard-run``
+at that size: the two differ only by the supervisor around it.
+
 argparse flags as users write them (``--batch-size``, ``--gradient-accumulation-steps``,
 ``--resume-from``), ``checkpoint-N/`` directories written atomically, AdamW, each step's global
 batch drawn from (seed, step) so it is the same whatever the micro-batch. It knows nothing of
@@ -35,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None, help="where checkpoint-N/ go (none: no checkpoints)")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--resume-from", type=Path, default=None)
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="samples per step when --batch-size does not divide it (the last micro-batch is shorter); "
+                   "default: batch size x accumulation")
     return p.parse_args()
 
 
@@ -63,7 +70,8 @@ def main() -> None:
         opt.load_state_dict(state["optimizer"])
         start = json.loads((args.resume_from / "trainer_state.json").read_text())["step"]
     workload.mark("model", step=start)
-    size = args.batch_size * args.gradient_accumulation_steps
+    size = args.global_batch or args.batch_size * args.gradient_accumulation_steps
+    pace = workload.Pace()
     print(f"micro-batch {args.batch_size} x accumulation {args.gradient_accumulation_steps} = {size}", flush=True)
     for step in range(start, args.steps):
         batch = workload.global_batch(step, size).to(dev)
@@ -76,6 +84,7 @@ def main() -> None:
             loss.backward()
             total += loss.item()
         opt.step()
+        pace.step_done()
         print(f"step {step + 1}/{args.steps} loss {total:.4f}", flush=True)
         if args.output and ((step + 1) % args.save_every == 0 or step + 1 == args.steps):
             save(args.output, step + 1, model, opt)

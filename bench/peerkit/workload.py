@@ -15,6 +15,13 @@ stay the plain scripts users write:
   (``DefaultCPUAllocator: can't allocate memory``); on CUDA ``set_per_process_memory_fraction``, so
   the caching allocator raises a real ``torch.OutOfMemoryError``.
 - ``PEERS_DEVICE``: ``cpu`` or ``cuda``.
+- ``PEERS_CPU``: the one CPU every contender's process is pinned to (none: not pinned).
+- ``PEERS_SLOWDOWN``: a fraction; the plain script then spins for that share of each step's time
+  after the step (the benchmark's self-check: a 5 %-slower variant must be told apart).
+
+Timing: every record that times something (``opt``, ``model``, ``data``) waits for the device
+first (``torch.cuda.synchronize`` on CUDA), so a step's record is stamped when its kernels are done,
+not when they were queued. ``fwd`` and ``bwd`` only count samples and are not synchronized.
 """
 
 from __future__ import annotations
@@ -62,10 +69,17 @@ def device() -> torch.device:
 
 
 def setup() -> None:
-    """One CPU thread for every contender: the box has 2 cores shared with other work, and one
-    thread keeps the figures comparable between contenders (and no thread pool is created
-    after the address-space cap)."""
+    """One CPU thread for every contender, pinned to one core when ``PEERS_CPU`` says so: the box
+    has 2 cores shared with other work, and one thread on one core keeps the figures comparable
+    between contenders (and no thread pool is created after the address-space cap)."""
     torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # a framework already started the inter-op pool: it stays idle on CPU
+        pass
+    cpu = os.environ.get("PEERS_CPU")
+    if cpu and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(cpu)})
     # oneDNN's kernels (GELU, matmuls) allocate their scratch memory outside PyTorch's allocator and
     # fail as "could not create a primitive", which no tool (nor a GPU run) reports as an OOM; with
     # them off every allocation goes through DefaultCPUAllocator and fails as a real CPU OOM.
@@ -92,8 +106,37 @@ class Records:
 RECORDS = Records(os.environ.get("PEERS_RECORDS"))
 
 
+TIMED = ("opt", "model", "data")  # the records a figure is timed by: stamped once the device is done
+
+
 def mark(event: str, t: float | None = None, **fields: Any) -> None:
+    if event in TIMED and t is None:
+        synchronize()
     RECORDS.write(event, t, **fields)
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously; on CPU nothing waits)."""
+    if device().type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class Pace:
+    """``PEERS_SLOWDOWN``: after each step, wait that share of the step's own time (0: never)."""
+
+    def __init__(self) -> None:
+        self.share = float(os.environ.get("PEERS_SLOWDOWN", "0") or 0)
+        self.last = time.perf_counter()
+
+    def step_done(self) -> None:
+        now = time.perf_counter()
+        if self.share > 0:
+            # Spin, not sleep: on a contended CPU a sleeping task is scheduled back with the sleeper's
+            # credit, which made a "slower" variant that slept come out faster than the real one.
+            until = now + self.share * (now - self.last)
+            while time.perf_counter() < until:
+                pass
+        self.last = time.perf_counter()
 
 
 # ----- the memory cap

@@ -1,9 +1,12 @@
 """Remembering what fits across runs, so a new run of the same job starts at a size that worked.
 
-Records are keyed by a fingerprint of (training command, GPU model and memory, world size): the
-things that decide whether a micro-batch fits. The per-process batch is not in the key because
-memory depends on the micro-batch alone; a new run picks the largest divisor of its own
-per-process batch that is at or below the remembered size.
+Records are keyed by a fingerprint of what decides whether a micro-batch fits: the training command
+(with the places the run writes to, its checkpoint directories and run directory, taken out: a new
+output directory is the same job), the content of the files the command names (the script and its
+configs: the model's fingerprint as far as the supervisor can see it), the GPU model and memory,
+the world size and, without a GPU, the memory limit the run fits under. The per-process batch is
+not in the key because memory depends on the micro-batch alone; a new run picks the largest divisor
+of its own per-process batch that is at or below the remembered size.
 
 The store is one SQLite database in WAL mode with ``synchronous=FULL`` in a cache directory
 (``OOMGUARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/oomguard``, else ``~/.cache/oomguard``): a crash
@@ -46,22 +49,76 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "oomguard"
 
 
+OUTPUT = "{output}"  # stands for a path the run writes to, in a key's command
+_HASHED_MAX = 4 * 2**20  # files the command names are fingerprinted by content up to this size
+# Files whose content is the job (code, configs); any other file may be one the script writes.
+_JOB_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".json")
+
+
 @dataclass(frozen=True)
 class JobKey:
-    """What decides whether a micro-batch fits. ``gpus``: (model name, total bytes) per device."""
+    """What decides whether a micro-batch fits. ``gpus``: (model name, total bytes) per device;
+    ``limit``: the memory limit in bytes a run without a GPU fits under; ``files``: a digest of
+    each file the command names (the script, its configs)."""
 
     command: tuple[str, ...]
     gpus: tuple[tuple[str, int], ...]
     world_size: int
+    limit: int | None = None
+    files: tuple[str, ...] = ()
+
+    @classmethod
+    def for_run(cls, command: Sequence[str], cwd: Path, writes: Sequence[Path], gpus: tuple[tuple[str, int], ...],
+                world_size: int, limit: int | None) -> JobKey:
+        """The key of a run: ``writes`` are the directories it writes to (checkpoints, run directory),
+        which name the run rather than the job."""
+        here = cwd.resolve()  # a "place" that holds the working directory would swallow the script too
+        places = [w for w in (w.resolve() for w in writes) if w != here and w not in here.parents]
+        tokens, files = [], []
+        for token in command:
+            flag, eq, value = token.rpartition("=") if token.startswith("-") and "=" in token else ("", "", token)
+            path = _as_path(value, cwd)
+            if path is not None and any(path == w or w in path.parents for w in places):
+                value = OUTPUT
+            elif path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
+                files.append(_digest(path))
+            tokens.append(f"{flag}{eq}{value}")
+        return cls(tuple(tokens), gpus, world_size, None if gpus else limit, tuple(files))
 
     @property
     def fingerprint(self) -> str:
-        blob = json.dumps([list(self.command), [list(g) for g in self.gpus], self.world_size])
-        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+        parts: list[object] = [list(self.command), [list(g) for g in self.gpus], self.world_size]
+        if self.limit is not None or self.files:  # keys made before these fields keep their fingerprint
+            parts += [self.limit, list(self.files)]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
     def describe(self) -> str:
         gpus = ", ".join(f"{name} {format_size(total)}" for name, total in self.gpus) or "no GPU"
-        return f"{' '.join(self.command)[:200]} | {gpus} | world {self.world_size}"
+        limit = f" | limit {format_size(self.limit)}" if self.limit else ""
+        return f"{' '.join(self.command)[:200]} | {gpus}{limit} | world {self.world_size}"
+
+
+def _as_path(value: str, cwd: Path) -> Path | None:
+    """``value`` read as a path (existing or not: an output directory the first run has not made
+    yet must be taken out of the key as the second run's is); None for a placeholder or a flag."""
+    if not value or "{" in value or value.startswith("-"):
+        return None
+    path = Path(value) if os.path.isabs(value) else cwd / value
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def _digest(path: Path) -> str:
+    """A file's content digest (name and size only past ``_HASHED_MAX``: an interpreter, a dataset)."""
+    try:
+        size = path.stat().st_size
+        if size > _HASHED_MAX:
+            return f"{path.name}:{size}"
+        return f"{path.name}:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+    except OSError:
+        return f"{path.name}:unreadable"
 
 
 @dataclass(frozen=True)

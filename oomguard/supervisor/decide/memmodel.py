@@ -99,6 +99,45 @@ def _least_squares(worst: dict[int, int]) -> Fit | None:
     return Fit(fixed, slope, n)
 
 
+@dataclass(frozen=True)
+class OomFigures:
+    """The allocator's figures at an OOM (the in-process probe's ``oom`` record): the attempt at
+    ``micro_batch`` held ``allocated_bytes`` and asked for ``requested_bytes`` more under
+    ``limit_bytes``; ``fixed_bytes`` is what it held before its first forward (weights, optimizer
+    state: memory that does not follow the micro-batch; 0 when unknown, which only weakens the bound)."""
+
+    micro_batch: int
+    requested_bytes: int
+    allocated_bytes: int
+    limit_bytes: int
+    fixed_bytes: int = 0
+
+    def need_at(self, micro: int) -> float:
+        """A lower bound of what ``micro`` needs at the same point of the program, if every tensor
+        past the fixed memory has the batch dimension (activations do): the failed figures scaled."""
+        scaled = (self.allocated_bytes + self.requested_bytes - self.fixed_bytes) * micro / self.micro_batch
+        return self.fixed_bytes + scaled
+
+    def proves_unfit(self, micro: int) -> bool:
+        """Does the bound alone prove ``micro`` cannot fit? Only when the bound exceeds the limit: the
+        failed request must be a large share of the room for a size well below the failed one."""
+        return self.need_at(micro) > self.limit_bytes
+
+
+def unfit(micro: int, points: Iterable[Point], oom: OomFigures | None = None) -> str | None:
+    """Why the evidence proves ``micro`` cannot fit under the same limit, or None when it does not:
+    a size at or above one that failed (memory does not shrink as the micro-batch grows), or the
+    failed attempt's figures scaled down (``OomFigures.proves_unfit``)."""
+    failed = _smallest_failure(points)
+    if failed is not None and micro >= failed:
+        return f"micro-batch {failed} already failed under this limit"
+    if oom is not None and micro < oom.micro_batch and oom.proves_unfit(micro):
+        return (f"at micro-batch {oom.micro_batch} the OOM asked {oom.requested_bytes} B on top of "
+                f"{oom.allocated_bytes} B; scaled to {micro} that is {oom.need_at(micro):.3g} B > "
+                f"the limit {oom.limit_bytes} B")
+    return None
+
+
 def _smallest_failure(points: Iterable[Point]) -> int | None:
     failed = [p.micro_batch for p in points if not p.succeeded]
     return min(failed) if failed else None
@@ -121,8 +160,10 @@ def shrink_after_oom(
     capacity_bytes: int,
     margin: float = 0.1,
     min_micro: int = 1,
+    oom: OomFigures | None = None,
 ) -> Prediction | None:
-    """The micro-batch to try after an OOM at ``failed_micro`` (which ``points`` should include).
+    """The micro-batch to try after an OOM at ``failed_micro`` (which ``points`` should include),
+    never one the evidence proves cannot fit (``unfit``; ``oom``: the allocator's figures at it).
 
     None when no divisor at or above ``min_micro`` is left below the failed size: the caller is
     at the floor (fallbacks, then give up).
@@ -133,6 +174,8 @@ def shrink_after_oom(
     trusted = model is not None and model.points >= 2
     high = per_process_batch if trusted else failed_micro // 2
     options = _candidates(per_process_batch, min_micro, high, known)
+    # Sizes the OOM's own figures prove cannot fit are skipped, not tried (the next halving may be one).
+    options = [m for m in options if unfit(m, known, oom) is None]
     if not options:
         return None
     if model is None:

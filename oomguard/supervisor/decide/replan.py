@@ -42,12 +42,19 @@ def continue_saved(plan: Plan, saved: Mapping[str, Any] | None) -> PlanChange | 
     return PlanChange(resumed, Source.SAVED, f"continuing the saved plan at micro-batch {resumed.batch.micro_batch}")
 
 
-def start_at_fitted(plan: Plan, micro_batch: int | None, job: str) -> PlanChange | None:
-    """A fresh run starts where an earlier run of the same job settled (``decide.fitstore``)."""
+def start_at_fitted(plan: Plan, micro_batch: int | None, job: str, gpu: bool = False) -> PlanChange | None:
+    """A fresh run starts where an earlier run of the same job settled (``decide.fitstore``).
+
+    On a GPU it also starts with ``expandable_segments:True``: the store only lowers the start
+    after a failure, and after a CUDA OOM the policy always turns it on, so the size was measured
+    to fit with it (without it the same size can fragment and fail once more)."""
     if micro_batch is None or micro_batch == plan.batch.micro_batch:
         return None
-    return PlanChange(replace(plan, batch=plan.batch.with_micro_batch(micro_batch)), Source.FIT_STORE,
-                      f"an earlier run of this job fitted micro-batch {micro_batch} ({job})")
+    new = replace(plan, batch=plan.batch.with_micro_batch(micro_batch),
+                  expandable_segments=plan.expandable_segments or gpu)
+    also = " with expandable_segments:True" if new.expandable_segments and not plan.expandable_segments else ""
+    return PlanChange(new, Source.FIT_STORE,
+                      f"an earlier run of this job fitted micro-batch {micro_batch}{also} ({job})")
 
 
 def after_failure(decision: Decision) -> PlanChange:

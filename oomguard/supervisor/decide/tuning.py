@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import Point, Prediction, fit, propose_growth, shrink_after_oom
-from oomguard.supervisor.observe.allocator import AllocatorReport
+from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction, fit, propose_growth, shrink_after_oom
+from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -34,6 +34,7 @@ class SizeTuner:
     key: JobKey | None = None
     points: list[Point] = field(default_factory=list)
     allocator_limit: int | None = None  # what the probe says the allocator may hold (fraction's cap, else device)
+    stored_failures: list[Point] = field(default_factory=list)  # earlier runs' OOMs under the same key
 
     @staticmethod
     def points_from_attempts(rows: Sequence[dict[str, Any]]) -> list[Point]:
@@ -76,9 +77,9 @@ class SizeTuner:
         return peak.worker_rss_bytes or None
 
     def record(self, micro: int, peak: int | None, memory_failed: bool) -> None:
+        # A success with no reading (no per-process GPU figures, as in many containers) still proves
+        # the size fits: the fit store starts the next run there. The line ignores it.
         point = Point(micro, None if memory_failed else peak, not memory_failed)
-        if point.succeeded and point.peak_bytes is None:
-            return  # a success with no reading teaches nothing
         self.points.append(point)
         if self.store is not None and self.key is not None:
             try:
@@ -86,12 +87,16 @@ class SizeTuner:
             except Exception:
                 self.store = None
 
-    def shrink_hint(self, failed_micro: int, sample: MemorySample | None) -> Prediction | None:
-        capacity = self.capacity(sample)
+    def shrink_hint(self, failed_micro: int, sample: MemorySample | None, oom: OomFigures | None = None
+                    ) -> Prediction | None:
+        """Where to go after an OOM: never to a size this run or an earlier run of the same job (same
+        key: script, device, limit) saw fail, nor one ``oom``'s figures prove cannot fit."""
+        # Without a device sample the allocator's own limit at the OOM (the fraction's cap) is the room.
+        capacity = self.capacity(sample) or (oom.limit_bytes if oom is not None else None)
         if capacity is None:
             return None
-        return shrink_after_oom(self.points, failed_micro, self.per_process_batch, capacity, self.margin,
-                                self.min_micro)
+        return shrink_after_oom([*self.stored_failures, *self.points], failed_micro, self.per_process_batch,
+                                capacity, self.margin, self.min_micro, oom)
 
     def growth(self, current_micro: int, running_peak: int | None, sample: MemorySample | None
                ) -> Prediction | None:
@@ -115,4 +120,15 @@ class SizeTuner:
             record = self.store.load(self.key)
         except Exception:
             return None
-        return record.starting_micro(self.per_process_batch, requested) if record else None
+        if record is None:
+            return None
+        self.stored_failures = [p for p in record.points if not p.succeeded]
+        return record.starting_micro(self.per_process_batch, requested)
+
+
+def figures_at_oom(oom: AllocatorOom | None, micro_batch: int) -> OomFigures | None:
+    """The probe's figures at a CUDA OOM as the memory model's bound takes them; None where the
+    observer did not see the request, the allocation or the limit."""
+    if oom is None or oom.requested is None or oom.allocated is None or not oom.limit:
+        return None
+    return OomFigures(oom.micro_batch or micro_batch, oom.requested, oom.allocated, oom.limit)

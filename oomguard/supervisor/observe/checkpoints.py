@@ -142,6 +142,19 @@ class CheckpointIndex:
         self._seen: dict[str, tuple[tuple[float, int], float]] = {}  # path -> (signature, since)
         self._current: list[Checkpoint] = []
 
+    def directories(self) -> list[Path]:
+        """The directories the checkpoints are written in: each glob's path above its first
+        wildcard (its parent when the last part is the wildcard's), never the working directory or
+        one above it (a glob like ``ckpt-*`` in the working directory names no directory of its own)."""
+        roots = []
+        for pattern in self.patterns:
+            full = Path(pattern if os.path.isabs(pattern) else self.cwd / pattern)
+            magic = next((i for i, part in enumerate(full.parts) if glob.has_magic(part)), len(full.parts) - 1)
+            root = Path(*full.parts[:magic])
+            if root != self.cwd and root not in self.cwd.parents:
+                roots.append(root)
+        return roots
+
     def start(self) -> str:
         """Start watching; returns which observer is in use."""
         if not self.patterns:

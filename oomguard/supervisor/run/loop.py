@@ -31,7 +31,7 @@ from oomguard.supervisor.decide.fragmentation import at_oom
 from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
-from oomguard.supervisor.decide.tuning import SizeTuner
+from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
@@ -206,10 +206,11 @@ class Supervisor:
         if self.last_sample.gpu_unavailable:
             log(f"no GPU figures: {self.last_sample.gpu_unavailable}")
         self.tuner.store = FitStore()
-        self.tuner.key = JobKey(self.config.command, gpus, self.config.world_size)
+        self.tuner.key = JobKey.for_run(self.config.command, self.cwd, [*self.index.directories(), self.run_dir], gpus,
+                                        self.config.world_size, self.tuner.capacity(self.last_sample))
         may_shrink = fresh and self.config.may_shrink  # a script that cannot accumulate keeps its size
         start = self.tuner.starting_micro(self.plan.batch.micro_batch) if may_shrink else None
-        if (change := replan.start_at_fitted(self.plan, start, self.tuner.key.describe())) is not None:
+        if (change := replan.start_at_fitted(self.plan, start, self.tuner.key.describe(), bool(gpus))) is not None:
             self._replan(change)
             log(f"an earlier run of this job fitted micro-batch {start}: starting there")
 
@@ -691,7 +692,8 @@ class Supervisor:
         fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
         if fits:
             self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
-        hint = (self.tuner.shrink_hint(failure.micro_batch, self.last_sample)
+        oom = figures_at_oom(watch.allocator.oom, failure.micro_batch) if verdict.kind is FailureKind.CUDA_OOM else None
+        hint = (self.tuner.shrink_hint(failure.micro_batch, self.last_sample, oom)
                 if verdict.kind.is_memory and fits else None)
         if hint is not None:
             self._event("memory_model", micro_batch=hint.micro_batch, predicted_bytes=hint.predicted_peak,
