@@ -176,6 +176,10 @@ class RunConfig:
         "the middle is cut (default: no cap)", parse_size, metavar="SIZE"))
     run_dir: Path = field(default=Path("oomguard-run"), metadata=_opt(
         "--run-dir", "directory for the journal, logs and state of this run", Path, metavar="DIR"))
+    spare: bool = field(default=True, metadata=_opt(
+        "--no-spare", "start every attempt's worker cold, without a spare interpreter that imported the "
+        "script's heavy modules while the last attempt ran (only for 'python script.py'; never touches CUDA)",
+        None))
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))
     host: str = field(default="127.0.0.1", metadata=_opt(
         "--host", "dashboard address", str, metavar="H"))
