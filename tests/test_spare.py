@@ -16,6 +16,7 @@ import psutil
 import pytest
 from support import ROOT
 
+from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.run.spare import Spare, Spares, Target, env_differences, heavy_imports, target_of
 
@@ -233,7 +234,22 @@ def test_an_oom_restarts_through_the_spare_and_keeps_the_global_batch(project: P
 def test_no_spare_starts_every_worker_cold(project: Path) -> None:
     (project / "ok.py").write_text("print('fine')\n")
     run_dir = project / "run"
-    out = oomguard_run(project, "--run-dir", str(run_dir), "--no-web", "--no-spare", "--micro-batch", "1", "--global-batch", "1", "--",
-                       PY, "ok.py")
+    out = oomguard_run(project, "--run-dir", str(run_dir), "--no-web", "--no-spare", "--micro-batch", "1",
+                       "--global-batch", "1", "--", PY, "ok.py")
     assert out.returncode == 0, out.stderr
     assert journal_events(run_dir) == []
+
+
+def test_once_host_memory_runs_out_no_more_spares(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = Spares(True, project / "run", project, None, events(log))
+    spares.prepare([PY, "sub/seen.py"], env_for(project))
+    assert spares.spare is not None and spares.spare.proc is not None
+    launcher = spares.spare.proc
+    spares.after_failure(FailureKind.CUDA_OOM, None)  # GPU memory: the spare holds none
+    spares.after_failure(FailureKind.HOST_OOM, None)  # the allocator's own failure (RLIMIT_AS): the worker's alone
+    assert spares.spare is not None
+    spares.after_failure(FailureKind.HOST_OOM, signal.SIGKILL)  # the kernel's OOM killer
+    assert spares.spare is None and launcher.poll() is not None and log[-1][0] == "spare_off"
+    spares.prepare([PY, "sub/seen.py"], env_for(project))
+    assert spares.spare is None

@@ -687,6 +687,7 @@ class Supervisor:
         assert verdict.kind is not None
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
+        self.spares.after_failure(verdict.kind, verdict.signal)
         failure, attribution = self._failure(outcome)
         fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
         if fits:

@@ -9,7 +9,8 @@ running attempt loses as little as can be. It never initializes CUDA (``sparesta
 used only when the next attempt's interpreter, flags, script and environment are the ones it was
 started with; only oomguard's per-attempt variables and the allocator settings (read at the first
 CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
-starts cold.
+starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
+holds would be the worker's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
 from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
@@ -91,7 +93,7 @@ def heavy_imports(script: Path) -> list[str]:
     ``module`` or ``module:name,name``; which are third-party is decided in the worker's interpreter."""
     root = script.parent
     found: list[str] = []
-    todo, seen = [script], set()
+    todo, seen = [script], set[Path]()
     while todo and len(seen) < MAX_FILES:
         path = todo.pop()
         if path in seen:
@@ -188,8 +190,8 @@ class Spare:
         assert self.proc is not None and self.proc.stdin is not None and self.handover is not None
         target, env, nice = self.handover
         spec = {"argv": [target.script, *target.args], "env": dict(env), "cwd": str(self.cwd),
-                "script": os.path.abspath(self.cwd / target.script), "path0": path0(target.script, self.cwd), "nice": nice,
-                "oom_score_adj": self.worker_adj}
+                "script": os.path.abspath(self.cwd / target.script), "path0": path0(target.script, self.cwd),
+                "nice": nice, "oom_score_adj": self.worker_adj}
         try:  # the launcher back to a worker's OOM score too (it is the spare's parent)
             Path(f"/proc/{self.proc.pid}/oom_score_adj").write_text(str(self.worker_adj))
         except OSError:
@@ -281,6 +283,16 @@ class Spares:
             return "the command's interpreter, flags or script changed"
         changed = env_differences(spare.env, env)
         return f"environment changed since the spare started: {', '.join(changed[:5])}" if changed else ""
+
+    def after_failure(self, kind: FailureKind, sig: int | None) -> None:
+        """The kernel's OOM killer ended the worker: memory shared with the spare ran out, and a
+        spare's imports (hundreds of MB with torch) would take from the worker and so change what
+        fits; every later attempt starts cold. (An allocator's own failure, RLIMIT_AS, or
+        ``--memory-limit`` on the worker's cgroup are the worker's alone: the spare is not in them.)"""
+        if self.enabled and kind is FailureKind.HOST_OOM and sig == signal.SIGKILL:
+            self.enabled = False
+            self.discard()
+            self._event("spare_off", why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def discard(self) -> None:
         spare, self.spare = self.spare, None

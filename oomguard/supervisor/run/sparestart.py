@@ -151,7 +151,7 @@ def _run_as_main(path: str) -> None:
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    main.__builtins__ = builtins
+    main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
     with io.open_code(path) as fh:
         code = compile(fh.read(), path, "exec", dont_inherit=True)
