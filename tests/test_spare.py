@@ -83,7 +83,8 @@ def test_only_a_plain_script_run_can_have_a_spare() -> None:
 
 def test_imports_are_read_from_the_script_and_its_own_modules(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("import torch\nfrom transformers import Trainer, TrainingArguments\n"
-                                       "import helpers\nif True:\n    import lightning.pytorch as pl\n")
+                                       "import helpers\nif True:\n    import lightning.pytorch as pl\n"
+                                       "def maybe():\n    import deepspeed\n")  # not on every run
     (tmp_path / "helpers.py").write_text("from datasets import *\nimport numpy as np\n")
     assert heavy_imports(tmp_path / "train.py") == ["torch", "transformers:Trainer,TrainingArguments",
                                                     "lightning.pytorch", "datasets", "numpy"]

@@ -113,13 +113,20 @@ def heavy_imports(script: Path) -> list[str]:
 
 
 def _imports(tree: ast.AST) -> list[str]:
+    """The imports every run executes: at module level (in its ifs, trys and classes too), not in
+    functions, which may never be called: a module the script would not import must not be in the
+    worker (its memory, its side effects)."""
     items = []
-    for node in ast.walk(tree):
+    todo = [tree]
+    while todo:
+        node = todo.pop(0)
         if isinstance(node, ast.Import):
             items += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [alias.name for alias in node.names if alias.name != "*"]
             items.append(f"{node.module}:{','.join(names)}" if names else node.module)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.expr)):
+            todo += ast.iter_child_nodes(node)
     return items
 
 
