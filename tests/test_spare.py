@@ -87,7 +87,9 @@ def test_imports_are_read_from_the_script_and_its_own_modules(tmp_path: Path) ->
                                        "def maybe():\n    import deepspeed\n")  # not on every run
     (tmp_path / "helpers.py").write_text("from datasets import *\nimport numpy as np\n")
     assert heavy_imports(tmp_path / "train.py") == ["torch", "transformers:Trainer,TrainingArguments",
-                                                    "lightning.pytorch", "datasets", "numpy"]
+                                                    "lightning.pytorch", "datasets", "numpy", "torch._dynamo"]
+    (tmp_path / "infer.py").write_text("import torch\nprint(torch.zeros(1))\n")  # no optimizer: no dynamo
+    assert heavy_imports(tmp_path / "infer.py") == ["torch"]
 
 
 def test_only_per_attempt_variables_may_differ() -> None:

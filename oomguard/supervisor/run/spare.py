@@ -88,11 +88,21 @@ def path0(script: str, cwd: Path) -> str:
     return os.path.dirname(os.path.realpath(cwd / script))
 
 
+# Modules a training script imports without naming them: creating any torch optimizer imports
+# torch._dynamo (torch/optim/optimizer.py), several seconds of the restart path's "model build".
+# Taken only when the script imports torch (or a trainer on top of it) and its source says it
+# trains (an optimizer, a Trainer): an inference script would not load it.
+TRAINING_WORDS = ("optim", "Trainer")
+TRAINS_WITH_TORCH = ("torch", "transformers", "lightning", "pytorch_lightning", "accelerate")
+FOLLOW_ON = "torch._dynamo"
+
+
 def heavy_imports(script: Path) -> list[str]:
     """What the script imports, read from its source and its own modules' (never run): each as
     ``module`` or ``module:name,name``; which are third-party is decided in the worker's interpreter."""
     root = script.parent
     found: list[str] = []
+    trains = False
     todo, seen = [script], set[Path]()
     while todo and len(seen) < MAX_FILES:
         path = todo.pop()
@@ -100,15 +110,19 @@ def heavy_imports(script: Path) -> list[str]:
             continue
         seen.add(path)
         try:
-            tree = ast.parse(path.read_text(), str(path))
+            text = path.read_text()
+            tree = ast.parse(text, str(path))
         except (OSError, SyntaxError, ValueError):
             continue
+        trains = trains or any(word in text for word in TRAINING_WORDS)
         for item in _imports(tree):
             top = item.partition(":")[0].split(".")[0]
             local = [p for p in (root / f"{top}.py", root / top / "__init__.py") if p.exists()]
             todo += local
             if not local and item not in found:
                 found.append(item)
+    if trains and any(item.partition(":")[0].split(".")[0] in TRAINS_WITH_TORCH for item in found):
+        found.append(FOLLOW_ON)
     return found
 
 
