@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
@@ -162,6 +164,13 @@ def can_restore_priority() -> bool:
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
 class Spare:
     """One spare interpreter under its launcher, in its own cgroup, waiting for a handover."""
 
@@ -187,9 +196,26 @@ class Spare:
                                       procs, "--", *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
 
+    def hurry(self) -> None:
+        """The next attempt is waiting for it: its threads back to a worker's priority (it imports
+        at nice SPARE_NICE only while an attempt runs beside it)."""
+        assert self.proc is not None
+        try:
+            pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.Error:
+            return
+        worker_nice = os.getpriority(os.PRIO_PROCESS, 0)  # a cold worker inherits ours
+        for pid in pids:
+            for tid in _threads(pid):
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, worker_nice)
+                except OSError:
+                    continue
+
     def ready(self, timeout: float, interrupted: Callable[[], bool]) -> dict[str, object] | str:
         """Wait until it has imported (its ready record), or why it cannot be used."""
         assert self.proc is not None
+        self.hurry()
         deadline = time.monotonic() + timeout
         while True:
             if self.ready_file.exists():
