@@ -41,14 +41,14 @@ SEGMENTS = ("oom to atexit", "exit to next script start", "imports", "model buil
 MODES = ("cold", "spare")
 
 
-def one_run(work: Path, mode: str, steps: int, budget_mb: int) -> list[dict[str, float]]:
+def one_run(work: Path, mode: str, steps: int, budget_mb: int, device: str = "cpu") -> list[dict[str, float]]:
     """One ``oomguard run`` of the plain script; the split of each of its restarts."""
     run = work / f"{mode}-{time.monotonic_ns()}"
     records = run / "records.jsonl"
     run.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OOMGUARD_", "PEERS_"))}
     env.update(PYTHONPATH=str(ROOT), PEERS_RECORDS=str(records), PEERS_BUDGET_MB=str(budget_mb),
-               PEERS_DEVICE="cpu", OOMGUARD_CACHE_DIR=str(run / "fitstore"))  # an empty fit store: the OOMs happen
+               PEERS_DEVICE=device, OOMGUARD_CACHE_DIR=str(run / "fitstore"))  # an empty fit store: the OOMs happen
     cmd = [sys.executable, "-m", "oomguard", "run", "--run-dir", str(run / "run"), "--no-web", "--backoff", "0",
            "--global-batch", "64", "--micro-batch", "64", *(["--no-spare"] if mode == "cold" else []), "--",
            sys.executable, str(KIT / "train_plain.py"), "--batch-size", "{micro_batch}",
@@ -126,6 +126,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="optimizer steps each run trains")
     p.add_argument("--budget-mb", type=int, default=180, help="memory each process may add after its first forward")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: untested here (no GPU was lent)")
     p.add_argument("--imports", type=int, default=0, metavar="N", help="time the imports of three scripts instead")
     args = p.parse_args()
     if args.imports:
@@ -136,7 +137,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                got = one_run(Path(tmp), mode, args.steps, args.budget_mb)
+                got = one_run(Path(tmp), mode, args.steps, args.budget_mb, args.device)
                 rows[mode] += got
                 print(f"round {r + 1} {mode}: " + ", ".join(f"{g['total']:.2f} s" for g in got), flush=True)
     result: dict[str, Any] = {m: summary(rows[m]) for m in MODES}
