@@ -182,6 +182,62 @@ def build(root: Path, base: str) -> tuple[str, float]:
     return image, time.monotonic() - started
 
 
+# systemd as PID 1 over the same base (tests/test_systemd_pid1.py). Only systemd and oomguard's dependencies are
+# in the image; the checkout's oomguard/ is mounted read-only at run time through a .pth file, so a change to
+# the code needs no rebuild and the image is made once per machine (its tag is a hash of the recipe).
+SYSTEMD_REPOSITORY = "localhost/oomguard-test-systemd"
+SYSTEMD_SOURCE = "/opt/oomguard/src"  # mount the checkout's oomguard/ at SYSTEMD_SOURCE/oomguard
+SYSTEMD_OOMGUARD = "/opt/oomguard/venv/bin/oomguard"
+SYSTEMD_CONTAINERFILE = """\
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends systemd \\
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
+COPY requirements.txt /opt/oomguard/requirements.txt
+RUN python3 -m venv /opt/oomguard/venv \\
+    && /opt/oomguard/venv/bin/pip install -q --no-cache-dir -r /opt/oomguard/requirements.txt \\
+    && site="$(/opt/oomguard/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+    && echo /opt/oomguard/src > "$site/oomguard-src.pth"
+COPY oomguard /opt/oomguard/venv/bin/oomguard
+STOPSIGNAL SIGRTMIN+3
+CMD ["/lib/systemd/systemd"]
+"""
+# The console script pip would write for the package's [project.scripts] entry.
+SYSTEMD_LAUNCHER = ("#!/opt/oomguard/venv/bin/python\n"
+                    "import sys\nfrom oomguard.supervisor.cli import main\nsys.exit(main())\n")
+
+
+def systemd_image(root: Path, base: str) -> tuple[str, float]:
+    """Debian with systemd and oomguard's dependencies on ``base``: (reference, seconds spent building; 0
+    when podman already had it). Call it under ``locked()``."""
+    requirements = "\n".join(_dependencies(root / "pyproject.toml")) + "\n"
+    recipe = "\0".join([base, SYSTEMD_CONTAINERFILE, SYSTEMD_LAUNCHER, requirements])
+    key = hashlib.sha256(recipe.encode()).hexdigest()[:16]
+    ref = f"{SYSTEMD_REPOSITORY}:{key}"
+    if podman("image", "exists", ref).returncode == 0:
+        return ref, 0.0
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "Containerfile").write_text(SYSTEMD_CONTAINERFILE)
+        (Path(context) / "requirements.txt").write_text(requirements)
+        (Path(context) / "oomguard").write_text(SYSTEMD_LAUNCHER)
+        (Path(context) / "oomguard").chmod(0o755)  # COPY keeps the mode
+        podman("build", "--format", "docker", "--network", "host", *ulimits(), "--build-arg", f"BASE_IMAGE={base}",
+               "-t", ref, context, timeout=900, check=True)
+    for old in podman("images", "--format", "{{.Repository}}:{{.Tag}}", SYSTEMD_REPOSITORY).stdout.split():
+        if old != ref:  # an earlier recipe's image
+            podman("rmi", old)
+    return ref, time.monotonic() - started
+
+
+def _dependencies(pyproject: Path) -> list[str]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"

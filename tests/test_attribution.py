@@ -169,7 +169,7 @@ def test_per_sample_names_the_plateau_and_the_models_scaling() -> None:
 
     per = attribute(plateau_series(), Evidence(), 16, model=Fit(100 * MIB, 40 * MIB, 2))
     assert per.cause is Cause.PER_SAMPLE and "40.0 MiB a sample" in per.summary
-    assert per.figures["per_sample_bytes"] == 40 * MIB and "plateau" in per.summary
+    assert per.figures["per_sample_bytes"] == 40 * MIB and "at least" in per.summary  # a lower bound, no plateau
 
 
 def test_leaks_and_phase_spikes_stay_out_of_the_fit() -> None:
@@ -325,7 +325,6 @@ def test_the_forecast_and_the_cause_are_shown_in_the_status_line_and_status_text
 def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     """attach_notifications against a real HTTP receiver on 127.0.0.1."""
     import threading
-    import time
     from pathlib import Path
     from types import SimpleNamespace
 
@@ -350,9 +349,8 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
         listener("attribution", {"cause": "per_sample", "summary": spike, "below_limit_bytes": 248 * MIB})
         listener("decision", {**leak, "cause": "per_sample", "micro_batch": 8})  # a per-sample OOM is still told
         server.wait_for(2)
-        time.sleep(0.3)
         assert close is not None
-        close()
+        close()  # delivers whatever is queued: the requests below are all there ever were
         events = [body["event"] for _, body in server.requests]
         assert events == ["leak", "recovered"] and "memory leak" in server.requests[0][1]["title"], server.requests
         told = server.requests[1][1]  # the cause, with its figures, in the message and the details

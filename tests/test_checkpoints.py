@@ -28,16 +28,19 @@ def test_newest_by_step_then_mtime_and_temp_names_skipped(tmp_path: Path) -> Non
 
 
 def test_a_growing_checkpoint_is_not_chosen_while_the_worker_runs(tmp_path: Path) -> None:
-    index = CheckpointIndex(["ck-*"], tmp_path, settle=0.5)
+    """A scripted clock says how long each file has been still (a loaded machine's sleeps could
+    oversleep the settle time and let the partial file count)."""
+    now = [100.0]
+    index = CheckpointIndex(["ck-*"], tmp_path, settle=0.5, clock=lambda: now[0])
     assert index.start() in ("InotifyObserver", "PollingObserver")
     try:
         (tmp_path / "ck-1").write_bytes(b"a")
-        time.sleep(0.6)
-        index.refresh()
-        time.sleep(0.6)
+        assert index.newest(set(), worker_alive=True) is None  # first seen now: not settled yet
+        now[0] += 0.6
         assert index.newest(set(), worker_alive=True).path.endswith("ck-1")  # type: ignore[union-attr]
         (tmp_path / "ck-2").write_bytes(b"partial")
-        time.sleep(0.1)
+        index.refresh(force=True)  # seen at once, whether or not the observer has told us yet
+        now[0] += 0.1
         assert index.newest(set(), worker_alive=True).path.endswith("ck-1")  # type: ignore[union-attr]
         assert index.newest(set(), worker_alive=False).path.endswith("ck-2")  # type: ignore[union-attr]
         excluded = {str(tmp_path / "ck-2")}

@@ -57,7 +57,7 @@ def test_jobset_job_template_and_service_pass_the_kubernetes_schemas() -> None:
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 
 
-def test_jobset_gives_oomguard_options_it_accepts_and_fails_for_good_on_1_and_2() -> None:
+def test_jobset_gives_oomguard_options_it_accepts_and_fails_for_good_on_1_2_and_3() -> None:
     jobset, _ = manifests()
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
     container = job["template"]["spec"]["containers"][0]
@@ -72,4 +72,4 @@ def test_jobset_gives_oomguard_options_it_accepts_and_fails_for_good_on_1_and_2(
     assert shape.rdzv_endpoint == "pretrain-node-0-0.pretrain:29400"
     assert config.world_size == 16 and config.initial_plan.grad_accum == 8
     assert job["completions"] == job["parallelism"] == shape.nnodes
-    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2]
+    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2, 3]  # lifecycle/exits.py

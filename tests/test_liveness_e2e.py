@@ -18,7 +18,6 @@ from oomguard.supervisor.record.journal import Journal
 PY = sys.executable
 FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
 TIMEOUT, SAMPLE = 2.0, 0.5
-TICK = 0.5  # the loop checks for a hang this often (run/loop.py)
 WATCH = ["--hang-timeout", str(TIMEOUT), "--sample-interval", str(SAMPLE), "--micro-batch", "4", "--grad-accum", "2"]
 
 
@@ -37,16 +36,20 @@ def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def check_hung_in_time(run_dir: Path) -> dict[str, Any]:
-    """One hang, declared with the figures that decided it, within the timeout and one sampling
-    period of the worker's last line (and the loop's tick that notices it)."""
+    """One hang, declared with the figures that decided it, never before the timeout. How soon after
+    it (one sampling period and the loop's tick, on an idle machine) is pinned with scripted samples
+    in test_liveness.py and measured in bench/hang_latency.py: a loaded machine can miss any bound."""
     doc = status(run_dir)
     assert doc["state"] == "succeeded" and [f["kind"] for f in doc["failures"]] == ["hang"]
     evidence = doc["failures"][0]["evidence"]
     assert evidence.startswith("no output or progress for ") and "(--hang-timeout 2)" in evidence
     assert "idle for" in evidence and "% of a core (floor 5%)" in evidence and "no GPU figures" in evidence
     (hang,) = events(run_dir, "hang")
-    assert TIMEOUT <= hang["quiet_s"] <= TIMEOUT + SAMPLE + TICK + 0.25, hang
-    assert hang["idle_s"] >= TIMEOUT and hang["cpu_max_pct"] < 5 and hang["io_bytes"] < 2**20
+    assert hang["quiet_s"] >= TIMEOUT, hang
+    assert hang["idle_s"] >= TIMEOUT and hang["cpu_max_pct"] < 5
+    # Python's start-up reads (~1.1 MiB of .pyc) fall inside the idle stretch when a loaded machine
+    # starves the worker below the CPU floor while it starts (seen at load 18 on 2 cores).
+    assert hang["io_bytes"] < 4 * 2**20, hang
     return hang
 
 

@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from support import ROOT, oomguard
@@ -61,23 +63,39 @@ def log_has(run_dir: Path, attempt: int, text: str) -> bool:
 
 
 def test_follow_across_two_attempts_until_the_run_ends(tmp_path: Path, run_dir: Path) -> None:
+    """The follower attaches while attempt 1 is running (it has printed attempt 1's first line, and
+    attempt 1 waits for the test's go-ahead), then follows it and attempt 2 to the run's end."""
     proc, go = start_run(tmp_path, run_dir)
     follower = None
+    lines: list[str] = []
+    attached = threading.Event()
+
+    def read(stream: IO[str]) -> None:
+        for line in stream:
+            lines.append(line)
+            if "attempt 1 first line" in line:
+                attached.set()
+
     try:
         wait_for(lambda: log_has(run_dir, 1, "attempt 1 first line"))
         follower = subprocess.Popen([PY, "-m", "oomguard", "logs", "--run-dir", str(run_dir), "-f"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
-        time.sleep(1.0)  # the follower is attached to attempt 1 before it goes on
-        assert follower.poll() is None
+        assert follower.stdout is not None
+        reader = threading.Thread(target=read, args=(follower.stdout,), daemon=True)
+        reader.start()
+        assert attached.wait(60), lines  # following attempt 1 while it still runs
+        assert follower.poll() is None and proc.poll() is None
         go.touch()
-        out, err = follower.communicate(timeout=30)
+        assert follower.wait(timeout=60) == 0
+        reader.join(30)
+        err = follower.stderr.read() if follower.stderr else ""
         assert proc.wait(timeout=30) == 0
     finally:
         for p in (proc, follower):
             if p is not None and p.poll() is None:
                 p.kill()
-    assert follower.returncode == 0, err
+    out = "".join(lines)
     expected = ["attempt 1 first line micro=8", "attempt 1 second line", "CUDA out of memory",
                 "==> attempt-2.log <==", "attempt 2 first line micro=4", "attempt 2 finished"]
     positions = [out.index(line) for line in expected]

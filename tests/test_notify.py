@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +33,8 @@ class Receiver(ThreadingHTTPServer):
         self.headers: list[dict[str, str]] = []
         self.statuses: list[int] = []  # answers to give, in order; then 200
         self.delay_s = 0.0
+        self.answer = threading.Event()  # cleared: hold every request unanswered until the test sets it
+        self.answer.set()
         self.got = threading.Condition()
 
     @property
@@ -59,6 +61,7 @@ class Handler(BaseHTTPRequestHandler):
             self.server.got.notify_all()
             status = self.server.statuses.pop(0) if self.server.statuses else 200
         time.sleep(self.server.delay_s)
+        self.server.answer.wait(60)
         self.send_response(status)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -75,6 +78,13 @@ def receiver() -> Iterator[Receiver]:
     yield server
     server.shutdown()
     server.server_close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def _notifier(*specs: str, health: Any = None, **overrides: Any) -> Notifier:
@@ -165,8 +175,8 @@ def test_a_failing_service_is_one_degradation_and_recovers(receiver: Receiver) -
     for _ in range(2):
         sender.send(notify.succeeded("gpt", "done"))
     receiver.wait_for(4)
-    time.sleep(0.2)
-    assert health.is_degraded(component) and sender.failed == 2
+    wait_until(lambda: sender.failed == 2)  # the second's last refusal is counted after it arrived
+    assert health.is_degraded(component)
     sender.send(notify.succeeded("gpt", "done"))
     assert sender.close(5.0)
     assert not health.is_degraded(component) and sender.delivered == 1
@@ -177,30 +187,37 @@ def test_a_failing_service_is_one_degradation_and_recovers(receiver: Receiver) -
 
 
 def test_a_dead_service_does_not_delay_the_others(receiver: Receiver) -> None:
+    """The live service gets the notification while the dead one is still backing off (its next try
+    is a minute away): each target has its own thread. How fast send() returns is measured in
+    bench/notify_latency.py, not asserted here."""
     said: list[str] = []
     sender = _notifier(f"json://127.0.0.1:{_closed_port()}/", f"json://{receiver.hostport}/",
-                       health=Degradations(said.append), retries=2, backoff_s=0.5)
-    started = time.monotonic()
+                       health=Degradations(said.append), retries=2, backoff_s=60.0)
     assert sender.send(notify.succeeded("gpt", "done"))
-    assert time.monotonic() - started < 0.05
-    receiver.wait_for(1, timeout_s=1.0)  # the live one got it at once, while the dead one backs off
-    assert time.monotonic() - started < 1.0
-    sender.close(10.0)
+    receiver.wait_for(1, timeout_s=30.0)
+    wait_until(lambda: sender.delivered == 1)
+    assert sender.failed == 0  # the dead one has not given up: it waits out its backoff
+    sender.close(0.5)  # gives up the backoff still waiting
     assert sender.failed == 1 and sender.delivered == 1
-    assert len(said) == 1 and "A Connection error occurred sending JSON notification" in said[0]
+    assert len(said) == 1 and "A Connection error occurred sending JSON notification" in said[0], said
 
 
 def test_slow_service_never_blocks_the_caller(receiver: Receiver) -> None:
-    receiver.delay_s = 1.0
-    sender = _notifier(receiver.url, timeout_s=0.3, retries=0, queue_size=2)
-    started = time.monotonic()
-    results = [sender.send(notify.recovered("gpt", "cuda_oom", 8, 4, 16)) for _ in range(20)]
-    elapsed = time.monotonic() - started
-    assert elapsed < 0.1, f"send() blocked for {elapsed:.2f}s"
-    assert results[0] and sender.dropped >= 1
-    receiver.wait_for(1)
-    sender.close(3.0)
-    assert sender.failed >= 1  # the 0.3 s timeout cut the slow request short
+    """The service holds every request unanswered: all 20 sends return while the first is still
+    held (none delivered), the queue's overflow is dropped and counted, and the request timeout
+    cuts the held one short."""
+    receiver.answer.clear()
+    try:
+        sender = _notifier(receiver.url, timeout_s=0.3, retries=0, queue_size=2)
+        results = [sender.send(notify.recovered("gpt", "cuda_oom", 8, 4, 16)) for _ in range(20)]
+        assert sender.delivered == 0  # every send returned without an answer from the service
+        assert results[0] and sender.dropped >= 1 and results.count(True) + sender.dropped == 20
+        receiver.wait_for(1)
+        wait_until(lambda: sender.failed >= 1)  # the 0.3 s timeout cut the held request short
+        assert sender.delivered == 0
+    finally:
+        receiver.answer.set()
+    sender.close(10.0)
 
 
 def test_close_is_bounded_while_retrying() -> None:

@@ -98,7 +98,9 @@ def test_every_failure_kind_with_its_decision(every_kind: tuple[Path, dict[str, 
     assert "CUDA out of memory" in by_kind["cuda_oom"]["evidence"]
     assert "DefaultCPUAllocator" in by_kind["host_oom"]["evidence"]
     assert "--memory-limit" in by_kind["memory_limit"]["evidence"]
-    assert "progress for" in by_kind["hang"]["evidence"]  # "no progress" where steps are known
+    # Steps are known from the worker's progress records, so the hang is "no progress", not the
+    # "no output or progress" of a worker whose steps are unknown (a substring of both would pass either).
+    assert by_kind["hang"]["evidence"].startswith("no progress for "), by_kind["hang"]["evidence"]
     assert by_kind["killed"]["signal"] == 9 and by_kind["crash"]["exit_code"] == 3
     # Memory failures halve the micro-batch; the others restart at the same one.
     assert [(f["micro_batch"], f["decision"]["micro_batch"]) for f in failures] == [

@@ -228,4 +228,9 @@ def test_example_script_hits_a_real_allocator_oom_and_finishes_with_the_same_glo
     assert all("DefaultCPUAllocator: can't allocate memory" in f["evidence"] for f in doc["failures"])
     assert f"resumed from {out_dir}/checkpoint-4 at step 4" in result.stdout
     assert (out_dir / "checkpoint-12" / "state.pt").exists()
-    assert doc["memory"] is not None and "NVML" in (doc["memory"]["gpu_unavailable"] or "NVML")
+    memory = doc["memory"]
+    assert memory is not None
+    if memory["gpus"]:  # a machine with GPUs: their figures, and no reason for missing ones
+        assert memory["gpu_unavailable"] is None
+    else:  # none here (no driver, no NVML): status says why in one line
+        assert (memory["gpu_unavailable"] or "").startswith("GPU figures unavailable: "), memory

@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from oomguard.supervisor.lifecycle import exits
 from oomguard.supervisor.ops import systemd
 from oomguard.supervisor.ops.systemd import ServiceError, UnitOptions, render_unit
 
@@ -266,6 +271,8 @@ def test_print_writes_nothing(oomguard_bin: Path, tmp_path: Path, monkeypatch: p
      (["--", "--micro-bach", "32", "--", sys.executable, "t.py"], "--micro-bach 32 (did you mean --micro-batch?)"),
      (["--", "--micro-batch", "8", "--grad-accum", "1", sys.executable, "t.py"], "put -- before the training command"),
      (["--", "--micro-batch", "8", "--grad-accum", "1", "--", sys.executable, "trian.py"], "trian.py does not exist"),
+     (["--user", "nobody", "--", "--micro-batch", "8", "--grad-accum", "1", "--", sys.executable, "t.py"],
+      "--user nobody needs --system"),
      (["--", "--micro-batch", "8", "--grad-accum", "1", "--checkpoint", "out/*.pt", "--", sys.executable, "t.py"],
       "nothing hands the checkpoint to the script")],
 )
@@ -310,3 +317,119 @@ def test_wired_into_the_oomguard_cli(
     exec_start = _split_exec(_setting(out.getvalue(), "ExecStart")[0])
     assert exec_start == [str(oomguard_bin), "run", "--micro-batch", "8", "--grad-accum", "1", "--", sys.executable,
                           "t.py"]
+
+
+# --- What systemd does when oomguard ends (tests/test_systemd_pid1.py shows it under a real systemd) --------
+
+
+def test_a_stop_is_a_success_and_a_give_up_is_not_restarted(oomguard_bin: Path, tmp_path: Path) -> None:
+    unit = render_unit([str(oomguard_bin), "run"], tmp_path, {}, "user", "x")
+    assert _setting(unit, "SuccessExitStatus") == ["130 143"]  # 128 + SIGINT, 128 + SIGTERM: the loop's stop
+    prevented = set(_setting(unit, "RestartPreventExitStatus")[0].split())
+    assert prevented == {"1", "2", "3"}  # gave up, bad usage, an error no restart can fix
+    # restarted: oomguard's own crash and a lost peer node (EX_TEMPFAIL: the run goes on once it is back)
+    assert str(exits.EXIT_CRASHED) not in prevented and str(exits.EXIT_PEER_LOST) not in prevented
+
+
+def test_exit_statuses_are_the_ones_oomguard_returns() -> None:
+    from oomguard.supervisor.distributed import coordination
+    from oomguard.supervisor.run.control import ControlFlags
+
+    assert coordination.EXIT_PEER_LOST == exits.EXIT_PEER_LOST
+    flags = ControlFlags()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
+    try:
+        flags.install_signal_handlers()
+        stop_signals = {sig for sig in saved if signal.getsignal(sig) == flags._on_stop_signal}
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert {128 + sig for sig in stop_signals} == set(exits.STOPPED)  # the loop's _stopped: 128 + the signal
+
+
+def test_an_unexpected_error_in_oomguard_is_exit_70_not_the_give_up_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oomguard.supervisor import cli
+
+    def broken(args: argparse.Namespace, command: object) -> int:
+        raise RuntimeError("a bug in oomguard")
+
+    monkeypatch.setattr(cli, "_cmd_status", broken)
+    assert cli.main(["status"]) == exits.EXIT_CRASHED
+    assert "RuntimeError: a bug in oomguard" in capsys.readouterr().err  # the traceback, for the bug report
+
+
+def test_path_is_passed_once_in_its_order(oomguard_bin: Path, tmp_path: Path) -> None:
+    env = {"PATH": "/venv/bin:/usr/bin::/home/a/.local/bin:/venv/bin:/usr/bin:/bin:"}
+    unit = render_unit([str(oomguard_bin), "run"], tmp_path, env, "user", "x")
+    assert '"PATH=/venv/bin:/usr/bin:/home/a/.local/bin:/bin"' in _setting(unit, "Environment")
+
+
+def test_watchdog_option_sets_watchdogsec(oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    run = ["--", "--micro-batch", "4", "--grad-accum", "1", "--", sys.executable, "t.py"]
+    for flag, expected in (("20", ["20"]), ("0", [])):
+        out = io.StringIO()
+        assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), "--watchdog", flag, *run),
+                                           out) == 0
+        assert _setting(out.getvalue(), "WatchdogSec") == expected
+    assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), "--watchdog", "-1", *run)) == 2
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="checking as another user needs root")
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every user may search (pytest's tmp_path sits below a 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="oomguard-service-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def _system_unit_for(user: str, work: Path, oomguard_bin: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.chdir(work)
+    (work / "t.py").write_text("")
+    args = _parse("--print", "--system", "--user", user, "--exec", str(oomguard_bin), "--", "--micro-batch", "4",
+                  "--grad-accum", "1", "--", sys.executable, "t.py")
+    return systemd.run_service_command(args, io.StringIO())
+
+
+@needs_root
+def test_a_user_who_cannot_write_the_directory_is_refused_with_the_fix(
+    oomguard_bin: Path, shared_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = shared_tmp / "project"
+    work.mkdir()  # root's, 0755: nobody may enter but not write
+    assert _system_unit_for("nobody", work, oomguard_bin, monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert f"--user nobody cannot write {work}: give it to that user (sudo chown -R nobody: {work})" in err
+    assert err.count("\n") == 1
+
+    os.chown(work, pwd.getpwnam("nobody").pw_uid, -1)
+    assert _system_unit_for("nobody", work, oomguard_bin, monkeypatch) == 0
+    run_dir = work / "oomguard-run"  # a run root started here before: its journal is root's
+    run_dir.mkdir()
+    os.chown(run_dir, pwd.getpwnam("nobody").pw_uid, -1)
+    (run_dir / "journal.sqlite").write_text("")
+    assert _system_unit_for("nobody", work, oomguard_bin, monkeypatch) == 2
+    assert f"cannot write {run_dir / 'journal.sqlite'}" in capsys.readouterr().err
+    assert _system_unit_for("no-such-user-here", work, oomguard_bin, monkeypatch) == 2
+    assert "--user no-such-user-here: no such account" in capsys.readouterr().err
+
+
+def test_without_root_the_mode_bits_decide(shared_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    account = pwd.struct_passwd(("alice", "x", 54321, 54321, "", "/home/alice", "/bin/sh"))
+    monkeypatch.setattr(os, "getgrouplist", lambda name, gid: [gid])
+    mine, theirs = shared_tmp / "mine", shared_tmp / "theirs"
+    mine.mkdir(mode=0o777)
+    mine.chmod(0o777)
+    theirs.mkdir(mode=0o755)
+    assert systemd._denied(account, [mine]) is None
+    assert systemd._denied(account, [mine, theirs]) == theirs
+    shared_tmp.chmod(0o700)  # a parent alice cannot search
+    assert systemd._denied(account, [mine]) == mine

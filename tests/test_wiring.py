@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.decide.attribution import Evidence, attribute, earlier_plateaus
+from oomguard.supervisor.decide.attribution import Evidence, Plateau, attribute, earlier_plateaus
 from oomguard.supervisor.decide.trend import Reading
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import quiet_stop_race
@@ -346,24 +346,36 @@ def plateau(mib: int, seed: int) -> list[Reading]:
             for i in range(60)]
 
 
-def test_memory_follows_the_micro_batch_only_where_the_plateaus_do() -> None:
-    grew = attribute(plateau(422, 3), Evidence(), 32, earlier=[(128, 301 * MIB), (64, 377 * MIB)])
+def test_memory_follows_the_micro_batch_only_where_measured_plateaus_do() -> None:
+    earlier = [Plateau(128, 301 * MIB, False), Plateau(64, 377 * MIB, False)]
+    grew = attribute(plateau(422, 3), Evidence(), 32, earlier=earlier, failed=False)
     assert "memory follows" not in grew.summary
     assert re.search(r"but memory does not follow the micro-batch: its plateaus grew as the micro-batch shrank "
                      r"\(301 MiB at 128, 377 MiB at 64, 42\d MiB at 32\)$", grew.summary), grew.summary
     assert grew.figures["follows"] is False
-    fell = attribute(plateau(200, 3), Evidence(), 32, earlier=[(64, 400 * MIB)])
+    fell = attribute(plateau(200, 3), Evidence(), 32, earlier=[Plateau(64, 400 * MIB, False)], failed=False)
     assert fell.summary.startswith("per-sample: ") and re.search(
         r"memory follows the micro-batch \(plateaus 400 MiB at 64, 20\d MiB at 32\)$", fell.summary)
     one = attribute(plateau(300, 3), Evidence(), 128)
     assert one.summary.endswith("only micro-batch 128 measured so far") and "follows" not in one.summary
 
 
+def test_readings_before_a_failure_are_lower_bounds_that_say_nothing_of_scaling() -> None:
+    """Issue 27: plateaus read before OOMs (the ceiling, or a sample before the spike) never show that
+    memory "does not follow" or "grew as the micro-batch shrank"."""
+    grew = attribute(plateau(422, 3), Evidence(), 32, earlier=[(128, 301 * MIB), (64, 377 * MIB)])
+    assert "follow" not in grew.summary and "grew as" not in grew.summary, grew.summary
+    assert re.search(r"lower bounds \(at least 301 MiB at 128, at least 377 MiB at 64, at least 42\d MiB at 32\)",
+                     grew.summary), grew.summary
+    assert grew.figures["follows"] is None and grew.figures["plateau_censored"] is True
+
+
 def test_earlier_plateaus_come_from_the_journal_records() -> None:
-    attributions = {1: {"plateau_bytes": 301 * MIB}, 2: {"cause": "leak"}, 3: {"plateau_bytes": 377 * MIB}}
+    attributions = {1: {"plateau_bytes": 301 * MIB}, 2: {"cause": "leak"},
+                    3: {"plateau_bytes": 377 * MIB, "plateau_censored": False}}
     attempts = [{"attempt": 1, "micro_batch": 128}, {"attempt": 2, "micro_batch": 64},
                 {"attempt": 3, "micro_batch": 64}]
-    assert earlier_plateaus(attributions, attempts) == [(128, 301 * MIB), (64, 377 * MIB)]
+    assert earlier_plateaus(attributions, attempts) == [Plateau(128, 301 * MIB, True), Plateau(64, 377 * MIB, False)]
 
 
 # --- one way to say how a process ended --------------------------------------------------------------

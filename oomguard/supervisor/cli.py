@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -14,6 +15,7 @@ from typing import NoReturn
 from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle.exits import EXIT_CRASHED
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
 from oomguard.supervisor.run.arguments import unrecognized
@@ -148,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except KeyboardInterrupt:
         return 130
+    except Exception:  # oomguard's own bug: not 1, which says the run gave up and is not restarted
+        traceback.print_exc()
+        return EXIT_CRASHED
 
 
 if __name__ == "__main__":

@@ -180,6 +180,9 @@ class RunConfig:
         "--no-spare", "start every attempt's worker cold, without a spare interpreter that imported the "
         "script's heavy modules while the last attempt ran (only for 'python script.py'; never touches CUDA)",
         None))
+    probe: bool = field(default=True, metadata=_opt(
+        "--no-probe", "do not load oomguard's probe into the worker's Python processes (its sitecustomize on "
+        "PYTHONPATH, which reports optimizer steps, allocator peaks and OOMs; docs/probe.md)", None))
     web: bool = field(default=True, metadata=_opt("--no-web", "do not start the dashboard", None))
     host: str = field(default="127.0.0.1", metadata=_opt(
         "--host", "dashboard address", str, metavar="H"))

@@ -103,6 +103,15 @@ def _progress(doc: dict[str, object]) -> Iterator[Metric]:
         if isinstance(rate, int | float):
             yield GaugeMetricFamily("oomguard_samples_per_second", "training throughput the worker reported",
                                     value=float(rate))
+        # From the in-process probe: real optimizer steps, the allocator's peak and its limit.
+        for key, name, text in (("steps_per_s", "oomguard_steps_per_second", "optimizer steps per second (probe)"),
+                                ("allocated_peak", "oomguard_allocated_peak_bytes",
+                                 "the allocator's highest step peak in this attempt (probe)"),
+                                ("limit_bytes", "oomguard_allocator_limit_bytes",
+                                 "what the allocator may hold: a memory fraction's cap, else the device (probe)")):
+            value = progress.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                yield GaugeMetricFamily(name, text, value=float(value))
 
 
 def make_registry(journal: Callable[[], Journal]) -> CollectorRegistry:

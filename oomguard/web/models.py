@@ -62,7 +62,8 @@ class Status(_Open):
     worker_pid: int | None = None
     checkpoint: str | None = None
     newest_checkpoint: CheckpointView | None = None
-    progress: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None  # with the probe: steps_per_s, allocated_peak, limit_bytes
+    peaks: list[dict[str, Any]] = []  # per attempt: peak_allocated (probe), peak_gpu (NVML), peak_rss
     liveness: dict[str, Any] | None = None  # why a silent worker is held alive, while it is
     started: float | None = None
     updated: float | None = None
@@ -92,6 +93,7 @@ class Attempt(_Open):
     last_step: int | None = None
     peak_rss: int | None = None
     peak_gpu: int | None = None
+    peak_allocated: int | None = None  # the allocator's highest step peak, from the in-process probe
     exit: str | None = None  # "exit 1", "signal 9 (SIGKILL)": as status and the report say it; None while it runs
 
 

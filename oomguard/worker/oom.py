@@ -1,7 +1,7 @@
 """Telling a recoverable out-of-memory error from a fatal one, and giving the memory back.
 
-A CUDA OOM (``torch.OutOfMemoryError``) and a host allocator failure (PyTorch's
-``DefaultCPUAllocator: can't allocate memory``, or Python's ``MemoryError``) leave the process
+A device OOM (``torch.OutOfMemoryError``, or a library's text in ``oomtexts``) and a host allocator
+failure (PyTorch's ``DefaultCPUAllocator``, or Python's ``MemoryError``) leave the process
 usable: drop the failed step's tensors and retry smaller. Errors that poison the CUDA context
 (illegal memory access, device-side assert) do not: every later CUDA call fails, so the only
 remedy is a new process, which the supervisor provides.
@@ -17,34 +17,25 @@ from types import TracebackType
 
 import torch
 
-from oomguard.worker import protocol
+from oomguard.worker import oomtexts, protocol
 
 CUDA_OOM = "cuda_oom"
 HOST_OOM = "host_oom"
 CUDA_FATAL = "cuda_fatal"
 CRASH = "crash"
 
-# Texts of errors after which the CUDA context is unusable (sticky errors in CUDA's terms).
+# Texts of errors after which the CUDA context is unusable (sticky errors in CUDA's terms). The
+# error's own words: every CUDA error torch raises ends "Compile with `TORCH_USE_CUDA_DSA` to enable
+# device-side assertions.", an out-of-memory one included, so "device-side assert" alone is no mark.
 _FATAL_MARKERS = (
     "illegal memory access",
-    "device-side assert",
+    "device-side assert triggered",
     "misaligned address",
     "unspecified launch failure",
     "illegal instruction",
     "uncorrectable ECC error",
     "CUDA error: unknown error",
 )
-# Texts of allocation failures that do not poison the context (cuBLAS/cuDNN workspaces, HIP).
-_CUDA_OOM_MARKERS = (
-    "CUDA out of memory",
-    "CUDA error: out of memory",
-    "CUDA driver error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "HIP out of memory",
-    "hipErrorOutOfMemory",
-)
-_HOST_OOM_MARKERS = ("DefaultCPUAllocator: can't allocate memory",)
 
 
 def classify(exc: BaseException) -> str | None:
@@ -59,15 +50,22 @@ def classify(exc: BaseException) -> str | None:
     # Fatal first: an OOM reported after an illegal access is still an unusable context.
     if any(marker in text for marker in _FATAL_MARKERS):
         return CUDA_FATAL
-    if any(marker in text for marker in _CUDA_OOM_MARKERS):
+    if oomtexts.DEVICE_OOM.search(text):  # cuBLAS/cuDNN workspaces, HIP, MPS, XPU, NCCL: the context lives on
         return CUDA_OOM
-    if any(marker in text for marker in _HOST_OOM_MARKERS):
+    if oomtexts.HOST_OOM.search(text):
         return HOST_OOM
     return None
 
 
 def is_recoverable(kind: str | None) -> bool:
     return kind in (CUDA_OOM, HOST_OOM)
+
+
+def poisons_communicator(exc: BaseException) -> bool:
+    """An out-of-memory NCCL reported (``Cuda failure 'out of memory'``): a memory failure the
+    supervisor halves for, but the communicator that raised it is aborted, so a retry in this
+    process would wait in the next collective forever. Only a new process recovers."""
+    return "NCCL" in str(exc) or "Cuda failure" in str(exc)
 
 
 def drop_frames(tb: TracebackType | None) -> None:

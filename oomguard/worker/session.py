@@ -307,7 +307,7 @@ class Session:
             kind = ddp.PEER_OOM if isinstance(exc, ddp.PeerOutOfMemory) else oom.classify(exc)
             if kind is None:
                 raise
-            if kind == oom.CUDA_FATAL:
+            if kind == oom.CUDA_FATAL or (kind == oom.CUDA_OOM and oom.poisons_communicator(exc)):
                 self._die(kind, exc)
             message, phase = oom.summarize(exc), self._phase
             oom.drop_frames(exc.__traceback__)

@@ -81,6 +81,28 @@ def test_dashboard_shows_a_recovered_oom_and_follows_the_run(page: Any, recovere
     assert errors == []
 
 
+def test_dashboard_shows_the_probes_steps_peaks_and_the_limit_line(page: Any, tmp_path: Path) -> None:
+    """A worker writing the in-process probe's records (simulated, tests/workers/simulated_probe.py)
+    under a 30% memory fraction: steps per second and the allocator's peak in the detail line, each
+    attempt's allocated peak in the table, the fraction's cap as a line on the memory chart."""
+    simulated = Path(__file__).resolve().parents[1] / "workers" / "simulated_probe.py"
+    run = start_run(tmp_path, command=(sys.executable, str(simulated), "--fail-above", "4", "--steps", "100000",
+                                       "--pace", "0.1", "--fraction", "0.3"))
+    try:
+        run.wait_for(lambda d: d["state"] == "running" and d["micro_batch"] == 4
+                     and (d["progress"] or {}).get("allocated_peak") == 2 * 2**30, 60)  # attempt 3's own
+        page.goto(run.url)
+        expect = sync_api.expect
+        expect(page.locator("#detail")).to_contain_text("steps/s", timeout=15_000)
+        expect(page.locator("#detail")).to_contain_text("allocated peak 2.0 GiB of 24.0 GiB")
+        expect(page.locator('#attempts tbody tr[data-attempt="1"] td.peak')).to_have_text("5.0 GiB")
+        expect(page.locator("#chart line.limit")).to_have_count(1, timeout=15_000)
+        assert page.locator("#chart line.limit").get_attribute("data-bytes") == str(int(80 * 2**30 * 0.3))
+        assert page.evaluate("document.documentElement.scrollWidth") <= 391
+    finally:
+        run.stop()
+
+
 def _follows_a_restart_and_a_stop(page: Any, run: Run) -> None:
     expect = sync_api.expect
     response = run.post("api/control/restart", headers={"Authorization": f"Bearer {run.token}"})

@@ -94,7 +94,15 @@ def test_grows_back_and_never_retries_a_failed_size(tmp_path: Path) -> None:
     assert [r["step"] for r in records if r["type"] == "progress"] == list(range(1, 25))
 
 
-def test_cuda_fatal_error_exits_with_a_structured_record(tmp_path: Path) -> None:
+# An illegal access poisons the CUDA context; NCCL's out-of-memory is a memory failure (the supervisor
+# halves for it) whose communicator is aborted, so a retry in the process would hang in the next collective.
+FATAL = [("CUDA error: an illegal memory access was encountered", "cuda_fatal"),
+         ("NCCL error: unhandled cuda error, NCCL version 2.19.3\\nLast error:\\nCuda failure 'out of memory'",
+          "cuda_oom")]
+
+
+@pytest.mark.parametrize(("message", "kind"), FATAL, ids=["illegal-access", "nccl-oom"])
+def test_cuda_fatal_error_exits_with_a_structured_record(tmp_path: Path, message: str, kind: str) -> None:
     script = tmp_path / "fatal.py"
     script.write_text(
         textwrap.dedent(
@@ -104,7 +112,7 @@ def test_cuda_fatal_error_exits_with_a_structured_record(tmp_path: Path) -> None
 
             def loss_fn(model, batch):
                 if session.step_count == 2:  # what a poisoned CUDA context raises
-                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                    raise RuntimeError("MESSAGE")
                 return model(batch).pow(2).mean()
 
             model = torch.nn.Linear(4, 1)
@@ -113,14 +121,14 @@ def test_cuda_fatal_error_exits_with_a_structured_record(tmp_path: Path) -> None
             for _ in range(5):
                 session.step(torch.randn(8, 4))
             """
-        )
+        ).replace("MESSAGE", message)
     )
     env = {**os.environ, "OOMGUARD_EVENTS": str(tmp_path / "events.jsonl")}
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "illegal memory access" in proc.stderr
+    assert message.split("\\n")[-1] in proc.stderr
     failure = next(r for r in events(tmp_path / "events.jsonl") if r["type"] == "failure")
-    assert failure["kind"] == "cuda_fatal" and failure["step"] == 2
+    assert failure["kind"] == kind and failure["step"] == 2
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,17 @@ causes, most specific first:
   jumped above its trend in one step, today's remedy (halve) is right. The summary says "memory
   follows the micro-batch" only where the figures show it: the memory model's line through two sizes
   or more, or this run's plateaus at two sizes or more, higher at the larger one (by
-  ``FOLLOW_MARGIN``). Plateaus that grew as the batch shrank (301 MiB at 128, 377 at 64, 422 at 32)
-  are said as such; one size says nothing yet.
+  ``FOLLOW_MARGIN``), and it says memory does not follow only from plateaus that were measured.
+
+A reading taken at or just before a memory failure is a lower bound, never a plateau: at a CUDA OOM
+the device was full by definition, and a failure between two samples leaves the last reading below
+what the step needed. Such a plateau is *censored* (``Plateau.censored``); plateaus of failed
+attempts are listed as "at least", and no line infers from them how memory scales with the batch
+(81014 MiB at 512 and 80132 MiB at 256 were both the ceiling, not what the batches needed).
+Readings that saw none of the worker's memory (NVML's per-process figure is 0 where it cannot see
+the processes) are no readings at all. With the in-process probe, a CUDA OOM is told in the
+allocator's words and figures (``Evidence.allocator``): how much it asked for, how much was
+allocated of the limit, and the memory per sample its step peaks measured at other micro-batches.
 
 A steady line that was still far below the limit when the worker died did not kill it: something
 jumped above the line (a spike), and the spike is the cause, whatever the line's R². Where both
@@ -36,11 +45,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from oomguard.supervisor.decide.memmodel import Fit
+from oomguard.supervisor.decide.memmodel import Fit, Point, fit
 from oomguard.supervisor.decide.trend import MIB, Headroom, Reading, Trend, steady_rise
+from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.phase import Phase, phase_of
+from oomguard.supervisor.units import format_size
 
 
 class Cause(enum.Enum):
@@ -73,6 +84,8 @@ class Evidence:
     tail: Sequence[str] = ()  # the last lines of output
     dataloader: str | None = None  # the line saying a DataLoader worker died
     capacity: int | None = None  # the per-process cap its CUDA OOM message names ("23.75 GiB allowed")
+    allocator: AllocatorOom | None = None  # the probe's figures at the CUDA OOM
+    step_peaks: Mapping[int, int] = field(default_factory=dict)  # micro-batch -> allocator's step peak there
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,15 @@ class Limit:
         return Headroom(self.budget, self.bytes, trend, max(at, trend.t_last))
 
 
+class Plateau(NamedTuple):
+    """The highest reading of an attempt at one micro-batch; ``censored`` when a memory failure ended
+    the attempt (the need was at least this, maybe far more)."""
+
+    micro_batch: int
+    bytes: int
+    censored: bool = True
+
+
 @dataclass(frozen=True)
 class Attribution:
     cause: Cause
@@ -108,12 +130,15 @@ class Attribution:
 
 def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
               what: str = "worker RSS", model: Fit | None = None, limit: Limit | None = None,
-              earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
+              earlier: Sequence[Plateau] = (), failed: bool = True) -> Attribution:
     """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are
     of; ``model`` is the memory model's line through this job's successful sizes, if it has one;
     ``limit`` is the limit that applied at the failure (None: no failure to explain, as at a
     planned restart, or no limit known): a rise is a leak only if its line reaches that limit;
-    ``earlier`` the (micro-batch, plateau bytes) of this run's earlier per-sample failures."""
+    ``earlier`` the plateaus of this run's earlier per-sample failures; ``failed``: a memory failure
+    ended the attempt, so its readings are lower bounds (False for a planned restart)."""
+    blind = bool(readings) and not any(r.used for r in readings)
+    readings, limit = _seen(readings, limit)
     trend = steady_rise(readings)
     room = limit.headroom() if limit is not None else None
     figures = {**_trend_figures(trend), **_room_figures(room)}
@@ -127,10 +152,29 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
         if found is not None:
             return found
     spike = _spike(trend, room)
+    alloc = evidence.allocator
+    if alloc is not None:  # the allocator's own figures say more than any reading from outside
+        figures.update(_allocator_figures(alloc, micro_batch, evidence.step_peaks))
+        spike = f"; {_allocator_line(alloc, micro_batch, figures)}"
     if phase is not None:
         return Attribution(_PHASE_CAUSE[phase[0]], f"{phase[0].value}-time spike ({phase[1]}){spike}",
                            {**figures, "evidence": phase[1]})
-    return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier)
+    if alloc is not None:
+        return Attribution(Cause.PER_SAMPLE, f"per-sample: {spike[2:]}", figures)
+    if blind:
+        figures["unseen"] = what
+        spike = f"; the {what} readings saw none of its memory (all 0){spike}"
+    return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier, failed)
+
+
+def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Reading], Limit | None]:
+    """Readings that are all 0 did not see the worker's memory (NVML without a per-process figure):
+    they are no readings, and a limit measured on such readings is no limit to measure against."""
+    if readings and not any(r.used for r in readings):
+        return (), None
+    if limit is not None and not any(r.used for r in limit.readings):
+        return readings, None
+    return readings, limit
 
 
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
@@ -170,6 +214,8 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
     text = f"; at the failure {room.describe()}"
     if jump is not None:
         text += f", and memory jumped {jump.above / MIB:.0f} MiB above it"
+    elif not room.reached:
+        text += ", so the memory that reached it came between two readings"
     if trend is not None and trend.steady():  # a steady rise that did not reach the limit
         rise = room.expected - room.trend.first
         text += (f"; the trend rose only {rise / MIB:.0f} MiB in this attempt, less than the "
@@ -180,7 +226,7 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
 
 def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: int, what: str,
                 model: Fit | None, figures: dict[str, Any], spike: str,
-                earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
+                earlier: Sequence[Plateau] = (), failed: bool = True) -> Attribution:
     if trend is None:
         why = "too few samples after warm-up to see a trend"
     elif trend.steady():
@@ -189,7 +235,10 @@ def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: i
         why = f"no steady rise after warm-up (slope {trend.per_s / 1e6:.1f} MB/s, R² {trend.r2:.2f})"
     if readings:
         figures["plateau_bytes"] = max(r.used for r in readings)
-        why += f", plateau {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch}"
+        figures["plateau_censored"] = failed
+        why += (f", at least {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch} (the highest "
+                "reading before the failure: a lower bound)" if failed else
+                f", plateau {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch}")
     if model is not None and model.points >= 2:  # a line through two sizes or more: the scaling is measured
         figures["per_sample_bytes"] = round(model.per_sample_bytes)
         why += f"; the memory model measured {model.per_sample_bytes / MIB:.1f} MiB a sample"
@@ -197,17 +246,24 @@ def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: i
     return Attribution(Cause.PER_SAMPLE, _scaling(why + spike, micro_batch, figures, earlier), figures)
 
 
-def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Sequence[tuple[int, int]]) -> str:
-    """The per-sample summary, saying what the plateaus at each size show about the batch."""
-    sizes = dict(earlier)
+def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Sequence[Plateau]) -> str:
+    """The per-sample summary, saying what the plateaus at each size show about the batch: only
+    measured plateaus can show it; lower bounds (read before a failure) are listed as such."""
+    sizes = {q.micro_batch: q for q in (Plateau(*p) for p in earlier)}
     if figures.get("plateau_bytes"):
-        sizes[micro_batch] = figures["plateau_bytes"]
+        sizes[micro_batch] = Plateau(micro_batch, figures["plateau_bytes"], figures.get("plateau_censored", True))
     if len(sizes) < 2:
         return f"per-sample, by elimination: {why}; only micro-batch {micro_batch} measured so far"
-    ordered = sorted(sizes.items(), reverse=True)  # the largest first: the order halving goes
-    figures["plateaus"] = {str(m): b for m, b in ordered}
-    listed = ", ".join(f"{b / MIB:.0f} MiB at {m}" for m, b in ordered)
-    largest, smallest = ordered[0][1], ordered[-1][1]
+    ordered = sorted(sizes.values(), reverse=True)  # the largest first: the order halving goes
+    figures["plateaus"] = {str(p.micro_batch): p.bytes for p in ordered}
+    if any(p.censored for p in ordered):
+        figures["follows"] = None
+        bounds = ", ".join(f"{'at least ' if p.censored else ''}{p.bytes / MIB:.0f} MiB at {p.micro_batch}"
+                           for p in ordered)
+        return (f"per-sample, by elimination: {why}; the readings before a memory failure are lower bounds "
+                f"({bounds}), so they cannot tell how memory scales with the micro-batch")
+    listed = ", ".join(f"{p.bytes / MIB:.0f} MiB at {p.micro_batch}" for p in ordered)
+    largest, smallest = ordered[0].bytes, ordered[-1].bytes
     figures["follows"] = largest > smallest * (1 + FOLLOW_MARGIN)
     if figures["follows"]:
         return f"per-sample: {why}; memory follows the micro-batch (plateaus {listed})"
@@ -217,12 +273,62 @@ def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Seque
 
 
 def earlier_plateaus(attributions: Mapping[int, Mapping[str, Any]],
-                     attempts: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """(micro-batch, plateau) of each earlier attempt whose failure was attributed with a plateau,
-    from the journal's ``attribution`` events and attempts; a later one at the same size wins."""
+                     attempts: Sequence[Mapping[str, Any]]) -> list[Plateau]:
+    """The plateau of each earlier attempt whose failure was attributed with one, from the journal's
+    ``attribution`` events and attempts; a later one at the same size wins. A plateau recorded
+    before plateaus were marked is a failure's, so censored."""
     micro = {a["attempt"]: a["micro_batch"] for a in attempts}
-    return [(micro[n], int(data["plateau_bytes"])) for n, data in sorted(attributions.items())
-            if data.get("plateau_bytes") and n in micro]
+    return [Plateau(micro[n], int(data["plateau_bytes"]), bool(data.get("plateau_censored", True)))
+            for n, data in sorted(attributions.items()) if data.get("plateau_bytes") and n in micro]
+
+
+def step_peaks(attempts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """micro-batch -> the highest allocator step peak the probe measured there, over the journal's
+    attempts (each completed step at a size measures what that size needs, even in an attempt that
+    failed later)."""
+    peaks: dict[int, int] = {}
+    for row in attempts:
+        if row.get("peak_allocated"):
+            peaks[row["micro_batch"]] = max(peaks.get(row["micro_batch"], 0), int(row["peak_allocated"]))
+    return peaks
+
+
+def _allocator_line(alloc: AllocatorOom, micro_batch: int, figures: Mapping[str, Any]) -> str:
+    """``needed 1.1 GiB more with 77.6 GiB allocated of 79.2 GiB at micro-batch 256; 0.3 GiB per
+    sample measured at 128``: the allocator's figures at the OOM, and what its step peaks at other
+    micro-batches measured per sample."""
+    micro = alloc.micro_batch or micro_batch
+    parts = [f"needed {format_size(alloc.requested)} more" if alloc.requested is not None else "an allocation failed"]
+    if alloc.allocated is not None:
+        limit = alloc.limit
+        parts.append(f"with {format_size(alloc.allocated)} allocated"
+                     + (f" of {format_size(limit)}" + (f" ({alloc.fraction:.0%} of the device)" if alloc.fraction
+                                                        else "") if limit is not None else ""))
+    text = " ".join(parts) + f" at micro-batch {micro}"
+    unallocated = alloc.reserved_unallocated
+    if unallocated:
+        text += f" ({format_size(unallocated)} reserved but unallocated)"
+    if (per_sample := figures.get("per_sample_bytes")) is not None:
+        sizes = " and ".join(str(m) for m in sorted(figures["measured_at"], reverse=True))
+        # One size cannot part fixed memory from per-sample memory: its peak over its samples is a ceiling.
+        most = "at most " if len(figures["measured_at"]) == 1 else ""
+        text += f"; {most}{format_size(per_sample)} per sample measured at {sizes}"
+    return text
+
+
+def _allocator_figures(alloc: AllocatorOom, micro_batch: int, step_peaks: Mapping[int, int]) -> dict[str, Any]:
+    """The allocator's figures at the OOM, and the per-sample memory its step peaks at the other
+    micro-batches measured: the slope of the line through two sizes or more, else the peak of one
+    size over its samples (which counts fixed memory per sample, so errs high)."""
+    figures: dict[str, Any] = {"source": "allocator", "requested_bytes": alloc.requested,
+                               "allocated_bytes": alloc.allocated, "reserved_bytes": alloc.reserved,
+                               "limit_bytes": alloc.limit, "fraction": alloc.fraction}
+    others = {m: b for m, b in step_peaks.items() if m != (alloc.micro_batch or micro_batch) and b > 0}
+    line = fit(Point(m, b, True) for m, b in others.items())
+    if line is not None:
+        figures["per_sample_bytes"] = round(line.per_sample_bytes)
+        figures["measured_at"] = sorted(others, reverse=True)
+    return figures
 
 
 def _trend_figures(trend: Trend | None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from oomguard.supervisor.observe.output import OutputScanner
 
 
 class FailureKind(enum.Enum):
-    CUDA_OOM = "cuda_oom"
+    CUDA_OOM = "cuda_oom"  # the accelerator's memory, whichever: CUDA, ROCm/HIP, MPS, XPU (docs/oom-messages.md)
     HOST_OOM = "host_oom"
     MEMORY_LIMIT = "memory_limit"
     HANG = "hang"

@@ -32,6 +32,9 @@ MARGIN_S = 3.0
 MARGIN_FRACTION = 0.15
 
 
+ALLOCATOR = "allocator"  # the budget of the probe's step peaks against the allocator's limit
+
+
 class Move(enum.Enum):
     WATCH = "watch"
     RESTART_AT_NEXT = "restart_at_next_checkpoint"
@@ -99,13 +102,18 @@ def forecast(readings: Sequence[Reading], budget: Budget, next_checkpoint_in: fl
     return Forecast(left, rate, budget.name, budget.limit, move, measured)
 
 
-def budgets(sample: MemorySample, memory_limit: int | None, fraction: float) -> list[Budget]:
+def budgets(sample: MemorySample, memory_limit: int | None, fraction: float,
+            allocator: tuple[int, int] | None = None) -> list[Budget]:
     """The limits that apply now, each with the memory counted against it. The target is the
     ``--soft-threshold`` fraction of each limit: room for what the line cannot see (a step's
     transient allocations, the restart itself). A cgroup's limit counts everything in the cgroup
     that sets it (the supervisor too, when oomguard runs inside a limited cgroup), so that cgroup's
-    working set is what is compared with it."""
+    working set is what is compared with it. ``allocator``: the in-process probe's newest step peak
+    and the limit the allocator may reach (a per-process fraction's cap, which NVML cannot see)."""
     found = []
+    if allocator is not None:
+        used, limit = allocator
+        found.append(Budget(ALLOCATOR, used, int(limit * fraction), limit))
     if sample.gpus:
         busiest = max(sample.gpus, key=lambda g: g.used_bytes)
         found.append(Budget("GPU", busiest.used_bytes, int(busiest.total_bytes * fraction), busiest.total_bytes))

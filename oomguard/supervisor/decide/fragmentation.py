@@ -6,13 +6,16 @@ unallocated": cached blocks the request did not fit into. ``expandable_segments:
 allocator reuse that memory, so retrying at the same micro-batch can only help when it is a large
 share of what the process may use. On an 80 GB H100 three real OOMs showed 1.2-2.1 GiB (2-5%)
 unallocated for 0.75-1 GiB requests: a retry at the same size failed each time, because the step
-needed far more than those few GiB. Pure: the loop hands it the scanner's numbers.
+needed far more than those few GiB. Pure: the loop hands it the scanner's numbers, or, where the
+in-process probe caught the OOM, the allocator's own (``at_oom``): reserved minus allocated at that
+moment, against the request and the limit the allocator may reach; those come first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.units import format_size
 
 # Reserved-but-unallocated memory at or above this share of the memory the process may use is what
@@ -49,3 +52,13 @@ def judge(tried: int | None, reserved_unallocated: int | None, capacity: int | N
     if share >= SHARE:
         return Judgement(True, f"fragmentation: {figures}")
     return Judgement(False, f"not fragmentation: {figures} (below {SHARE:.0%})")
+
+
+def at_oom(allocator: AllocatorOom | None, tried: int | None, reserved_unallocated: int | None,
+           capacity: int | None, predicted_peak: float | None = None) -> Judgement:
+    """Fragmentation judged from the probe's figures at the OOM where it has them (reserved minus
+    allocated, the request, the allocator's limit), else from the OOM message's."""
+    if allocator is None or allocator.requested is None or allocator.reserved_unallocated is None:
+        return judge(tried, reserved_unallocated, capacity, predicted_peak)
+    found = judge(allocator.requested, allocator.reserved_unallocated, allocator.limit or capacity, predicted_peak)
+    return Judgement(found.fragmented, f"{found.why} (the allocator's figures at the OOM)")

@@ -3,6 +3,11 @@
 Each attempt becomes a ``Point`` (its micro-batch, the peak it reached, whether memory failed).
 From the points the model proposes where to shrink after an OOM, whether ``--grow`` may try a
 larger micro-batch, and, through the fit store, where a new run of the same job should start.
+
+Where the in-process probe reports the allocator's per-step peaks, a point's peak is the highest of
+them (what the model allocated at that micro-batch), not NVML's reserved view (which adds the CUDA
+context and the allocator's cache, and misses peaks between two samples); and the limit the probe
+reports (a per-process memory fraction's cap, else the device) is the capacity the model fits under.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.memmodel import Point, Prediction, fit, propose_growth, shrink_after_oom
+from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -27,6 +33,7 @@ class SizeTuner:
     store: FitStore | None = None
     key: JobKey | None = None
     points: list[Point] = field(default_factory=list)
+    allocator_limit: int | None = None  # what the probe says the allocator may hold (fraction's cap, else device)
 
     @staticmethod
     def points_from_attempts(rows: Sequence[dict[str, Any]]) -> list[Point]:
@@ -35,12 +42,16 @@ class SizeTuner:
         for row in rows:
             if row["kind"] in MEMORY_KINDS:
                 points.append(Point(row["micro_batch"], None, False))
-            elif row["ended"] is not None and (peak := row["peak_gpu"] or row["peak_rss"]):
+            elif row["ended"] is not None and (peak := row.get("peak_allocated") or row["peak_gpu"]
+                                               or row["peak_rss"]):
                 points.append(Point(row["micro_batch"], peak, True))
         return points
 
     def capacity(self, sample: MemorySample | None) -> int | None:
-        """The budget the model fits under: the GPU when there is one, else the host's limit."""
+        """The budget the model fits under: the allocator's limit where the probe reported one, else the
+        GPU when there is one, else the host's limit."""
+        if self.allocator_limit:
+            return self.allocator_limit
         if sample is None:
             return self.memory_limit
         if sample.gpus:  # the smallest device decides: every rank must fit on its own GPU
@@ -51,8 +62,13 @@ class SizeTuner:
             return sample.cgroup.limit_bytes
         return sample.host_total_bytes
 
-    @staticmethod
-    def peak_bytes(peak: AttemptPeak | None, sample: MemorySample | None) -> int | None:
+    def peak_bytes(self, peak: AttemptPeak | None, sample: MemorySample | None,
+                   probe: ProbeReport | None = None) -> int | None:
+        """The attempt's peak as the model counts it: the allocator's step peak where the probe gave
+        one (its limit then becomes the capacity), else NVML's GPU figure, else the worker's RSS."""
+        if probe is not None and probe.allocated_peak:
+            self.allocator_limit = probe.limit_bytes or self.allocator_limit
+            return probe.allocated_peak
         if peak is None:
             return None
         if sample is not None and sample.gpus:
@@ -87,7 +103,8 @@ class SizeTuner:
 
     def predicted_gpu_peak(self, micro: int, sample: MemorySample | None) -> float | None:
         """The model's GPU peak at ``micro`` (from measured peaks per sample), when it models a GPU."""
-        model = fit(self.points) if sample is not None and sample.gpus else None
+        gpu = self.allocator_limit is not None or (sample is not None and bool(sample.gpus))
+        model = fit(self.points) if gpu else None
         return model.predict(micro) if model is not None else None
 
     def starting_micro(self, requested: int) -> int | None:

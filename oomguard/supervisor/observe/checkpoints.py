@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,10 +130,12 @@ def _watch_roots(patterns: Iterable[str], cwd: Path) -> set[str]:
 class CheckpointIndex:
     """The checkpoints of a run, kept current while the worker runs."""
 
-    def __init__(self, patterns: Iterable[str], cwd: Path, settle: float = 1.0) -> None:
+    def __init__(self, patterns: Iterable[str], cwd: Path, settle: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.patterns = tuple(patterns)
         self.cwd = cwd
         self.settle = settle
+        self.clock = clock  # injectable: the tests script how long a file has been still
         self._dirty = threading.Event()
         self._dirty.set()
         self._observer: BaseObserver | None = None
@@ -170,11 +172,11 @@ class CheckpointIndex:
 
     def refresh(self, force: bool = False) -> list[Checkpoint]:
         """Rescan if something changed (or while candidates are still settling)."""
-        settling = any(since > time.monotonic() - self.settle for _, since in self._seen.values())
+        settling = any(since > self.clock() - self.settle for _, since in self._seen.values())
         if force or self._dirty.is_set() or settling or self._observer is None:
             self._dirty.clear()
             self._current = scan(self.patterns, self.cwd)
-            now = time.monotonic()
+            now = self.clock()
             seen = {}
             for c in self._current:
                 old = self._seen.get(c.path)
@@ -184,7 +186,7 @@ class CheckpointIndex:
 
     def settled(self, exclude: set[str] = frozenset()) -> list[Checkpoint]:  # type: ignore[assignment]
         """Checkpoints whose size and mtime have not changed for ``settle`` seconds, newest first."""
-        cutoff = time.monotonic() - self.settle
+        cutoff = self.clock() - self.settle
         return [c for c in self.refresh() if c.path not in exclude and self._seen[c.path][1] <= cutoff]
 
     def newest(self, exclude: set[str], worker_alive: bool) -> Checkpoint | None:

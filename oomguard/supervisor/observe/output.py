@@ -10,15 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-# The texts by which PyTorch, CUDA, cuBLAS, cuDNN and HIP report an allocation failure on the device.
-_DEVICE_OOM = re.compile(
-    r"(torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"
-    r"|CUDA driver error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
-    r"|cuDNN error: CUDNN_STATUS_NOT_ALLOC|HIP out of memory|hipErrorOutOfMemory"
-    r"|HIP error: out of memory|MPS backend out of memory)"
-)
-# PyTorch's host allocator failure (seen under RLIMIT_AS or a full machine) and Python's own.
-_HOST_OOM = re.compile(r"(DefaultCPUAllocator: can't allocate memory|^MemoryError\b|\bMemoryError: )")
+from oomguard.worker import oomtexts
+
+# An allocation failure on the device: the exception's type name (torch >= 1.13; the message after it
+# may be anything a custom allocator says), or a library's own text (``oomtexts``).
+_DEVICE_OOM = re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|" + oomtexts.DEVICE_OOM.pattern)
+# PyTorch's host allocator failure (seen under RLIMIT_AS or a full machine), Python's own, and NumPy's
+# (``numpy._core._exceptions._ArrayMemoryError: Unable to allocate 32.0 TiB for an array ...``).
+_HOST_OOM = re.compile(oomtexts.HOST_OOM.pattern + r"|^MemoryError\b|\bMemoryError: |\b_ArrayMemoryError: ")
 # A worker that cannot read its checkpoint dies with one of these before making progress.
 _LOAD_ERROR = re.compile(
     r"(PytorchStreamReader failed|failed finding central directory|Error\(s\) in loading state_dict"

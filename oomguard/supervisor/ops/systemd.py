@@ -5,7 +5,9 @@ such a job needs: ``Restart=on-failure`` for the supervisor itself, ``OOMPolicy=
 one kernel OOM kill of the worker stops the whole unit, supervisor included), a ``TimeoutStopSec``
 long enough for a final checkpoint, and ``KillMode=mixed`` so that systemd sends SIGTERM to the
 supervisor alone and the supervisor stops its worker group itself (SIGKILL reaches all only at the
-deadline).
+deadline). How ``oomguard run`` ends (lifecycle/exits.py) decides what systemd does next: a stop is a
+success, a give-up is not restarted, a crash of oomguard itself is. tests/test_systemd_pid1.py runs
+the unit under a real systemd and shows each of these.
 
 Arguments are quoted by systemd's rules (``systemd.service(5)``, "Command lines"), not the shell's:
 each word is double-quoted with C escapes, ``%`` is a specifier (``%%``) and ``$`` an environment
@@ -20,6 +22,7 @@ import pwd
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import exits
 from oomguard.supervisor.record.durable import write_atomic
 
 USER = "user"
@@ -61,14 +65,15 @@ class UnitOptions:
     start_limit_interval_s: int = 3600
     notify: bool = True  # Type=notify: the supervisor sends READY=1 (supervisor/sdnotify.py)
     watchdog_s: int = 120  # 0 disables WatchdogSec; the loop pings at half of it
-    no_restart_exit_codes: tuple[int, ...] = (2,)  # bad input: restarting cannot help
+    no_restart_exit_codes: tuple[int, ...] = exits.NO_RESTART  # give-ups: a restart cannot help
+    success_exit_codes: tuple[int, ...] = exits.STOPPED  # the operator's stop is no failure
     user: str | None = None  # system scope: the account that runs the job
 
     def __post_init__(self) -> None:
         if self.stop_timeout_s < 1:
-            raise ServiceError("stop_timeout_s must be at least 1 second")
+            raise ServiceError("--stop-timeout must be at least 1 second")
         if self.watchdog_s < 0:
-            raise ServiceError("watchdog_s must be 0 (off) or a number of seconds")
+            raise ServiceError("--watchdog must be 0 (off) or a number of seconds, e.g. --watchdog 120")
 
 
 def unit_dir(scope: str, env: Mapping[str, str] = os.environ) -> Path:
@@ -187,6 +192,8 @@ def _service_section(
     ]
     if opts.no_restart_exit_codes:
         lines.append("RestartPreventExitStatus=" + " ".join(str(c) for c in opts.no_restart_exit_codes))
+    if opts.success_exit_codes:
+        lines.append("SuccessExitStatus=" + " ".join(str(c) for c in opts.success_exit_codes))
     lines += [
         # One kernel OOM kill of the worker must not take the supervisor down with it.
         "OOMPolicy=continue",
@@ -201,7 +208,16 @@ def _service_section(
 
 def _unit_env(env: Mapping[str, str]) -> dict[str, str]:
     chosen = {key: env[key] for key in PASSED_ENV if env.get(key)}
+    if "PATH" in chosen:
+        chosen["PATH"] = search_path(chosen["PATH"])
     return {**chosen, **FIXED_ENV}
+
+
+def search_path(path: str) -> str:
+    """``PATH`` with each directory once, at its first place (a shell's rc files often prepend a
+    venv or ~/.local/bin again on every nested shell); empty entries, which mean the working
+    directory, are left out."""
+    return os.pathsep.join(dict.fromkeys(entry for entry in path.split(os.pathsep) if entry))
 
 
 def _escape_specifiers(text: str) -> str:
@@ -270,6 +286,8 @@ def add_service_command(subparsers: argparse._SubParsersAction[argparse.Argument
     add("--name", default=None, help="unit name (default: oomguard-<directory>)")
     add("--user", dest="unit_user", default=None, help="with --system: the account to run as")
     add("--stop-timeout", type=int, default=UnitOptions.stop_timeout_s, help="seconds for a final checkpoint")
+    add("--watchdog", type=int, default=UnitOptions.watchdog_s,
+        help="WatchdogSec: restart a supervisor silent this long (0: off)")
     add("--exec", dest="executable", default=None, help="path of the oomguard executable")
     add("run_args", nargs=argparse.REMAINDER, help="-- then the arguments of oomguard run")
     parser.set_defaults(func=_cmd_service)
@@ -304,28 +322,81 @@ def _prepare(args: argparse.Namespace) -> tuple[str, Path, str, str]:
     name = unit_file_name(args.name or default_name(cwd))
     executable = os.path.abspath(args.executable) if args.executable else find_oomguard()
     argv = [executable, "run", *run_args(args.run_args)]
-    _check_run(argv[2:], cwd)
-    options = UnitOptions(stop_timeout_s=args.stop_timeout, user=_unit_user(args, scope))
+    run_dir = cwd / _check_run(argv[2:], cwd)
+    options = UnitOptions(stop_timeout_s=args.stop_timeout, watchdog_s=args.watchdog, user=_unit_user(args, scope))
+    if options.user is not None:
+        check_writable(options.user, cwd, run_dir)
     text = render_unit(argv, cwd, os.environ, scope, name, options)
     return text, unit_dir(scope) / name, scope, name
 
 
-def _check_run(args: Sequence[str], cwd: Path) -> None:
+def _check_run(args: Sequence[str], cwd: Path) -> Path:
     """What ``oomguard run`` would refuse at start is refused now: systemd would only find it when
-    the unit starts (and restart it, and give up)."""
+    the unit starts (and restart it, and give up). Returns the run directory."""
     from oomguard.supervisor.run.arguments import check_run_args
 
     try:
-        check_run_args(args, cwd)
+        return check_run_args(args, cwd).run_dir
     except UsageError as error:
         raise ServiceError(str(error)) from None
 
 
 def _unit_user(args: argparse.Namespace, scope: str) -> str | None:
     if scope != SYSTEM:
+        if args.unit_user:
+            raise ServiceError(f"--user {args.unit_user} needs --system: a user unit runs as you")
         return None
     user: str | None = args.unit_user or os.environ.get("SUDO_USER") or pwd.getpwuid(os.getuid()).pw_name
     return None if user == "root" else user
+
+
+def check_writable(user: str, cwd: Path, run_dir: Path) -> None:
+    """``User=user`` must be able to write the working directory (the worker's checkpoints) and the
+    run directory with its journal; otherwise every start fails (exit 2, not restarted) and only
+    ``journalctl`` says why. Checked as that user where we are root, from the mode bits elsewhere."""
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        raise ServiceError(f"--user {user}: no such account; create it or name an existing one") from None
+    existing = run_dir if run_dir.exists() else run_dir.parent
+    wanted = [cwd, existing, *(sorted(run_dir.iterdir()) if run_dir.is_dir() else [])]
+    denied = _denied(account, list(dict.fromkeys(wanted)))
+    if denied is not None:
+        raise ServiceError(
+            f"--user {user} cannot write {denied}: give it to that user (sudo chown -R {user}: {denied}), "
+            f"or run `oomguard service` in a directory {user} can write"
+        )
+
+
+def _denied(account: pwd.struct_passwd, paths: Sequence[Path]) -> Path | None:
+    """The first of ``paths`` that ``account`` cannot write (directories: also enter), or None."""
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    if os.geteuid() != 0:
+        return next((p for p in paths if not _mode_allows(p, account.pw_uid, groups)), None)
+    # As root, ask the kernel as that user: ACLs, read-only mounts and every parent's search bit count.
+    script = 'for p; do { [ -w "$p" ] && { [ ! -d "$p" ] || [ -x "$p" ]; }; } || { printf %s "$p"; exit 1; }; done'
+    done = subprocess.run(["/bin/sh", "-c", script, "sh", *map(str, paths)], capture_output=True, text=True,
+                          user=account.pw_uid, group=account.pw_gid, extra_groups=groups, timeout=30)
+    return Path(done.stdout) if done.returncode else None
+
+
+def _mode_allows(path: Path, uid: int, groups: Sequence[int]) -> bool:
+    """Write (and search, on a directory) for ``uid``, and search on every parent, from mode bits."""
+    wanted = 0o3 if path.is_dir() else 0o2
+    chain = [(path, wanted), *((parent, 0o1) for parent in path.parents)]
+    return all(_bits(p, uid, groups) & need == need for p, need in chain)
+
+
+def _bits(path: Path, uid: int, groups: Sequence[int]) -> int:
+    """The rwx bits (as 0o7) that apply to ``uid`` on ``path``."""
+    if uid == 0:
+        return 0o7
+    st = path.stat()
+    if st.st_uid == uid:
+        return (st.st_mode >> 6) & 0o7
+    if st.st_gid in groups:
+        return (st.st_mode >> 3) & 0o7
+    return st.st_mode & 0o7
 
 
 def _write_unit(path: Path, text: str) -> None:

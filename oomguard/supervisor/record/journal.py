@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     world_size INTEGER NOT NULL, checkpoint TEXT, command TEXT NOT NULL, log_path TEXT NOT NULL,
     expandable_segments INTEGER NOT NULL DEFAULT 0, fallbacks_applied INTEGER NOT NULL DEFAULT 0,
     returncode INTEGER, exit_code INTEGER, signal INTEGER, kind TEXT, evidence TEXT, decision TEXT,
-    last_step INTEGER, peak_rss INTEGER, peak_gpu INTEGER, ending TEXT, stop_reason TEXT);
+    last_step INTEGER, peak_rss INTEGER, peak_gpu INTEGER, ending TEXT, stop_reason TEXT, peak_allocated INTEGER);
 CREATE TABLE IF NOT EXISTS checkpoints (
     path TEXT PRIMARY KEY, step INTEGER, mtime REAL NOT NULL, first_seen REAL NOT NULL,
     attempt INTEGER, bad INTEGER NOT NULL DEFAULT 0, reason TEXT);
@@ -44,9 +44,9 @@ CREATE INDEX IF NOT EXISTS events_attempt ON events (attempt);
 """
 
 
-# Columns added after the first release: how an attempt ended (lifecycle.states.Ending) and why oomguard
-# stopped its worker (lifecycle.states.StopReason).
-_ADDED_COLUMNS = (("ending", "TEXT"), ("stop_reason", "TEXT"))
+# Columns added after the first release: how an attempt ended (lifecycle.states.Ending), why oomguard
+# stopped its worker (lifecycle.states.StopReason), and the allocator's highest step peak the probe saw.
+_ADDED_COLUMNS = (("ending", "TEXT"), ("stop_reason", "TEXT"), ("peak_allocated", "INTEGER"))
 
 
 def journal_path(run_dir: Path) -> Path:
@@ -144,7 +144,7 @@ class Journal:
     def end_attempt(self, attempt: int, **fields: Any) -> None:
         """End an attempt now, or at ``ended`` (Unix time) when it is closed later than it ended."""
         allowed = {"returncode", "exit_code", "signal", "kind", "evidence", "decision", "last_step",
-                   "peak_rss", "peak_gpu", "ending", "stop_reason"}
+                   "peak_rss", "peak_gpu", "ending", "stop_reason", "peak_allocated"}
         cols = [k for k in fields if k in allowed]
         ended = fields.get("ended")
         with self._write() as db:

@@ -33,6 +33,7 @@ from typing import Any
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 
 TERMINAL = ("succeeded", "failed", "stopped")
@@ -63,7 +64,7 @@ def _scan_events(journal: Journal) -> tuple[list[dict[str, Any]], dict[int, int]
             if attempt is not None:
                 last_t[attempt] = max(last_t.get(attempt, 0.0), event["t"])
                 step = event["data"].get("step")
-                if event["kind"] in ("worker_progress", "worker_checkpoint") and isinstance(step, int):
+                if event["kind"] in ("worker_progress", "worker_checkpoint", "worker_step") and isinstance(step, int):
                     steps[attempt] = max(steps.get(attempt, step), step)
             if event["kind"] != "worker_progress":
                 kept.append(event)
@@ -198,6 +199,7 @@ def _failure(attempt: dict[str, Any], nxt: dict[str, Any] | None, ctx: dict[str,
     return {
         "attempt": n, "kind": attempt["kind"] or INTERRUPTED, "started": start, "ended": end,
         "micro_batch": attempt["micro_batch"], "grad_accum": attempt["grad_accum"],
+        "peak_allocated": attempt.get("peak_allocated"),
         "exit_code": attempt["exit_code"], "signal": attempt["signal"],
         "exit": exit_text(attempt["exit_code"], attempt["signal"], attempt["returncode"]),
         "evidence": attempt["evidence"] or ("" if attempt["kind"] else "no exit recorded: the run was "
@@ -358,6 +360,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "steps_lost_unknown": len(unknown),
         "checkpoints": _checkpoint_summary(checkpoints),
         "progress": meta.get("progress"),
+        "peaks": attempt_peaks(attempts),
         "planned_restarts": [{"attempt": a["attempt"], "reason": a["decision"], "cause": causes.get(a["attempt"])}
                              for a in attempts if ending_of_row(a) is Ending.PLANNED_RESTART
                              and a.get("stop_reason") != StopReason.RESTART.value],
@@ -494,8 +497,11 @@ def format_report(report: dict[str, Any]) -> str:
     for warning in report.get("warnings") or []:
         lines.append(f"warning:     attempt {warning['attempt']}: {warning['message']}")
     lines += _checkpoint_lines(report["checkpoints"])
+    if any(p.get("peak_allocated") for p in report.get("peaks") or []):
+        lines.append("memory per attempt (allocated: the allocator's highest step peak, from the probe):")
+        lines += [f"  {peak_text(p)}" for p in report["peaks"]]
     if report["progress"]:
-        lines.append(f"last progress: step {report['progress'].get('step')}")
+        lines.append(f"last progress: {progress_text(report['progress'])}")
     return "\n".join(lines)
 
 

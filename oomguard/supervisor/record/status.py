@@ -5,13 +5,13 @@ Built from the journal alone, so it works whether or not the supervisor is still
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.units import format_size
 
@@ -33,6 +33,7 @@ def supervisor_alive(meta: dict[str, Any]) -> bool:
 def failure_records(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**{key: row[key] for key in ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal",
                                           "evidence", "decision", "started", "ended", "checkpoint")},
+             "peak_allocated": row.get("peak_allocated"),
              "exit": exit_text(row["exit_code"], row["signal"], row["returncode"])}
             for row in attempts if row["kind"]]
 
@@ -67,6 +68,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "checkpoint": current.get("checkpoint"),
         "newest_checkpoint": checkpoints[0] if checkpoints else None,
         "progress": meta.get("progress"),
+        "peaks": attempt_peaks(attempts),  # per attempt: the allocator's step peak (probe), NVML's, the RSS
         "memory": latest[-1] if (latest := journal.latest_samples(1)) else None,
         "started": meta.get("started"),
         "updated": meta.get("updated"),
@@ -74,6 +76,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "forecast": meta.get("forecast") if alive else None,
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
+        "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
     }
 
@@ -114,13 +117,17 @@ def format_status(doc: dict[str, Any]) -> str:
     if doc.get("alloc_conf"):
         lines.append("allocator:  " + ", ".join(f"{k}={v}" for k, v in doc["alloc_conf"].items()))
     if doc["progress"]:
-        lines.append(f"progress:   {_progress_text(doc['progress'])}")
+        lines.append(f"progress:   {progress_text(doc['progress'])}")
+    if any(p.get("peak_allocated") for p in doc.get("peaks") or []):
+        lines += [f"peaks:      {peak_text(p)}" for p in doc["peaks"]]
     memory = doc.get("memory") or {}
     if memory.get("worker_rss_bytes") is not None:
         lines.append(f"memory:     worker RSS {format_size(memory['worker_rss_bytes'])}"
                      + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
     if memory.get("gpu_unavailable"):
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
+    if doc.get("probe"):
+        lines.append(f"probe:      {probe_text(doc['probe'])}")
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):
@@ -139,6 +146,22 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def probe_text(probe: dict[str, Any]) -> str:
+    """Whether the probe is in the worker: loaded in N processes, failed and why, off, or none seen and why."""
+    state, failures = probe.get("state"), probe.get("failures") or []
+    if state == "loaded":
+        count = probe.get("processes", 0)
+        text = f"loaded in {count} process{'es' if count != 1 else ''}"
+        if probe.get("ranks"):
+            text += " (ranks " + ", ".join(str(rank) for rank in probe["ranks"]) + ")"
+        return text + (f"; a part failed in {len(failures)}: {failures[0]['detail']}" if failures else "")
+    if state == "failed":
+        return f"failed to load: {probe.get('why')} (the run goes on without it)"
+    if state == "off":
+        return f"none: {probe.get('why')}"
+    return f"none seen: {probe.get('why')}"
+
+
 def global_text(doc: dict[str, Any]) -> str:
     """The real global batch, and the one asked for when it is smaller (a script without accumulation)."""
     real, asked = doc.get("global_batch"), doc.get("asked_global_batch")
@@ -153,13 +176,3 @@ def _checkpoint_text(doc: dict[str, Any]) -> str:
         return started or "-"
     text = newest["path"] + (f" (step {newest['step']})" if newest.get("step") is not None else "")
     return text + (f"; attempt started from {started}" if started and started != newest["path"] else "")
-
-
-def _progress_text(progress: dict[str, Any]) -> str:
-    total = progress.get("total_steps")
-    text = f"step {progress.get('step')}" + (f"/{total}" if total else "")
-    if progress.get("eta_s") is not None:
-        text += f", ETA {progress['eta_s'] / 60:.0f} min"
-    if progress.get("t"):
-        text += f" (at {time.strftime('%H:%M:%S', time.localtime(progress['t']))})"
-    return text

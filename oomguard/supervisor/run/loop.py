@@ -23,11 +23,11 @@ import psutil
 from oomguard.supervisor.command.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import replan
-from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus
+from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus, step_peaks
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Move
-from oomguard.supervisor.decide.fragmentation import judge
+from oomguard.supervisor.decide.fragmentation import at_oom
 from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
@@ -39,6 +39,7 @@ from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, c
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.memory import MemorySample, Sampler
+from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
@@ -332,7 +333,8 @@ class Supervisor:
                                  ending=outcome.ending.value,
                                  stop_reason=outcome.stop.reason.value if outcome.stop else None,
                                  decision=decision, last_step=outcome.watch.last_step,
-                                 peak_rss=outcome.watch.peak_rss, **facts)
+                                 peak_rss=outcome.watch.peak_rss, peak_allocated=outcome.watch.probe.allocated_peak,
+                                 **facts)
 
     def _finished(self, outcome: Outcome) -> None:
         if not self.trend.leaking():  # a leaking attempt's peak is where the leak got to
@@ -364,7 +366,7 @@ class Supervisor:
         self._transition(RunState.STARTING, change.reason)
 
     def _peak(self, watch: AttemptWatch) -> int | None:
-        return self.tuner.peak_bytes(watch.peak, self.last_sample)
+        return self.tuner.peak_bytes(watch.peak, self.last_sample, watch.probe)
 
     def _stopped(self, outcome: Outcome | None) -> int:
         """The user's stop: the attempt (if one ran) is closed now, as stopped, not as a failure."""
@@ -394,8 +396,10 @@ class Supervisor:
         previous = self.trend
         current = self.current = Current(
             files, checkpoint,
-            AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum)),
+            AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum),
+                         probe=ProbeReport.for_command(self.config.probe, self.config.command)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
+        self.journal.set_meta(probe=current.watch.probe.as_meta())
         self.wiring.attempt_started(self.attempt, checkpoint, current.watch)
         containment = self._start_worker(argv, env, current)
         worker = current.worker
@@ -563,6 +567,8 @@ class Supervisor:
         for record in channel.read():
             if current.watch.take(record, time.monotonic()):
                 self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
+            if record["type"] == "probe":
+                self.journal.set_meta(probe=current.watch.probe.as_meta())
             if record["type"] == "checkpoint" and current.trend.restart_reason:
                 self._restart_now(current)  # the worker says it saved: sooner than the file settling
 
@@ -599,7 +605,8 @@ class Supervisor:
         """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
         after next, restart right after the next one (asking for it when the limit is nearer)."""
         trend = current.trend
-        forecast = trend.add(sample, current.watch.last_step, self.config.memory_limit, self.config.soft_threshold)
+        forecast = trend.add(sample, current.watch.last_step, self.config.memory_limit, self.config.soft_threshold,
+                             current.watch.probe.reading())
         self._board.show(forecast)
         if forecast is None or forecast.move is Move.WATCH or not self.config.checkpoints:
             return  # without checkpoints a restart would redo everything: the forecast is only shown
@@ -719,9 +726,9 @@ class Supervisor:
         assert verdict.kind is not None
         scan = watch.scanner
         load_error = checkpoint is not None and scan.load_error is not None and not watch.progressed
-        fragmentation = judge(scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
-                              self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
-        if verdict.kind is FailureKind.CUDA_OOM and scan.tried_bytes is not None:
+        fragmentation = at_oom(watch.probe.oom, scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
+                               self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
+        if verdict.kind is FailureKind.CUDA_OOM and (scan.tried_bytes is not None or watch.probe.oom is not None):
             self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
         attribution = self._attribute(verdict, watch)
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
@@ -738,9 +745,10 @@ class Supervisor:
         """The cause of a memory failure, journaled with the figures that decided it."""
         if verdict.kind is None or not verdict.kind.is_memory:
             return None
-        scan = watch.scanner
+        scan, alloc = watch.scanner, watch.probe.oom if verdict.kind is FailureKind.CUDA_OOM else None
+        capacity = scan.allowed_bytes or (alloc.limit if alloc is not None and alloc.fraction else None)
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
-                                                    scan.allowed_bytes),
+                                                    capacity, alloc, step_peaks(self.journal.attempts())),
                                            self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
                                            self._exited_at(), earlier_plateaus(self.journal.event_data("attribution"),
                                                                                self.journal.attempts()))

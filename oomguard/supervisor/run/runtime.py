@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from oomguard.probe import SITE_DIR
 from oomguard.supervisor.command.placeholders import render
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.policy import Plan
@@ -104,7 +105,17 @@ def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files
     env.setdefault("PYTHONFAULTHANDLER", "1")
     if plan.expandable_segments:
         env.update(merge_alloc_conf(env))
+    if config.probe:
+        env["PYTHONPATH"] = with_probe(env.get("PYTHONPATH", ""))
     return env
+
+
+def with_probe(pythonpath: str) -> str:
+    """The worker's PYTHONPATH with the probe's sitecustomize directory first: every Python process
+    it starts (torchrun's and accelerate's ranks, data-loader workers) inherits it (docs/probe.md).
+    The directory holds only sitecustomize.py, which runs the user's own one, so first shadows nothing."""
+    rest = [entry for entry in pythonpath.split(os.pathsep) if entry and entry != SITE_DIR]
+    return os.pathsep.join([SITE_DIR, *rest])
 
 
 def expandable_already(env: Mapping[str, str]) -> bool:

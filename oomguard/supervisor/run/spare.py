@@ -33,6 +33,7 @@ from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
 from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
+from oomguard.worker import protocol
 
 BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
 SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first
@@ -292,8 +293,8 @@ class Spares:
         self._made += 1
         self.dir.mkdir(parents=True, exist_ok=True)
         containment = Containment.create(f"oomguard-{os.getpid()}-spare-{self._made}", self.memory_limit)
-        spare = Spare(target, {k: v for k, v in env.items() if not k.startswith("OOMGUARD_")}, self.cwd,
-                      containment, self.dir / f"ready-{self._made}.json", worker_oom_score_adj())
+        spare = Spare(target, self._spare_env(env), self.cwd, containment, self.dir / f"ready-{self._made}.json",
+                      worker_oom_score_adj())
         imports = heavy_imports(self.cwd / target.script)
         try:
             spare.start(imports)
@@ -304,6 +305,15 @@ class Spares:
         self.spare = spare
         assert spare.proc is not None
         self._event("spare_started", pid=spare.proc.pid, imports=imports)
+
+    def _spare_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The attempt's environment without its per-attempt variables, but with a channel of the
+        spare's own: the probe's sitecustomize (docs/probe.md) loads only where OOMGUARD_EVENTS is
+        set, and reads it again at each record, so after the handover it writes to the attempt's."""
+        spare_env = {k: v for k, v in env.items() if not k.startswith("OOMGUARD_")}
+        if env.get(protocol.ENV_EVENTS):
+            spare_env[protocol.ENV_EVENTS] = str(self.dir / f"events-{self._made}.jsonl")
+        return spare_env
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], interrupted: Callable[[], bool]) -> Spare | None:
         """The spare, ready to become this attempt's worker, or None (discarded, with the reason

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, attribute
+from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, Plateau, attribute
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.forecast import Forecast, Move, budgets, forecast, soonest
+from oomguard.supervisor.decide.forecast import ALLOCATOR, Forecast, Move, budgets, forecast, soonest
 from oomguard.supervisor.decide.memmodel import Fit
 from oomguard.supervisor.decide.trend import Reading, steady_rise
 from oomguard.supervisor.observe.memory import MemorySample
@@ -45,14 +45,15 @@ class TrendWatch:
     asked: bool = False  # a checkpoint was asked for because of the forecast
 
     def add(self, sample: MemorySample, step: int | None, memory_limit: int | None,
-            fraction: float) -> Forecast | None:
-        """Fold one sample in and return the forecast for the budget whose limit comes first."""
+            fraction: float, allocator: tuple[int, int] | None = None) -> Forecast | None:
+        """Fold one sample in and return the forecast for the budget whose limit comes first;
+        ``allocator`` is the probe's newest step peak and its limit, where the probe reports them."""
         t = sample.monotonic
         if sample.worker_rss_bytes is not None:
             self._keep(HOST, Reading(t, sample.worker_rss_bytes, step))
         if sample.gpus:
             self._keep("GPU memory", Reading(t, sample.worker_gpu_bytes or 0, step))
-        found = budgets(sample, memory_limit, fraction)
+        found = budgets(sample, memory_limit, fraction, allocator)
         for budget in found:
             self._keep(budget.name, Reading(t, budget.used, step))
             self.limits[budget.name] = budget.applies
@@ -94,20 +95,26 @@ class TrendWatch:
 
     def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
                   kind: FailureKind | None = None, failed_at: float | None = None,
-                  earlier: Sequence[tuple[int, int]] = ()) -> Attribution:
-        """The cause of this attempt's memory failure, from the series that matters: the GPU's when
-        there is one, else the worker tree's RSS; measured against the limit a failure of ``kind``
+                  earlier: Sequence[Plateau] = ()) -> Attribution:
+        """The cause of this attempt's memory failure, from the series that matters: the allocator's
+        step peaks where the probe reports them, else the GPU's when there is one, else the worker
+        tree's RSS; measured against the limit a failure of ``kind``
         hit at ``failed_at`` (monotonic). Without a kind (a planned restart) there is no failure
-        for the trend to explain."""
-        name = "GPU memory" if "GPU memory" in self.series else HOST
+        for the trend to explain, and the readings are no lower bounds."""
+        name = self._own()
         limit = self.limit(kind, failed_at, evidence.capacity)
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier)
+        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier,
+                         failed=kind is not None)
 
     def limit(self, kind: FailureKind | None, failed_at: float | None = None,
               capacity: int | None = None) -> Limit | None:
         """The limit a failure of ``kind`` hit, with the readings counted against it. A CUDA OOM
         message that allows the process less than the device (a per-process memory fraction, which
-        NVML cannot see) names the limit itself: the process's own GPU memory is measured against it."""
+        NVML cannot see) names the limit itself: the process's own GPU memory is measured against it.
+        Where the probe reports the allocator's step peaks, a CUDA OOM is measured on them, against
+        the limit the allocator may reach."""
+        if kind is FailureKind.CUDA_OOM and self.series.get(ALLOCATOR) and self.limits.get(ALLOCATOR):
+            return Limit(ALLOCATOR, self.limits[ALLOCATOR], self.series[ALLOCATOR], failed_at)
         if kind is FailureKind.CUDA_OOM and capacity and self.series.get("GPU memory"):
             return Limit("process's GPU", capacity, self.series["GPU memory"], failed_at)
         for budget in LIMIT_OF.get(kind, ()) if kind is not None else ():
@@ -117,8 +124,13 @@ class TrendWatch:
 
     def leaking(self) -> bool:
         """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
-        trend = steady_rise(self.series.get("GPU memory") or self.series.get(HOST, []))
+        trend = steady_rise(self.series.get(self._own(), []))
         return trend is not None and trend.steady()
+
+    def _own(self) -> str:
+        """The series of the worker's own memory: the allocator's step peaks where the probe gives
+        them (what the model allocated), else NVML's GPU memory of its processes, else its RSS."""
+        return next((name for name in (ALLOCATOR, "GPU memory") if self.series.get(name)), HOST)
 
 
 class ForecastBoard:

@@ -10,7 +10,7 @@ const MARKER_COLORS = { oom: "#c62828", failure: "#b35900", restart: "#f0a030", 
   checkpoint: "#2e7d32" };
 const TERMINAL = new Set(["succeeded", "failed", "stopped"]);
 
-const view = { status: null, attempts: [], points: [], markers: [], checkpoints: [], logAttempt: null };
+const view = { status: null, attempts: [], points: [], markers: [], checkpoints: [], logAttempt: null, limitShown: null };
 
 // --- small helpers -----------------------------------------------------------------------------
 
@@ -96,7 +96,7 @@ function renderStatus(doc) {
   state.dataset.state = doc.state;
   $("attempt").textContent = `attempt ${doc.attempt}`;
   $("reason").textContent = plainReason(doc);
-  const progress = doc.progress && doc.progress.step !== undefined ? ` · step ${doc.progress.step}` : "";
+  const progress = progressText(doc.progress);
   const forecast = doc.forecast ? ` · ${doc.forecast.text}` : "";
   const liveness = doc.liveness ? ` · ${doc.liveness.text} (not a hang)` : "";
   const last = doc.failures.length ? doc.failures[doc.failures.length - 1] : null;
@@ -108,6 +108,18 @@ function renderStatus(doc) {
   $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, `attempt ${w.attempt}: ${w.message}`)));
   $("warnings").hidden = warnings.length === 0;
   document.title = `oomguard · ${doc.state}`;
+  if (memoryLimit() !== view.limitShown) { view.limitShown = memoryLimit(); scheduleChart(); }
+}
+
+// The step (the probe's optimizer steps where it reports them), its rate, the ETA where the total is
+// known, and the allocator's peak against its limit: as `oomguard status` says it.
+function progressText(p) {
+  if (!p || p.step === undefined || p.step === null) return "";
+  let text = ` · step ${p.step}${p.total_steps ? `/${p.total_steps}` : ""}`;
+  if (p.steps_per_s) text += ` · ${Number(p.steps_per_s).toPrecision(3)} steps/s`;
+  if (p.eta_s !== null && p.eta_s !== undefined) text += ` · ETA ${Math.round(p.eta_s / 60)} min`;
+  if (p.allocated_peak) text += ` · allocated peak ${bytes(p.allocated_peak)}${p.limit_bytes ? ` of ${bytes(p.limit_bytes)}` : ""}`;
+  return text;
 }
 
 function renderBatchHistory() {
@@ -135,7 +147,8 @@ function renderAttempts() {
       el("td", { class: `kind kind-${a.kind || "none"}` }, a.kind || (a.ended ? "ok" : "running")),
       el("td", {}, String(exit)),
       el("td", { class: "evidence", title: a.evidence || "" }, (a.evidence || "").slice(0, 240)),
-      el("td", { class: "small" }, a.decision || ""));
+      el("td", { class: "small" }, a.decision || ""),
+      el("td", { class: "peak" }, bytes(peakAllocated(a))));
   });
   document.querySelector("#attempts tbody").replaceChildren(...rows);
   const select = $("log-attempt");
@@ -143,6 +156,14 @@ function renderAttempts() {
   select.replaceChildren(...view.attempts.slice().reverse().map((a) => el("option", { value: a.attempt },
     `attempt ${a.attempt}`)));
   if (chosen !== null) select.value = String(chosen);
+}
+
+// The allocator's highest step peak (the probe's): the journal keeps it when the attempt ends; the
+// running attempt's is in the status's progress so far.
+function peakAllocated(a) {
+  if (a.peak_allocated) return a.peak_allocated;
+  const p = view.status && view.status.progress;
+  return !a.ended && p && p.source === "probe" && a.attempt === view.status.attempt ? p.allocated_peak : null;
 }
 
 async function refreshLog() {
@@ -204,11 +225,14 @@ function renderChart() {
   const t1 = Math.max(points[points.length - 1].t, t0 + 1);
   let top = 1;
   for (const s of series) for (const p of points) top = Math.max(top, s.value(p) || 0);
+  const limit = memoryLimit();
+  if (limit) top = Math.max(top, limit);
   top *= 1.1;
   const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (width - pad.l - pad.r);
   const y = (v) => height - pad.b - (v / top) * (height - pad.t - pad.b);
   drawAxes(chart, { x, y, t0, t1, top, width, height, pad });
   for (const s of series) drawSeries(chart, s, points, x, y);
+  if (limit) drawLimit(chart, limit, y, pad, width);
   drawMarkers(chart, view.markers.filter((m) => m.t >= t0 && m.t <= t1 + 5), x, pad, height);
   chart.dataset.points = String(points.length);
 }
@@ -245,6 +269,24 @@ function drawSeries(chart, s, points, x, y) {
     run.push(`${x(p.t).toFixed(1)},${y(v).toFixed(1)}`);
   }
   flush();
+}
+
+// The limit the allocator may reach (a per-process memory fraction's cap, else the device), as the
+// in-process probe reports it: the line the GPU series must stay under.
+function memoryLimit() {
+  const p = view.status && view.status.progress;
+  return p && p.limit_bytes ? p.limit_bytes : null;
+}
+
+function drawLimit(chart, limit, y, pad, width) {
+  const line = svg("line", { class: "limit", x1: pad.l, x2: width - pad.r, y1: y(limit), y2: y(limit),
+    stroke: MARKER_COLORS.oom, "stroke-dasharray": "6 4", "data-bytes": limit });
+  const title = svg("title");
+  title.textContent = `limit ${bytes(limit)}`;
+  line.append(title);
+  const label = svg("text", { x: width - pad.r - 4, y: y(limit) - 4, "text-anchor": "end", class: "limit-label" });
+  label.textContent = `limit ${bytes(limit)}`;
+  chart.append(line, label);
 }
 
 function drawMarkers(chart, markers, x, pad, height) {

@@ -1,0 +1,155 @@
+"""What the probe costs per optimizer step, on the smallest example's step and on a tinier one.
+
+Two models in one process: the smallest example's (examples/train_nanogpt_style.py's TinyLM with
+AdamW at its default batch of 8 x 128 tokens) and, as the worst case, a 16 x 16 linear model with
+SGD (a step of tens of microseconds: the probe's fixed cost is the largest share of a step it can
+be). Times are the process's CPU time, so that a loaded machine's descheduling is not counted as
+either's step. Rounds of ``--steps`` steps alternate with
+and without the probe's step hook (torch's global post hook, exactly what the probe registers,
+writing its ``step`` records to a temporary channel every 0.5 s), so drift in a loaded machine hits
+both alike. Reports the median step time of each and the spread (interquartile range) over rounds,
+the probe's cost per step and its share of a step. On a loaded machine that difference is within
+the noise, so the hook's own work is also timed alone (its calls in a loop) and given as a share of
+the median step. Also the interpreter's start-up with and without the probe's sitecustomize
+(``python -c pass``): the price paid by a process that never imports torch.
+
+    .venv/bin/python bench/probe_cost.py --rounds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from oomguard.probe import SITE_DIR  # noqa: E402
+from oomguard.probe.steps import StepCounter  # noqa: E402
+
+
+class TinyLM(torch.nn.Module):
+    """examples/train_nanogpt_style.py's model, at its defaults."""
+
+    def __init__(self, vocab: int = 4096) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 32)
+        self.block = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+        self.head = torch.nn.Linear(32, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens[:, :-1])
+        logits = self.head(x + self.block(x))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def nanogpt_style() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    model = TinyLM()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.randint(0, 4096, (8, 129))
+
+
+def tiny_linear() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    model = torch.nn.Linear(16, 16)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3), torch.randn(4, 16)
+
+
+def step_time(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> float:
+    """CPU seconds per step over ``steps`` steps."""
+    start = time.process_time()
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    return (time.process_time() - start) / steps
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return median, q1, q3
+
+
+def optimizer_steps(make: Any, rounds: int, steps: int) -> dict[str, Any]:
+    model, opt, x = make()
+    register = importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook
+    counter = StepCounter(torch)
+    step_time(model, opt, x, steps)  # warm up
+    bare, probed = [], []
+    for _ in range(rounds):
+        bare.append(step_time(model, opt, x, steps))
+        handle = register(counter.on_step)
+        probed.append(step_time(model, opt, x, steps))
+        handle.remove()
+    calls = []  # the hook's own work, timed alone: what the step-time difference is too noisy to show
+    for _ in range(rounds):
+        start = time.process_time()
+        for _ in range(steps):
+            counter.on_step(opt, (), {})
+        calls.append((time.process_time() - start) / steps)
+    (b, b1, b3), (p, p1, p3) = spread(bare), spread(probed)
+    hook, h1, h3 = spread(calls)
+    pairs = [q - r for q, r in zip(probed, bare, strict=True)]
+    cost, c1, c3 = spread(pairs)
+    return {"step_us": round(b * 1e6, 2), "step_iqr_us": [round(b1 * 1e6, 2), round(b3 * 1e6, 2)],
+            "probed_step_us": round(p * 1e6, 2), "probed_iqr_us": [round(p1 * 1e6, 2), round(p3 * 1e6, 2)],
+            "cost_us": round(cost * 1e6, 3), "cost_iqr_us": [round(c1 * 1e6, 3), round(c3 * 1e6, 3)],
+            "cost_share_pct": round(100 * cost / b, 3),
+            "hook_us": round(hook * 1e6, 3), "hook_iqr_us": [round(h1 * 1e6, 3), round(h3 * 1e6, 3)],
+            "hook_share_pct": round(100 * hook / b, 4), "counted": counter.step, "rounds": rounds, "steps": steps}
+
+
+def startup(rounds: int, events: str) -> dict[str, Any]:
+    # Bytecode as an installed package has it (a first run writes it): not a compile in every start.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    probed_env = {**env, "PYTHONPATH": SITE_DIR, "OOMGUARD_EVENTS": events}
+    subprocess.run([sys.executable, "-c", "pass"], env=probed_env, check=True)
+    bare, probed = [], []
+    for _ in range(rounds):
+        for times, with_env in ((bare, env), (probed, probed_env)):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], env=with_env, check=True)
+            times.append(time.perf_counter() - start)
+    return {"bare_ms": round(statistics.median(bare) * 1e3, 2), "probed_ms": round(statistics.median(probed) * 1e3, 2),
+            "sitecustomize_ms": round(statistics.median(sitecustomize_import(probed_env) for _ in range(rounds)), 3),
+            "rounds": rounds}
+
+
+def sitecustomize_import(env: dict[str, str]) -> float:
+    """Milliseconds Python spent importing the probe's sitecustomize (-X importtime, cumulative):
+    the whole cost in a process that never imports torch, without the noise of a process start."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env, capture_output=True,
+                         text=True, check=True)
+    rows = [row for row in (line.split("|") for line in out.stderr.splitlines()) if row[-1].strip() == "sitecustomize"]
+    return max(int(row[1]) for row in rows) / 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--steps", type=int, default=1000, help="steps of the tiny linear model a round")
+    p.add_argument("--example-steps", type=int, default=50, help="steps of the example's model a round")
+    p.add_argument("--startup-rounds", type=int, default=20)
+    p.add_argument("--startup-only", action="store_true", help="only the interpreter's start-up")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["OOMGUARD_EVENTS"] = str(Path(tmp) / "events.jsonl")  # the records are written, as in a run
+        torch.set_num_threads(1)
+        result: dict[str, Any] = {}
+        if not args.startup_only:
+            result["smallest_example_step"] = optimizer_steps(nanogpt_style, args.rounds, args.example_steps)
+            result["tiny_linear_step"] = optimizer_steps(tiny_linear, args.rounds, args.steps)
+        result["interpreter_startup"] = startup(args.startup_rounds, os.environ["OOMGUARD_EVENTS"])
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

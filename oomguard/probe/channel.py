@@ -1,0 +1,44 @@
+"""How the probe speaks: ``worker.protocol`` records, each with the process's identity, never raising.
+
+Every probe record carries pid, rank, local_rank and world_size, read when it is written (a
+launcher may set them after the process started). A channel that cannot be written loses the
+record: the probe is evidence, and the program's run matters more.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..worker import protocol
+
+
+def _number(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def identity() -> dict[str, int | None]:
+    return {"pid": os.getpid(), "rank": _number("RANK"), "local_rank": _number("LOCAL_RANK"),
+            "world_size": _number("WORLD_SIZE")}
+
+
+def env_int(name: str) -> int | None:
+    """An integer the supervisor set for this attempt (micro-batch, checkpoint step), or None."""
+    return _number(name)
+
+
+def emit(record_type: str, **fields: Any) -> None:
+    try:
+        protocol.emit(record_type, **fields, **identity())
+    except (OSError, ValueError, TypeError):
+        pass  # a full disk or a value json cannot write: this record is lost, the program goes on
+
+
+def failed(detail: str) -> None:
+    """One ``probe`` record saying what did not work (the run goes on without that part)."""
+    emit(protocol.PROBE, state="failed", detail=detail[:500])
+
+
+def loaded(detail: str) -> None:
+    emit(protocol.PROBE, state="loaded", detail=detail)

@@ -1,0 +1,47 @@
+"""Start the probe: wait for torch, then hook its optimizer steps, its allocator and OOMs.
+
+``sitecustomize`` calls ``start()`` in every Python process of the worker. Until the program
+imports torch the probe is one finder on ``sys.meta_path``; a program that never does pays one
+string comparison per import and writes nothing.
+"""
+
+from __future__ import annotations
+
+from . import hook
+
+TYPE_CHECKING = False  # not typing's: every Python process of the worker imports this module
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+
+def start(failed: Callable[[str], None]) -> None:
+    """``failed(detail)`` writes a failure without the probe's modules (sitecustomize's own)."""
+    def attach(torch: ModuleType) -> None:
+        # Runs at the end of the program's ``import torch``: an exception would fail that import.
+        try:
+            _attach(torch)
+        except Exception as exc:
+            failed(f"the probe did not start: {type(exc).__name__}: {exc}")
+
+    hook.after_import("torch", attach)
+
+
+def _attach(torch: ModuleType) -> None:
+    """Called once torch finished importing. Every failure is a ``probe`` record."""
+    import atexit
+
+    from . import channel  # here: the channel's json and the rest are loaded only with torch
+
+    try:
+        from . import oom, steps
+
+        counter = steps.install(torch)
+        atexit.register(counter.flush)
+    except Exception as exc:  # the program goes on; the supervisor reads progress from its output
+        channel.failed(f"step hook not installed: {type(exc).__name__}: {exc}")
+        return
+    try:
+        oom.OomReporter(torch, lambda: counter.step).attach()
+    except Exception as exc:
+        channel.failed(f"OOM reporting not installed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,122 @@
+"""Counting optimizer steps from torch's global step hook, and summarizing them on the channel.
+
+``register_optimizer_step_post_hook`` fires after every ``Optimizer.step`` of every optimizer, in
+any framework. A training iteration may step several optimizers (a GAN's generator and
+discriminator), or a wrapper whose step calls an inner one (accelerate's ``AcceleratedOptimizer``):
+each optimizer is counted on its own and the step is the largest count, so an iteration is one
+step. After a resume the count goes on from the resumed step: an Adam-family optimizer carries it
+in its restored state (``state[p]["step"]``), else the supervisor's ``OOMGUARD_CHECKPOINT_STEP``.
+
+The hook does a dictionary lookup, two additions and a clock read; a ``step`` record is written at
+most every ``every`` seconds (the first step at once, the last one at exit).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..worker import protocol
+from . import channel, memory
+
+EVERY = 0.5  # seconds between two step records of one process
+
+
+def resumed_step(optimizer: Any, fallback: int) -> int:
+    """The step the optimizer's state was resumed at, read right after its first step here:
+    its state's ``step`` less this one step; ``fallback`` when its state keeps none (SGD)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if state and "step" in state:
+                return max(0, int(float(state["step"])) - 1)  # one scalar, read once per optimizer
+    return fallback
+
+
+class StepCounter:
+    """The post hook and the summary: ``step`` is the step reached, resumed count included."""
+
+    def __init__(self, torch: Any, clock: Callable[[], float] = time.monotonic, every: float = EVERY) -> None:
+        self._torch, self._clock, self._every = torch, clock, every
+        self.forget()
+
+    def forget(self) -> None:
+        """Start from nothing (also in a forked child, which takes no step of its parent's)."""
+        self.step = 0
+        self._counts: dict[int, list[Any]] = {}  # id(optimizer) -> [count, resumed step, weakref]
+        self._local = 0  # iterations here (the largest count), for ``steps``
+        self._reported = 0
+        self._last: float | None = None
+        self._next = 0.0
+        self._said: set[str] = set()
+
+    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """torch's global optimizer post hook: one step of ``optimizer``. Never raises into it."""
+        try:
+            entry = self._counts.get(id(optimizer))
+            if entry is None:
+                entry = self._first_step(optimizer)
+            entry[0] += 1
+            if entry[0] > self._local:
+                self._local = entry[0]
+            if entry[0] + entry[1] > self.step:
+                self.step = entry[0] + entry[1]
+            now = self._clock()
+            if now >= self._next:
+                self.report(now)
+        except Exception as exc:  # a bug of ours must not end a training run
+            self._broken(f"step hook: {type(exc).__name__}: {exc}")
+
+    def _broken(self, detail: str) -> None:
+        if detail not in self._said:
+            self._said.add(detail)  # once per problem, not once per step
+            channel.failed(detail)
+
+    def _first_step(self, optimizer: Any) -> list[Any]:
+        if not self._counts:  # this process trains: say the probe is here (data-loader workers never step)
+            channel.loaded(f"torch {getattr(self._torch, '__version__', '?')}")
+        fallback = channel.env_int(protocol.ENV_CHECKPOINT_STEP) or 0
+        key = id(optimizer)
+        # The weakref drops the entry with the optimizer, so a new one that gets its id starts at 0.
+        entry = [0, resumed_step(optimizer, fallback), weakref.ref(optimizer, lambda _: self._counts.pop(key, None))]
+        self._counts[key] = entry
+        return entry
+
+    def report(self, now: float | None = None) -> None:
+        """Write a ``step`` record: the steps since the last one, how long they took, the memory."""
+        now = self._clock() if now is None else now
+        steps, self._reported = self._local - self._reported, self._local
+        seconds = None if self._last is None else round(now - self._last, 6)  # the first step's start is unknown
+        self._last, self._next = now, now + self._every
+        try:
+            devices = memory.device_peaks(self._torch)
+        except Exception as exc:  # a torch whose allocator API moved: steps still count
+            devices = {}
+            self._broken(f"allocator peaks: {type(exc).__name__}: {exc}")
+        channel.emit(protocol.STEP, step=self.step, steps=steps, seconds=seconds,
+                     rss_bytes=memory.rss_bytes(), devices=devices)
+
+    def flush(self) -> None:
+        """At exit: the steps taken since the last record."""
+        if self._local > self._reported:
+            self.report()
+
+
+def install(torch: Any) -> StepCounter:
+    """Count every optimizer step of this process; raises when this torch has no global hook."""
+    try:
+        optimizer_module = importlib.import_module("torch.optim.optimizer")  # torch.optim hides the name
+    except ImportError:
+        optimizer_module = None
+    register = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
+    if register is None:
+        raise RuntimeError(f"torch {getattr(torch, '__version__', '?')} has no global optimizer step hook "
+                           "(torch.optim.optimizer.register_optimizer_step_post_hook, torch 2.0 and later)")
+    counter = StepCounter(torch)
+    register(counter.on_step)
+    os.register_at_fork(after_in_child=counter.forget)
+    return counter

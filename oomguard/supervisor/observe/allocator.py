@@ -1,0 +1,151 @@
+"""What the in-process probe reports about one attempt: real optimizer steps and the allocator's figures.
+
+The probe (``oomguard/probe/``) runs inside every Python process of the worker and appends ``step``
+and ``oom`` records to the channel (``worker.protocol``). ``ProbeReport`` folds them: the step
+training reached (the same on every rank: the highest one seen), how fast steps go (timed by one
+process, the lowest rank, from the seconds each record says its steps took), the CUDA caching
+allocator's peaks since the attempt began (what the model allocated, not the driver's view NVML
+gives, which adds the CUDA context and the allocator's cache and misses peaks shorter than a
+sampling period), the limit the allocator may reach (a per-process memory fraction's cap, else the
+device), and the allocator's figures at a CUDA OOM (``AllocatorOom``). Pure: the loop hands it
+records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from oomguard.worker import protocol
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class AllocatorOom:
+    """The allocator at a CUDA OOM, as torch's OOM observer saw it (fields of the ``oom`` record)."""
+
+    device: str
+    requested: int | None
+    allocated: int | None
+    reserved: int | None
+    free: int | None
+    total: int | None
+    fraction: float | None = None
+    step: int | None = None
+    micro_batch: int | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> AllocatorOom | None:
+        """The figures of a CUDA device's OOM record; None for a host OOM (``cpu``) or a foreign one."""
+        device = record.get("device")
+        if not isinstance(device, str) or not device.startswith("cuda"):
+            return None
+        fraction = record.get("fraction")
+        return cls(device, _int(record.get("requested_bytes")), _int(record.get("allocated_bytes")),
+                   _int(record.get("reserved_bytes")), _int(record.get("free_bytes")),
+                   _int(record.get("total_bytes")),
+                   float(fraction) if isinstance(fraction, (int, float)) and 0 < fraction < 1 else None,
+                   _int(record.get("step")), _int(record.get("micro_batch")))
+
+    @property
+    def limit(self) -> int | None:
+        """What the process's allocator may hold: the fraction's cap where one is set, else the device."""
+        if self.total is None:
+            return None
+        return int(self.total * self.fraction) if self.fraction is not None else self.total
+
+    @property
+    def reserved_unallocated(self) -> int | None:
+        """Cached by the allocator but not allocated: the room the request did not fit into."""
+        if self.reserved is None or self.allocated is None:
+            return None
+        return max(0, self.reserved - self.allocated)
+
+
+@dataclass
+class ProbeReport:
+    """One attempt's probe records, folded."""
+
+    state: str | None = None  # the newest ``probe`` record's state: loaded, off, failed
+    detail: str | None = None
+    step: int | None = None  # the optimizer step reached (resumed count included), highest over ranks
+    records: int = 0  # step records taken
+    lead: tuple[int, int] | None = None  # (rank, pid) of the process whose records time the steps
+    steps_timed: int = 0
+    seconds: float = 0.0
+    allocated_peak: int | None = None  # highest over devices and records of this attempt
+    allocated_now: int | None = None  # the newest step record's peak (highest device): the line the forecast fits
+    reserved_peak: int | None = None
+    limit_bytes: int | None = None  # the lowest limit any device reported
+    # The newest CUDA OOM of the attempt: one the script caught and survived (a smaller batch in
+    # process) is not the one that ended it.
+    oom: AllocatorOom | None = None
+
+    def take(self, record: dict[str, Any]) -> bool:
+        """Fold one probe record in; True when it is a step record with a step."""
+        kind = record.get("type")
+        if kind == protocol.PROBE:
+            self.state, self.detail = record.get("state"), record.get("detail")
+        elif kind == protocol.OOM:
+            self.oom = AllocatorOom.from_record(record) or self.oom
+        elif kind == protocol.STEP and (step := _int(record.get("step"))) is not None:
+            self.records += 1
+            self.step = step if self.step is None else max(self.step, step)
+            self._time(record)
+            self.allocated_now = self._peaks(record.get("devices"))
+            return True
+        return False
+
+    def _time(self, record: dict[str, Any]) -> None:
+        """Steps per second from one process: ranks step together, so adding theirs would count each
+        step once per rank. The lowest rank leads; a lower one seen later takes over."""
+        rank = _int(record.get("rank")) or 0
+        pid = _int(record.get("pid")) or 0
+        if self.lead is None or rank < self.lead[0]:
+            self.lead, self.steps_timed, self.seconds = (rank, pid), 0, 0.0
+        if self.lead != (rank, pid):
+            return
+        steps, seconds = _int(record.get("steps")), record.get("seconds")
+        if steps is not None and isinstance(seconds, (int, float)) and seconds > 0:
+            self.steps_timed += steps
+            self.seconds += float(seconds)
+
+    def _peaks(self, devices: Any) -> int | None:
+        """Fold one record's devices in; the highest allocated peak among them."""
+        if not isinstance(devices, dict):
+            return None
+        highest = None
+        for figures in devices.values():
+            if not isinstance(figures, dict):
+                continue
+            highest = _higher(highest, _int(figures.get("allocated_peak")))
+            self.allocated_peak = _higher(self.allocated_peak, _int(figures.get("allocated_peak")))
+            self.reserved_peak = _higher(self.reserved_peak, _int(figures.get("reserved_peak")))
+            if (limit := _int(figures.get("limit_bytes"))) and (self.limit_bytes is None or limit < self.limit_bytes):
+                self.limit_bytes = limit
+        return highest
+
+    def reading(self) -> tuple[int, int] | None:
+        """(the newest step peak, the limit) for the forecast; None before both are known."""
+        if self.allocated_now is None or not self.limit_bytes:
+            return None
+        return self.allocated_now, self.limit_bytes
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return self.steps_timed / self.seconds if self.seconds > 0 and self.steps_timed > 0 else None
+
+    def figures(self) -> dict[str, Any]:
+        """What status and the dashboard show beside the step."""
+        rate = self.steps_per_s
+        return {"steps_per_s": None if rate is None else round(rate, 3), "allocated_peak": self.allocated_peak,
+                "reserved_peak": self.reserved_peak, "limit_bytes": self.limit_bytes}
+
+
+def _higher(old: int | None, new: int | None) -> int | None:
+    if new is None:
+        return old
+    return new if old is None else max(old, new)

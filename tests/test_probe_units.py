@@ -1,0 +1,105 @@
+"""The probe's parts and the supervisor's side of it, without starting processes: the environment,
+the step counting rules, the out-of-memory reading, the post-import hook, what status says."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from oomguard.probe import SITE_DIR, hook
+from oomguard.probe.oom import cpu_oom_request
+from oomguard.probe.steps import StepCounter, resumed_step
+from oomguard.supervisor.config import build_config
+from oomguard.supervisor.observe.probestate import ProbeReport, not_python
+from oomguard.supervisor.record.status import probe_text
+from oomguard.supervisor.run.runtime import with_probe
+
+
+def test_the_probe_goes_first_on_the_pythonpath_once() -> None:
+    assert with_probe("") == SITE_DIR
+    assert with_probe(os.pathsep.join(["/a", SITE_DIR, "", "/b"])) == os.pathsep.join([SITE_DIR, "/a", "/b"])
+    assert {name for name in os.listdir(SITE_DIR) if name != "__pycache__"} == {"sitecustomize.py"}  # nothing shadowed
+
+
+def test_no_probe_from_the_config_file(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text("micro-batch = 8\ngrad_accum = 1\nprobe = false\n")
+    assert build_config({"config": str(toml)}, ["python", "x.py"]).probe is False
+    assert build_config({"micro_batch": "8", "grad_accum": "1"}, ["python", "x.py"]).probe is True
+
+
+class FakeOptimizer:
+    def __init__(self, step_in_state: float | None = None) -> None:
+        self.param = object()
+        self.param_groups = [{"params": [self.param]}]
+        self.state: dict[object, dict[str, Any]] = {}
+        if step_in_state is not None:
+            self.state[self.param] = {"step": torch.tensor(step_in_state)}
+
+
+def test_one_step_per_iteration_whatever_the_optimizers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OOMGUARD_EVENTS", raising=False)
+    counter = StepCounter(torch, every=3600)
+    gen, disc, inner = FakeOptimizer(), FakeOptimizer(), FakeOptimizer()
+    for _ in range(5):  # a GAN; and a wrapper that steps the inner one (counted on their own, max taken)
+        for opt in (disc, gen, inner, inner):
+            counter.on_step(opt, (), {})
+    assert counter.step == 10  # `inner` stepped twice an iteration: the largest count
+    counter.forget()
+    assert counter.step == 0
+
+
+def test_the_resumed_step_comes_from_adam_state_else_the_checkpoint() -> None:
+    assert resumed_step(FakeOptimizer(step_in_state=41.0), fallback=7) == 40  # read after its first step here
+    assert resumed_step(FakeOptimizer(), fallback=7) == 7
+
+
+def test_host_out_of_memory_errors_are_told_from_others() -> None:
+    text = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)")
+    assert cpu_oom_request(RuntimeError(text), torch.OutOfMemoryError) == (True, 2**50)
+    assert cpu_oom_request(MemoryError(), torch.OutOfMemoryError) == (True, None)
+    assert cpu_oom_request(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                           torch.OutOfMemoryError) == (False, None)  # the observer reported it
+    assert cpu_oom_request(ValueError("bad shape"), torch.OutOfMemoryError) == (False, None)
+
+
+def test_the_post_import_hook_runs_after_the_module_and_keeps_its_loader(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "late_module.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+    hook.after_import("late_module", lambda module: seen.append(module.VALUE))
+    assert seen == []
+    import late_module  # type: ignore[import-not-found]
+
+    assert seen == [42] and type(late_module.__loader__).__name__ == "SourceFileLoader"
+    assert not any(isinstance(f, hook.AfterImport) for f in sys.meta_path)  # off once it fired
+    hook.after_import("late_module", lambda module: seen.append(0))  # already imported: at once
+    assert seen == [42, 0]
+    sys.modules.pop("late_module")
+
+
+def test_not_python_from_argv0_and_shebang(tmp_path: Path) -> None:
+    script = tmp_path / "launch"
+    script.write_text("#!/usr/bin/env python3\n")
+    assert not_python([sys.executable, "train.py"]) is None and not_python([str(script)]) is None
+    assert not_python(["bash", "-c", "true"]) == "the command (bash) is not Python"
+    assert not_python(["train.py"]) is None and not_python(["no-such-command-here"]) is None
+
+
+def test_what_status_says_about_the_probe() -> None:
+    report = ProbeReport.for_command(True, ["bash", "run.sh"])
+    assert probe_text(report.as_meta()) == "none seen: the command (bash) is not Python"
+    report.take({"type": "probe", "state": "failed", "detail": "OOM observer not attached: x", "pid": 9, "rank": 1})
+    assert probe_text(report.as_meta()) == "failed to load: OOM observer not attached: x (the run goes on without it)"
+    for pid, rank in ((7, 0), (8, 1)):
+        report.take({"type": "probe", "state": "loaded", "detail": "torch 2.5", "pid": pid, "rank": rank})
+    assert probe_text(report.as_meta()) == ("loaded in 2 processes (ranks 0, 1); a part failed in 1: "
+                                            "OOM observer not attached: x")
+    assert probe_text(ProbeReport.for_command(False, ["python"]).as_meta()) == "none: turned off (--no-probe)"
