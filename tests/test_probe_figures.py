@@ -11,7 +11,7 @@ from oomguard.supervisor.decide.attribution import Cause, Evidence, Limit, Plate
 from oomguard.supervisor.decide.fragmentation import at_oom
 from oomguard.supervisor.decide.trend import Reading
 from oomguard.supervisor.decide.tuning import SizeTuner
-from oomguard.supervisor.observe.allocator import AllocatorOom, ProbeReport
+from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.record.figures import progress_text
 from oomguard.worker import protocol
@@ -148,7 +148,7 @@ def test_probe_steps_come_first_and_text_steps_no_longer_move_the_count() -> Non
     assert watch.progress is not None and watch.progress["source"] == "probe"
     assert watch.progress["steps_per_s"] == 2.0  # rank 0's steps over its own seconds, not both ranks'
     assert watch.progress["eta_s"] == 3.0  # 6 steps left at 2 steps/s
-    assert watch.progressed and watch.probe.allocated_peak == 2 * GIB and watch.probe.limit_bytes == 24 * GIB
+    assert watch.progressed and watch.allocator.allocated_peak == 2 * GIB and watch.allocator.limit_bytes == 24 * GIB
     assert "step 4/10, 2 steps/s, ETA 0 min; allocated peak 2.0 GiB of 24.0 GiB [probe]" in progress_text(
         watch.progress)
 
@@ -170,7 +170,7 @@ def test_a_resumed_attempts_count_continues_from_the_probes_step() -> None:
 
 
 def test_the_memory_model_takes_the_allocators_step_peak_and_the_fractions_limit() -> None:
-    probe = ProbeReport()
+    probe = AllocatorReport()
     probe.take(step_record(1, allocated=6 * GIB, limit=24 * GIB))
     probe.take(step_record(2, allocated=8 * GIB, limit=24 * GIB))
     tuner = SizeTuner(per_process_batch=64, min_micro=1, margin=0.1)
@@ -186,7 +186,7 @@ def test_the_memory_model_takes_the_allocators_step_peak_and_the_fractions_limit
 
 def test_an_oom_record_of_the_host_is_no_allocator_figure() -> None:
     assert AllocatorOom.from_record(oom_record(device="cpu")) is None
-    probe = ProbeReport()
+    probe = AllocatorReport()
     assert not probe.take(oom_record(device="cpu")) and probe.oom is None
     probe.take(oom_record(requested_bytes=1))
     probe.take(oom_record())

@@ -18,7 +18,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.memmodel import Point, Prediction, fit, propose_growth, shrink_after_oom
-from oomguard.supervisor.observe.allocator import ProbeReport
+from oomguard.supervisor.observe.allocator import AllocatorReport
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -63,7 +63,7 @@ class SizeTuner:
         return sample.host_total_bytes
 
     def peak_bytes(self, peak: AttemptPeak | None, sample: MemorySample | None,
-                   probe: ProbeReport | None = None) -> int | None:
+                   probe: AllocatorReport | None = None) -> int | None:
         """The attempt's peak as the model counts it: the allocator's step peak where the probe gave
         one (its limit then becomes the capacity), else NVML's GPU figure, else the worker's RSS."""
         if probe is not None and probe.allocated_peak:

@@ -1,7 +1,7 @@
 """What the in-process probe reports about one attempt: real optimizer steps and the allocator's figures.
 
 The probe (``oomguard/probe/``) runs inside every Python process of the worker and appends ``step``
-and ``oom`` records to the channel (``worker.protocol``). ``ProbeReport`` folds them: the step
+and ``oom`` records to the channel (``worker.protocol``). ``AllocatorReport`` folds them: the step
 training reached (the same on every rank: the highest one seen), how fast steps go (timed by one
 process, the lowest rank, from the seconds each record says its steps took), the CUDA caching
 allocator's peaks since the attempt began (what the model allocated, not the driver's view NVML
@@ -66,11 +66,10 @@ class AllocatorOom:
 
 
 @dataclass
-class ProbeReport:
-    """One attempt's probe records, folded."""
+class AllocatorReport:
+    """One attempt's ``step`` and ``oom`` records, folded (whether the probe loaded at all is
+    ``observe.probestate``'s)."""
 
-    state: str | None = None  # the newest ``probe`` record's state: loaded, off, failed
-    detail: str | None = None
     step: int | None = None  # the optimizer step reached (resumed count included), highest over ranks
     records: int = 0  # step records taken
     lead: tuple[int, int] | None = None  # (rank, pid) of the process whose records time the steps
@@ -87,9 +86,7 @@ class ProbeReport:
     def take(self, record: dict[str, Any]) -> bool:
         """Fold one probe record in; True when it is a step record with a step."""
         kind = record.get("type")
-        if kind == protocol.PROBE:
-            self.state, self.detail = record.get("state"), record.get("detail")
-        elif kind == protocol.OOM:
+        if kind == protocol.OOM:
             self.oom = AllocatorOom.from_record(record) or self.oom
         elif kind == protocol.STEP and (step := _int(record.get("step"))) is not None:
             self.records += 1

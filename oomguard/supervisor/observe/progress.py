@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomguard.supervisor.observe.allocator import ProbeReport
+from oomguard.supervisor.observe.allocator import AllocatorReport
 from oomguard.supervisor.observe.liveness import Judgement, Liveness
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.observe.output import OutputScanner
@@ -56,7 +56,7 @@ class AttemptWatch:
     total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
-    probe: ProbeReport = field(default_factory=ProbeReport)  # the in-process probe's steps and allocator figures
+    allocator: AllocatorReport = field(default_factory=AllocatorReport)  # the probe's steps and allocator figures
     liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
     probe: ProbeReport = field(default_factory=ProbeReport)  # whether the probe is in the worker, or why not
 
@@ -75,7 +75,7 @@ class AttemptWatch:
     def note_step(self, seen: StepSeen, now: float, wall: float) -> None:
         """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
         at training step 400 is not a step back, and output without a new step is not progress."""
-        if self.probe.step is not None:  # the probe counts the steps; a bar still tells the total
+        if self.allocator.step is not None:  # the probe counts the steps; a bar still tells the total
             if seen.total and (self.total_steps is None or seen.total > self.total_steps):
                 self.total_steps = seen.total
             return
@@ -117,7 +117,7 @@ class AttemptWatch:
     @property
     def progressed(self) -> bool:
         """The attempt made progress: steps reported (by the library or the output) or a checkpoint."""
-        return self.progress_records > 0 or self.output_steps > 0 or self.probe.records > 0 or self.new_checkpoint
+        return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0 or self.new_checkpoint
 
     def running_since(self) -> float:
         """When stable running began, for --grow-after: the first step where steps are seen (loading
@@ -149,14 +149,14 @@ class AttemptWatch:
         kind = record["type"]
         if kind in _ALIVE:
             self.last_progress = now
-        if kind in (protocol.STEP, protocol.OOM, protocol.PROBE):
+        if kind in (protocol.STEP, protocol.OOM):
             return self._take_probe(record, now)
         if kind == protocol.PROGRESS:
             if self.resume is not None and isinstance(record.get("step"), int):
                 self.resume.see(record["step"], record.get("total_steps"))
             self.liveness.steps.sign(now)
             self.progress_records += 1
-            if self.probe.step is None:  # the probe's count, where there is one, is the step
+            if self.allocator.step is None:  # the probe's count, where there is one, is the step
                 self.last_step = record.get("step", self.last_step)
             self.progress = record
             return self._progress_event_due(now)
@@ -165,8 +165,7 @@ class AttemptWatch:
         elif kind == protocol.PROBE:
             self.probe.take(record)
             return record.get("state") != "loaded"  # one per process: the meta counts them; failures are events
-        # The probe's step records come every 0.5 s from each process: too many to journal one event each.
-        return kind not in (protocol.HEARTBEAT, protocol.STEP)
+        return kind != protocol.HEARTBEAT
 
     def _progress_event_due(self, now: float) -> bool:
         if now - self.last_progress_event < PROGRESS_EVENT_EVERY:
@@ -177,9 +176,9 @@ class AttemptWatch:
     def _take_probe(self, record: dict[str, Any], now: float) -> bool:
         """A probe record: a step record is progress (journaled as an event at most every
         ``PROGRESS_EVENT_EVERY``), an ``oom`` or ``probe`` record an event."""
-        if not self.probe.take(record):
+        if not self.allocator.take(record):
             return True
-        step = self.probe.step
+        step = self.allocator.step
         assert step is not None
         if self.resume is not None:
             self.resume.see(step, self.total_steps)
@@ -191,11 +190,11 @@ class AttemptWatch:
         if self.last_step is None or step > self.last_step or not self.steps_at:
             self.steps_at = (self.steps_at + [(wall, step)])[-256:]
         self.last_step = step
-        rate = self.probe.steps_per_s
+        rate = self.allocator.steps_per_s
         total = self.total_steps
         eta = max(0.0, (total - step) / rate) if total and rate else None
         self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": total, "eta_s": eta, "t": wall,
-                         "source": "probe", **self.probe.figures()}
+                         "source": "probe", **self.allocator.figures()}
         return self._progress_event_due(now)
 
     def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
@@ -205,7 +204,7 @@ class AttemptWatch:
             return None
         # Where steps are known (records or output), output without a new step is not progress:
         # a script printing warnings in a loop is still silent.
-        steps_known = self.progress_records > 0 or self.output_steps > 0 or self.probe.records > 0
+        steps_known = self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0
         quiet = now - (self.last_progress if steps_known else max(last_output, self.last_progress))
         return self.liveness.judge(quiet, timeout, steps_known, now)
 

@@ -333,7 +333,7 @@ class Supervisor:
                                  ending=outcome.ending.value,
                                  stop_reason=outcome.stop.reason.value if outcome.stop else None,
                                  decision=decision, last_step=outcome.watch.last_step,
-                                 peak_rss=outcome.watch.peak_rss, peak_allocated=outcome.watch.probe.allocated_peak,
+                                 peak_rss=outcome.watch.peak_rss, peak_allocated=outcome.watch.allocator.allocated_peak,
                                  **facts)
 
     def _finished(self, outcome: Outcome) -> None:
@@ -366,7 +366,7 @@ class Supervisor:
         self._transition(RunState.STARTING, change.reason)
 
     def _peak(self, watch: AttemptWatch) -> int | None:
-        return self.tuner.peak_bytes(watch.peak, self.last_sample, watch.probe)
+        return self.tuner.peak_bytes(watch.peak, self.last_sample, watch.allocator)
 
     def _stopped(self, outcome: Outcome | None) -> int:
         """The user's stop: the attempt (if one ran) is closed now, as stopped, not as a failure."""
@@ -606,7 +606,7 @@ class Supervisor:
         after next, restart right after the next one (asking for it when the limit is nearer)."""
         trend = current.trend
         forecast = trend.add(sample, current.watch.last_step, self.config.memory_limit, self.config.soft_threshold,
-                             current.watch.probe.reading())
+                             current.watch.allocator.reading())
         self._board.show(forecast)
         if forecast is None or forecast.move is Move.WATCH or not self.config.checkpoints:
             return  # without checkpoints a restart would redo everything: the forecast is only shown
@@ -726,9 +726,9 @@ class Supervisor:
         assert verdict.kind is not None
         scan = watch.scanner
         load_error = checkpoint is not None and scan.load_error is not None and not watch.progressed
-        fragmentation = at_oom(watch.probe.oom, scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
+        fragmentation = at_oom(watch.allocator.oom, scan.tried_bytes, scan.reserved_unallocated, scan.capacity_bytes,
                                self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
-        if verdict.kind is FailureKind.CUDA_OOM and (scan.tried_bytes is not None or watch.probe.oom is not None):
+        if verdict.kind is FailureKind.CUDA_OOM and (scan.tried_bytes is not None or watch.allocator.oom is not None):
             self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
         attribution = self._attribute(verdict, watch)
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
@@ -745,7 +745,7 @@ class Supervisor:
         """The cause of a memory failure, journaled with the figures that decided it."""
         if verdict.kind is None or not verdict.kind.is_memory:
             return None
-        scan, alloc = watch.scanner, watch.probe.oom if verdict.kind is FailureKind.CUDA_OOM else None
+        scan, alloc = watch.scanner, watch.allocator.oom if verdict.kind is FailureKind.CUDA_OOM else None
         capacity = scan.allowed_bytes or (alloc.limit if alloc is not None and alloc.fraction else None)
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
                                                     capacity, alloc, step_peaks(self.journal.attempts())),
