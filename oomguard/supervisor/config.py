@@ -176,6 +176,10 @@ class RunConfig:
         "the middle is cut (default: no cap)", parse_size, metavar="SIZE"))
     run_dir: Path = field(default=Path("oomguard-run"), metadata=_opt(
         "--run-dir", "directory for the journal, logs and state of this run", Path, metavar="DIR"))
+    spare: bool = field(default=True, metadata=_opt(
+        "--no-spare", "start every attempt's worker cold, without a spare interpreter that imported the "
+        "script's heavy modules while the last attempt ran (only for 'python script.py'; never touches CUDA)",
+        None))
     probe: bool = field(default=True, metadata=_opt(
         "--no-probe", "do not load oomguard's probe into the worker's Python processes (its sitecustomize on "
         "PYTHONPATH, which reports optimizer steps, allocator peaks and OOMs; docs/probe.md)", None))

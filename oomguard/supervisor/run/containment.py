@@ -65,7 +65,7 @@ class Containment:
             self.cgroup.remove()
 
 
-_STALE = re.compile(r"^oomguard-(\d+)-worker$")
+_STALE = re.compile(r"^oomguard-(\d+)-(?:worker|spare-\d+)$")  # spare-N: run/spare.py
 
 
 def remove_stale(say: Callable[[str], None]) -> int:

@@ -62,6 +62,7 @@ from oomguard.supervisor.run.runtime import (
     placeholder_values,
 )
 from oomguard.supervisor.run.settle import Handover
+from oomguard.supervisor.run.spare import Spares
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
@@ -131,6 +132,7 @@ class Supervisor:
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
         self.world = World(config.dist_shape, config.peer_timeout, self._event)  # ranks and nodes
         self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
+        self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event)
         self.edits: list[Edit] = []  # --edit, checked when the run opens
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
@@ -281,6 +283,7 @@ class Supervisor:
             return EXIT_PEER_LOST
         finally:
             self._stop_worker(StopReason.SHUTDOWN, "the supervisor is leaving")
+            self.spares.discard()
             self.wiring.stop()
             self.index.stop()
             self.sampler.close()
@@ -478,18 +481,22 @@ class Supervisor:
         return next((c["step"] for c in self.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], current: Current) -> Containment:
-        """Start the worker in a fresh memory cgroup, onto free memory."""
+        """Start the worker in a fresh memory cgroup (a spare interpreter's, when one is taken), onto
+        free memory; then a spare for the next attempt."""
+        spare = self.spares.take(argv, env, lambda: self.stopping)
         containment = self.handover.next_containment(f"oomguard-{os.getpid()}-worker", self.config.memory_limit,
-                                                     self.sampler.gpu, self.config.settle_timeout)
+                                                     self.sampler.gpu, self.config.settle_timeout,
+                                                     spare.containment if spare else None)
         if containment.cgroup is None and self.attempt == 1:
             log(f"no memory cgroup ({containment.why_none}); --memory-limit is enforced by watching RSS")
         current.files.checkpoint_request.unlink(missing_ok=True)
         current.worker = WorkerProcess(argv, env, self.cwd, current.files.log,
                                        self.world.line_sink(current.watch.feed_line), self.echo, containment.procs,
                                        log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
-        current.worker.start(self.control.wake)
+        current.worker.start(self.control.wake, spare.hand_over() if spare else None)
         self.sampler.cgroup = containment.reader()
         self.journal.set_meta(worker_pid=current.worker.pgid)
+        self.guarded("spare", self.spares.prepare, argv, env)
         return containment
 
     def _stop_worker(self, reason: StopReason, detail: str, grow_to: int | None = None,
@@ -688,6 +695,7 @@ class Supervisor:
         assert verdict.kind is not None
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
+        self.spares.after_failure(verdict.kind, verdict.signal)
         failure, attribution = self._failure(outcome)
         fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
         if fits:

@@ -27,11 +27,13 @@ LAUNCHER = str(Path(__file__).with_name("launch.py"))
 WORKER_OOM_SCORE_ADJ = 500  # above the supervisor's, so the kernel picks the worker, not us
 
 
-def _own_oom_score_adj() -> int:
+def worker_oom_score_adj() -> int:
+    """The worker's OOM score: ours plus WORKER_OOM_SCORE_ADJ."""
     try:
-        return int(Path("/proc/self/oom_score_adj").read_text())
+        own = int(Path("/proc/self/oom_score_adj").read_text())
     except (OSError, ValueError):
-        return 0
+        own = 0
+    return min(1000, own + WORKER_OOM_SCORE_ADJ)
 
 
 class WorkerProcess:
@@ -69,14 +71,15 @@ class WorkerProcess:
         assert self._proc is not None
         return self._proc.pid
 
-    def start(self, wake: threading.Event) -> None:
-        adj = min(1000, _own_oom_score_adj() + WORKER_OOM_SCORE_ADJ)
-        launch = [sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(adj),
+    def start(self, wake: threading.Event, spare: subprocess.Popen[bytes] | None = None) -> None:
+        """Start the worker under its launcher, or watch ``spare``: a spare interpreter (its
+        launcher) just handed this attempt (``run/spare.py``)."""
+        launch = [sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(worker_oom_score_adj()),
                   str(self.cgroup_procs) if self.cgroup_procs else "-", "--", *self.argv]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
-                                      start_new_session=True)
+        self._proc = spare or subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
+                                               start_new_session=True)
         self._started = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="worker-output", daemon=True)
         self._reader.start()

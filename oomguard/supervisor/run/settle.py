@@ -114,10 +114,11 @@ class Handover:
         self._say = say
 
     def next_containment(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
-                 settle_timeout: float) -> Containment:
+                 settle_timeout: float, adopt: Containment | None = None) -> Containment:
+        """``adopt``: the cgroup a spare interpreter already lives in (``run/spare.py``)."""
         self._settle(gpu, settle_timeout)
         self.remove()
-        self.containment = Containment.create(name, memory_limit)
+        self.containment = adopt or Containment.create(name, memory_limit)
         self.procs = AttemptProcesses()
         return self.containment
 

@@ -1,0 +1,357 @@
+"""A spare worker interpreter: started while an attempt runs, it has imported the script's heavy
+modules (torch, transformers, lightning) by the time the attempt ends, and becomes the next worker.
+
+Only for ``python [flags] script.py ...``: a launcher that starts its own workers (torchrun,
+accelerate launch, deepspeed), ``python -m``, ``-c`` and non-Python commands start cold. The spare runs
+under ``launch.py`` like a worker (its own session, death with the supervisor, a memory cgroup of
+its own that becomes the next attempt's), at a lower CPU priority and the highest OOM score, so the
+running attempt loses as little as can be. It never initializes CUDA (``sparestart.py``), and is
+used only when the next attempt's interpreter, flags, script and environment are the ones it was
+started with; only oomguard's per-attempt variables and the allocator settings (read at the first
+CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
+starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
+holds would be the worker's.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.run.containment import Containment
+from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
+from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
+from oomguard.worker import protocol
+
+BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
+SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first
+SPARE_NICE = 10
+READY_TIMEOUT = 300.0  # seconds a handover waits for a spare still importing (a cold start would too)
+# Interpreter flags that change nothing the spare does before the handover differently from a
+# direct run (-I and -P change sys.path; -c, -m, -i and - are not a script).
+_PLAIN_FLAGS = set("BEObqsuv")
+_FLAGS_WITH_VALUE = ("-W", "-X")
+LAUNCHERS = {"torchrun", "accelerate", "deepspeed", "lightning", "composer", "mpirun", "srun"}
+MAX_FILES = 50  # local modules followed when reading the script's imports
+
+
+@dataclass(frozen=True)
+class Target:
+    """``python [flags] script [args]``: what a spare can become."""
+
+    python: str
+    flags: tuple[str, ...]
+    script: str
+    args: tuple[str, ...]
+
+    def same_program(self, other: Target) -> bool:
+        return (self.python, self.flags, self.script) == (other.python, other.flags, other.script)
+
+
+def target_of(argv: Sequence[str]) -> Target | str:
+    """The command as a script a spare can run, or why it cannot."""
+    if not argv:
+        return "no command"
+    name = os.path.basename(argv[0])
+    if name in LAUNCHERS:
+        return f"{name} starts its own workers"
+    if not name.startswith("python"):
+        return f"{name} is not a Python interpreter"
+    flags: list[str] = []
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        token = argv[i]
+        if token in _FLAGS_WITH_VALUE and i + 1 < len(argv):
+            flags += [token, argv[i + 1]]
+            i += 2
+            continue
+        if not (token.startswith(_FLAGS_WITH_VALUE) or set(token[1:]) <= _PLAIN_FLAGS) or token == "-":
+            return f"python {token} is not a plain script run"
+        flags.append(token)
+        i += 1
+    if i >= len(argv):
+        return "no script"
+    return Target(argv[0], tuple(flags), argv[i], tuple(argv[i + 1:]))
+
+
+def path0(script: str, cwd: Path) -> str:
+    """What ``python script.py`` puts first on sys.path: the script's directory, links resolved."""
+    return os.path.dirname(os.path.realpath(cwd / script))
+
+
+# Modules a training script imports without naming them: creating any torch optimizer imports
+# torch._dynamo (torch/optim/optimizer.py), several seconds of the restart path's "model build".
+# Taken only when the script imports torch (or a trainer on top of it) and its source says it
+# trains (an optimizer, a Trainer): an inference script would not load it.
+TRAINING_WORDS = ("optim", "Trainer")
+TRAINS_WITH_TORCH = ("torch", "transformers", "lightning", "pytorch_lightning", "accelerate")
+FOLLOW_ON = "torch._dynamo"
+
+
+def heavy_imports(script: Path) -> list[str]:
+    """What the script imports, read from its source and its own modules' (never run): each as
+    ``module`` or ``module:name,name``; which are third-party is decided in the worker's interpreter."""
+    root = script.parent
+    found: list[str] = []
+    trains = False
+    todo, seen = [script], set[Path]()
+    while todo and len(seen) < MAX_FILES:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            text = path.read_text()
+            tree = ast.parse(text, str(path))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        trains = trains or any(word in text for word in TRAINING_WORDS)
+        for item in _imports(tree):
+            top = item.partition(":")[0].split(".")[0]
+            local = [p for p in (root / f"{top}.py", root / top / "__init__.py") if p.exists()]
+            todo += local
+            if not local and item not in found:
+                found.append(item)
+    if trains and any(item.partition(":")[0].split(".")[0] in TRAINS_WITH_TORCH for item in found):
+        found.append(FOLLOW_ON)
+    return found
+
+
+def _imports(tree: ast.AST) -> list[str]:
+    """The imports every run executes: at module level (in its ifs, trys and classes too), not in
+    functions, which may never be called: a module the script would not import must not be in the
+    worker (its memory, its side effects)."""
+    items = []
+    todo = [tree]
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            items += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [alias.name for alias in node.names if alias.name != "*"]
+            items.append(f"{node.module}:{','.join(names)}" if names else node.module)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.expr)):
+            todo += ast.iter_child_nodes(node)
+    return items
+
+
+def per_attempt(name: str) -> bool:
+    """A variable that may differ between the spare and the attempt it becomes: oomguard's own
+    (read by the script, not at import) and the allocator settings (read at the first CUDA use)."""
+    return name.startswith("OOMGUARD_") or name in ALLOC_CONF_NAMES
+
+
+def env_differences(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    """The variables, besides the per-attempt ones, that differ: an import may have read them."""
+    names = {*started, *wanted}
+    return sorted(n for n in names if not per_attempt(n) and started.get(n) != wanted.get(n))
+
+
+def can_restore_priority() -> bool:
+    """Can the spare's threads raise their priority back to a worker's at the handover? (root, or
+    RLIMIT_NICE allowing nice 0): if not, it starts at the worker's priority."""
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+class Spare:
+    """One spare interpreter under its launcher, in its own cgroup, waiting for a handover."""
+
+    def __init__(self, target: Target, env: Mapping[str, str], cwd: Path, containment: Containment,
+                 ready_file: Path, worker_adj: int) -> None:
+        self.target = target
+        self.env = dict(env)
+        self.cwd = cwd
+        self.containment = containment
+        self.ready_file = ready_file
+        self.worker_adj = worker_adj
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = time.monotonic()
+        self.handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
+
+    def start(self, imports: Sequence[str]) -> None:
+        nice = SPARE_NICE if can_restore_priority() else 0
+        procs = str(self.containment.procs) if self.containment.procs else "-"
+        command = [self.target.python, *self.target.flags, BOOTSTRAP, str(self.ready_file), str(nice),
+                   path0(self.target.script, self.cwd), *imports]
+        self.ready_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(SPARE_OOM_SCORE_ADJ),
+                                      procs, "--", *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
+
+    def hurry(self) -> None:
+        """The next attempt is waiting for it: its threads back to a worker's priority (it imports
+        at nice SPARE_NICE only while an attempt runs beside it)."""
+        assert self.proc is not None
+        try:
+            pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.Error:
+            return
+        worker_nice = os.getpriority(os.PRIO_PROCESS, 0)  # a cold worker inherits ours
+        for pid in pids:
+            for tid in _threads(pid):
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, worker_nice)
+                except OSError:
+                    continue
+
+    def ready(self, timeout: float, interrupted: Callable[[], bool]) -> dict[str, object] | str:
+        """Wait until it has imported (its ready record), or why it cannot be used."""
+        assert self.proc is not None
+        self.hurry()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.ready_file.exists():
+                try:
+                    record: dict[str, object] = json.loads(self.ready_file.read_text())
+                except (OSError, ValueError):
+                    record = {}
+                if record:
+                    return record if record.get("ok") else f"the spare is unusable: {record.get('why')}"
+            if self.proc.poll() is not None:
+                return f"the spare exited ({self.proc.returncode}) before it was needed"
+            if interrupted() or time.monotonic() >= deadline:
+                return "the spare was not ready in time"
+            time.sleep(0.02)
+
+    def hand_over(self) -> subprocess.Popen[bytes]:
+        """Make it the worker (``Spares.take`` chose it): argv, environment, cwd, priority and OOM
+        score of a direct run; its launcher, which the worker's watcher then owns."""
+        assert self.proc is not None and self.proc.stdin is not None and self.handover is not None
+        target, env, nice = self.handover
+        spec = {"argv": [target.script, *target.args], "env": dict(env), "cwd": str(self.cwd),
+                "script": os.path.abspath(self.cwd / target.script), "path0": path0(target.script, self.cwd),
+                "nice": nice, "oom_score_adj": self.worker_adj}
+        try:  # the launcher back to a worker's OOM score too (it is the spare's parent)
+            Path(f"/proc/{self.proc.pid}/oom_score_adj").write_text(str(self.worker_adj))
+        except OSError:
+            pass
+        self.ready_file.unlink(missing_ok=True)
+        pipe, self.proc.stdin = self.proc.stdin, None  # a worker has no stdin of ours
+        try:
+            pipe.write(json.dumps(spec).encode())
+            pipe.close()
+        except OSError:  # it died since it was ready: the worker's watcher sees its exit as an attempt's
+            pass
+        return self.proc
+
+    def discard(self) -> None:
+        """SIGKILL its process group and its cgroup; reap it."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self.containment.remove()
+        self.ready_file.unlink(missing_ok=True)
+
+
+class Spares:
+    """At most one spare at a time: prepared once an attempt has started, then taken by the next
+    attempt if it fits, else discarded. ``event`` is the loop's journal-and-listeners call."""
+
+    def __init__(self, enabled: bool, run_dir: Path, cwd: Path, memory_limit: int | None,
+                 event: Callable[..., None]) -> None:
+        self.enabled = enabled
+        self.dir = run_dir / "spare"
+        self.cwd = cwd
+        self.memory_limit = memory_limit
+        self._event = event
+        self.spare: Spare | None = None
+        self._made = 0
+
+    def prepare(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        """Start a spare for the next attempt of this command (none when it cannot have one)."""
+        target = target_of(argv)
+        if not self.enabled or self.spare is not None or isinstance(target, str):
+            return
+        self._made += 1
+        self.dir.mkdir(parents=True, exist_ok=True)
+        containment = Containment.create(f"oomguard-{os.getpid()}-spare-{self._made}", self.memory_limit)
+        spare = Spare(target, self._spare_env(env), self.cwd, containment, self.dir / f"ready-{self._made}.json",
+                      worker_oom_score_adj())
+        imports = heavy_imports(self.cwd / target.script)
+        try:
+            spare.start(imports)
+        except OSError as exc:
+            spare.discard()
+            self._event("spare_failed", why=str(exc))
+            return
+        self.spare = spare
+        assert spare.proc is not None
+        self._event("spare_started", pid=spare.proc.pid, imports=imports)
+
+    def _spare_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The attempt's environment without its per-attempt variables, but with a channel of the
+        spare's own: the probe's sitecustomize (docs/probe.md) loads only where OOMGUARD_EVENTS is
+        set, and reads it again at each record, so after the handover it writes to the attempt's."""
+        spare_env = {k: v for k, v in env.items() if not k.startswith("OOMGUARD_")}
+        if env.get(protocol.ENV_EVENTS):
+            spare_env[protocol.ENV_EVENTS] = str(self.dir / f"events-{self._made}.jsonl")
+        return spare_env
+
+    def take(self, argv: Sequence[str], env: Mapping[str, str], interrupted: Callable[[], bool]) -> Spare | None:
+        """The spare, ready to become this attempt's worker, or None (discarded, with the reason
+        journaled): a cold start then."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        target = target_of(argv)
+        why = self._unfit(spare, target, env)
+        record = spare.ready(READY_TIMEOUT, interrupted) if not why else why
+        if isinstance(record, str) or isinstance(target, str):
+            spare.discard()
+            self._event("spare_not_used", why=record if isinstance(record, str) else target)
+            return None
+        spare.containment.oom_kills_before = spare.containment.oom_kills()
+        spare.handover = (target, dict(env), int(str(record.get("nice", 0))))
+        self._event("spare_used", age=round(time.monotonic() - spare.started, 2), imported=record.get("imported"))
+        return spare
+
+    def _unfit(self, spare: Spare, target: Target | str, env: Mapping[str, str]) -> str:
+        if isinstance(target, str):
+            return target
+        if not spare.target.same_program(target):
+            return "the command's interpreter, flags or script changed"
+        changed = env_differences(spare.env, env)
+        return f"environment changed since the spare started: {', '.join(changed[:5])}" if changed else ""
+
+    def after_failure(self, kind: FailureKind, sig: int | None) -> None:
+        """The kernel's OOM killer ended the worker: memory shared with the spare ran out, and a
+        spare's imports (hundreds of MB with torch) would take from the worker and so change what
+        fits; every later attempt starts cold. (An allocator's own failure, RLIMIT_AS, or
+        ``--memory-limit`` on the worker's cgroup are the worker's alone: the spare is not in them.)"""
+        if self.enabled and kind is FailureKind.HOST_OOM and sig == signal.SIGKILL:
+            self.enabled = False
+            self.discard()
+            self._event("spare_off", why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
+
+    def discard(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.discard()

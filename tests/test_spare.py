@@ -1,0 +1,258 @@
+"""The spare interpreter (run/spare.py): real processes that become the worker, and what must not change."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from support import ROOT
+
+from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.run.spare import Spare, Spares, Target, env_differences, heavy_imports, target_of
+
+PY = sys.executable
+HEAVY = '''import os, time
+IMPORTED_BY = os.getpid()
+IMPORTED_AT = time.time()
+'''
+# What a script sees of itself: the spare must give it exactly what a direct run gives it.
+SEEN = '''import json, os, sys
+heavy_was_loaded = "heavymod" in sys.modules
+import heavymod
+print("SEEN " + json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
+      "x": os.environ.get("X_PER_ATTEMPT"), "attempt": os.environ.get("OOMGUARD_ATTEMPT"),
+      "stdin": sys.stdin.read(), "file": __file__, "prewarmed": heavy_was_loaded}), flush=True)
+'''
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A script in a subdirectory that imports a third-party module (a fake site-packages on PYTHONPATH)."""
+    site = tmp_path / "site-packages" / "heavymod"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text(HEAVY)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "seen.py").write_text(SEEN)
+    return tmp_path
+
+
+def env_for(project: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k == "OOMGUARD_CACHE_DIR" or not k.startswith("OOMGUARD_")}
+    return {**env, "PYTHONPATH": f"{ROOT}{os.pathsep}{project / 'site-packages'}", **extra}
+
+
+def events(log: list[tuple[str, dict[str, Any]]]) -> Callable[..., None]:
+    return lambda name, /, **data: log.append((name, data))
+
+
+def seen(output: bytes) -> dict[str, Any]:
+    line = next(x for x in output.decode().splitlines() if x.startswith("SEEN "))
+    return json.loads(line[5:])  # type: ignore[no-any-return]
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+# ----- the command and the script, read without running them
+
+
+def test_only_a_plain_script_run_can_have_a_spare() -> None:
+    assert target_of([PY, "-u", "-W", "ignore", "train.py", "--lr", "1"]) == Target(
+        PY, ("-u", "-W", "ignore"), "train.py", ("--lr", "1"))
+    assert isinstance(target_of(["torchrun", "--nproc-per-node", "2", "train.py"]), str)
+    assert isinstance(target_of(["accelerate", "launch", "train.py"]), str)
+    assert isinstance(target_of([PY, "-m", "torch.distributed.run", "train.py"]), str)
+    assert isinstance(target_of([PY, "-c", "pass"]), str)
+    assert isinstance(target_of([PY, "-I", "train.py"]), str)  # no script directory on sys.path
+    assert isinstance(target_of(["bash", "train.sh"]), str)
+
+
+def test_imports_are_read_from_the_script_and_its_own_modules(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import torch\nfrom transformers import Trainer, TrainingArguments\n"
+                                       "import helpers\nif True:\n    import lightning.pytorch as pl\n"
+                                       "def maybe():\n    import deepspeed\n")  # not on every run
+    (tmp_path / "helpers.py").write_text("from datasets import *\nimport numpy as np\n")
+    assert heavy_imports(tmp_path / "train.py") == ["torch", "transformers:Trainer,TrainingArguments",
+                                                    "lightning.pytorch", "datasets", "numpy", "torch._dynamo"]
+    (tmp_path / "infer.py").write_text("import torch\nprint(torch.zeros(1))\n")  # no optimizer: no dynamo
+    assert heavy_imports(tmp_path / "infer.py") == ["torch"]
+
+
+def test_only_per_attempt_variables_may_differ() -> None:
+    started = {"PATH": "/bin", "OMP_NUM_THREADS": "4", "PYTORCH_CUDA_ALLOC_CONF": ""}
+    wanted = {"PATH": "/bin", "OMP_NUM_THREADS": "4", "OOMGUARD_MICRO_BATCH": "8",
+              "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    assert env_differences(started, wanted) == []
+    assert env_differences(started, {**wanted, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}) == [
+        "HF_HUB_OFFLINE", "OMP_NUM_THREADS"]
+
+
+# ----- real spares
+
+
+def take(project: Path, start_env: dict[str, str], argv: list[str], env: dict[str, str],
+         log: list[tuple[str, dict[str, Any]]]) -> Spare | None:
+    spares = Spares(True, project / "run", project, None, events(log))
+    spares.prepare([PY, "sub/seen.py", "first"], start_env)
+    assert spares.spare is not None
+    return spares.take(argv, env, lambda: False)
+
+
+def test_the_spare_becomes_the_worker_as_a_direct_run_would_start(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    env = env_for(project, X_PER_ATTEMPT="2", OOMGUARD_ATTEMPT="2", PYTORCH_ALLOC_CONF="expandable_segments:True")
+    spare = take(project, env_for(project, X_PER_ATTEMPT="2", OOMGUARD_ATTEMPT="1"),
+                 [PY, "sub/seen.py", "--mb", "4"], env, log)
+    assert spare is not None, log
+    proc = spare.hand_over()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    via_spare = seen(out)
+    direct = subprocess.run([PY, "sub/seen.py", "--mb", "4"], cwd=project, env=env, capture_output=True,
+                            stdin=subprocess.DEVNULL, check=True, timeout=120)
+    expected = seen(direct.stdout)
+    assert via_spare["prewarmed"] and not expected["prewarmed"]
+    for key in ("argv", "name", "path0", "cwd", "x", "attempt", "stdin", "file"):
+        assert via_spare[key] == expected[key], key
+    assert via_spare["argv"] == ["sub/seen.py", "--mb", "4"] and via_spare["name"] == "__main__"
+    assert [name for name, _ in log] == ["spare_started", "spare_used"]
+    spare.containment.remove()
+
+
+def test_a_changed_import_time_variable_means_a_cold_start(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    spare = take(project, env_for(project), [PY, "sub/seen.py"], env_for(project, OMP_NUM_THREADS="1"), log)
+    assert spare is None
+    name, data = log[-1]
+    assert name == "spare_not_used" and "OMP_NUM_THREADS" in data["why"]
+
+
+def test_a_different_script_means_a_cold_start(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    (project / "sub" / "other.py").write_text("pass\n")
+    assert take(project, env_for(project), [PY, "sub/other.py"], env_for(project), log) is None
+    assert log[-1][0] == "spare_not_used"
+
+
+def test_a_spare_imports_torch_without_initializing_cuda_and_the_allocator_setting_still_applies(
+        tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "t.py"
+    script.write_text(
+        "import sys\nwas_loaded = 'torch' in sys.modules\nimport torch\n"
+        "print('CUDA', was_loaded, torch.cuda.is_initialized(), flush=True)\n"
+        # After the handover: the device-generic settings are parsed on first use, from the new environment.
+        "print('ALLOC', torch._C._accelerator_getAllocatorSettings(), flush=True)\n")
+    log: list[tuple[str, dict[str, Any]]] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OOMGUARD_", "PYTORCH_"))}
+    spares = Spares(True, tmp_path / "run", tmp_path, None, events(log))
+    spares.prepare([PY, "t.py"], env)
+    spare = spares.take([PY, "t.py"], {**env, "PYTORCH_ALLOC_CONF": "expandable_segments:True"}, lambda: False)
+    assert spare is not None, log
+    assert log[-1][1]["imported"] == ["torch"]  # its ready record: imported, and torch.cuda not initialized
+    out, _ = spare.hand_over().communicate(timeout=300)
+    assert "CUDA True False" in out.decode()  # torch was imported by the spare; CUDA untouched
+    assert "ALLOC expandable_segments:True" in out.decode()
+    spare.containment.remove()
+
+
+# ----- under the supervisor
+
+
+def supervise(project: Path, run_dir: Path, *opts: str, worker: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), "--no-web", "--backoff", "0",
+                             *opts, "--", PY, *worker], cwd=project, env=env_for(project), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def oomguard_run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "oomguard", "run", *args], cwd=project, env=env_for(project), text=True,
+                          capture_output=True, timeout=300)
+
+
+def journal_events(run_dir: Path, prefix: str = "spare") -> list[dict[str, Any]]:
+    journal = Journal(run_dir, readonly=True)
+    try:
+        return [e for e in journal.events() if e["kind"].startswith(prefix)]
+    finally:
+        journal.close()
+
+
+def spare_pids(run_dir: Path) -> tuple[int, int]:
+    """The launcher's pid (its event) and the spare interpreter's (its ready record), once ready."""
+    ready = run_dir / "spare" / "ready-1.json"
+    wait_until(ready.exists)
+    started = journal_events(run_dir, "spare_started")
+    return started[0]["data"]["pid"], json.loads(ready.read_text())["pid"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_or_killing_the_supervisor_ends_the_spare(project: Path, sig: signal.Signals) -> None:
+    (project / "sleep.py").write_text("import heavymod, time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    run_dir = project / "run"
+    sup = supervise(project, run_dir, "--micro-batch", "1", "--global-batch", "1", worker=["sleep.py"])
+    try:
+        launcher, interpreter = spare_pids(run_dir)
+        os.kill(sup.pid, sig)
+        sup.wait(60)
+        for pid in (launcher, interpreter):
+            wait_until(lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", 30)
+    finally:
+        sup.kill()
+        sup.wait(30)
+
+
+def test_an_oom_restarts_through_the_spare_and_keeps_the_global_batch(project: Path) -> None:
+    (project / "train.py").write_text(
+        "import sys\nprewarmed = 'heavymod' in sys.modules\nimport heavymod\n"
+        "micro, accum = int(sys.argv[2]), int(sys.argv[4])\n"
+        "print(f'trained micro={micro} accum={accum} global={micro * accum} prewarmed={prewarmed}', flush=True)\n"
+        "if micro > 2:\n"
+        "    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
+    run_dir = project / "run"
+    out = oomguard_run(project, "--run-dir", str(run_dir), "--no-web", "--backoff", "0", "--micro-batch", "8",
+                       "--global-batch", "16", "--", PY, "train.py", "--mb", "{micro_batch}", "--ga", "{grad_accum}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "trained micro=8 accum=2 global=16 prewarmed=False" in out.stdout
+    assert "trained micro=4 accum=4 global=16 prewarmed=True" in out.stdout
+    assert "trained micro=2 accum=8 global=16 prewarmed=True" in out.stdout
+    assert [e["kind"] for e in journal_events(run_dir)].count("spare_used") == 2
+    assert not list((run_dir / "spare").glob("ready-*.json"))  # the last spare was discarded
+
+
+def test_no_spare_starts_every_worker_cold(project: Path) -> None:
+    (project / "ok.py").write_text("print('fine')\n")
+    run_dir = project / "run"
+    out = oomguard_run(project, "--run-dir", str(run_dir), "--no-web", "--no-spare", "--micro-batch", "1",
+                       "--global-batch", "1", "--", PY, "ok.py")
+    assert out.returncode == 0, out.stderr
+    assert journal_events(run_dir) == []
+
+
+def test_once_host_memory_runs_out_no_more_spares(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = Spares(True, project / "run", project, None, events(log))
+    spares.prepare([PY, "sub/seen.py"], env_for(project))
+    assert spares.spare is not None and spares.spare.proc is not None
+    launcher = spares.spare.proc
+    spares.after_failure(FailureKind.CUDA_OOM, None)  # GPU memory: the spare holds none
+    spares.after_failure(FailureKind.HOST_OOM, None)  # the allocator's own failure (RLIMIT_AS): the worker's alone
+    assert spares.spare is not None
+    spares.after_failure(FailureKind.HOST_OOM, signal.SIGKILL)  # the kernel's OOM killer
+    assert spares.spare is None and launcher.poll() is not None and log[-1][0] == "spare_off"
+    spares.prepare([PY, "sub/seen.py"], env_for(project))
+    assert spares.spare is None
