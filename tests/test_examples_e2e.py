@@ -58,9 +58,10 @@ def test_nanogpt_form_steps_redone_from_the_output(tmp_path: Path) -> None:
     # (6; a line read late or early by the time stamps' slack shifts it by one iteration at most)
     assert doc["newest_checkpoint"]["step"] in (5, 6, 7)
     failure = report(tmp_path)["failures"][0]
-    # iter 4 was the last one printed; ckpt.pt was written at step 3 and the next attempt resumed there
-    assert failure["last_step"] == 4 and failure["resumed_from"]["step"] in (2, 3, 4)
-    assert failure["steps_lost"] == 4 - failure["resumed_from"]["step"]
+    # iter 4 was the last one printed: the probe counted five optimizer steps (iters 0-4); ckpt.pt was
+    # written with iter_num 3 (three steps done) and the next attempt resumed there
+    assert failure["last_step"] == 5 and failure["resumed_from"]["step"] in (2, 3, 4)
+    assert failure["steps_lost"] == 5 - failure["resumed_from"]["step"]
 
 
 def test_nanochat_form_model_files_and_resume_from_step(tmp_path: Path) -> None:
