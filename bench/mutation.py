@@ -61,19 +61,20 @@ def _meta(module: str) -> Path:
     return ROOT / "mutants" / (module.replace(".", "/").join((f"{PACKAGE.replace('.', '/')}/", ".py.meta")))
 
 
-def again(module: str) -> int:
-    """Run only the survivors of the last run of one module again, keeping the other verdicts."""
-    names = survivors(module)
+def again(modules: list[str]) -> int:
+    """Run only the last run's survivors of these modules again, in one mutmut run (its reset of
+    every verdict after a change of the test selection happens once), keeping the other verdicts."""
+    kept = {m: json.loads(_meta(m).read_text())["exit_code_by_key"] for m in modules if _meta(m).exists()}
+    names = [name for m in modules for name in survivors(m)]
     if not names:
         return 0
-    kept = json.loads(_meta(module).read_text())["exit_code_by_key"]
     code = subprocess.call([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, env=_env())
-    data = json.loads(_meta(module).read_text())
-    codes = data["exit_code_by_key"]
-    for name, verdict in kept.items():
-        if name not in names:
-            codes[name] = verdict
-    _meta(module).write_text(json.dumps(data, indent=4))
+    for module, verdicts in kept.items():
+        data = json.loads(_meta(module).read_text())
+        rerun = data["exit_code_by_key"]
+        data["exit_code_by_key"] = {name: rerun.get(name) if name in names else verdict
+                                    for name, verdict in verdicts.items()}
+        _meta(module).write_text(json.dumps(data, indent=4))
     return code
 
 
@@ -145,9 +146,12 @@ def main() -> int:
         for module in modules:
             print(diffs(module))
         return 0
-    if not args.report:
+    if args.again and again(modules) != 0:
+        print("mutmut failed", file=sys.stderr)
+        return 1
+    if not args.report and not args.again:
         for module in modules:
-            if (again(module) if args.again else run(module)) != 0:
+            if run(module) != 0:
                 print(f"mutmut failed on {module}", file=sys.stderr)
                 return 1
     print(table(modules))

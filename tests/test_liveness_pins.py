@@ -88,12 +88,12 @@ def test_the_idle_stretch_sums_its_intervals_and_keeps_the_busiest_share() -> No
 
 def test_a_hang_is_recorded_with_its_figures() -> None:
     live = Liveness(0.0)
-    live.add(sample(1.0, 0.0123, 7))
-    j = live.judge(quiet=1234.56, configured=600.0, steps_known=True, now=1300.0)
-    assert j.hung == ("no progress for 1235 s (--hang-timeout 600); idle for 1300 s: CPU at most 1.2% of a core "
+    live.add(sample(1.0, 0.04444, 7))
+    j = live.judge(quiet=1234.56, configured=600.26, steps_known=True, now=1300.26)
+    assert j.hung == ("no progress for 1235 s (--hang-timeout 600.26); idle for 1300 s: CPU at most 4.4% of a core "
                       "(floor 5%), 7 B of I/O, no GPU figures: no GPU")
-    assert j.figures == {"quiet_s": 1234.6, "timeout_s": 600.0, "timeout_from": "--hang-timeout 600",
-                         "idle_s": 1300.0, "cpu_floor_pct": 5.0, "cpu_max_pct": 1.23, "cpu_seconds": 0.012,
+    assert j.figures == {"quiet_s": 1234.6, "timeout_s": 600.3, "timeout_from": "--hang-timeout 600.26",
+                         "idle_s": 1300.3, "cpu_floor_pct": 5.0, "cpu_max_pct": 4.44, "cpu_seconds": 0.044,
                          "io_bytes": 7, "gpu": "no GPU"}
 
 
@@ -145,3 +145,10 @@ def test_durations_and_sizes_switch_units_at_their_boundaries() -> None:
         "119 s", "2 min", "50 min", "120 min", "2.0 h", "200.0 h"]
     assert [_size(n) for n in (1023, 1024, 2048, 3 << 30, 2048 << 30)] == [
         "1023 B", "1.0 KiB", "2.0 KiB", "3.0 GiB", "2048.0 GiB"]
+
+
+def test_no_cadence_is_learned_from_fewer_than_twenty_gaps_however_long_they_span() -> None:
+    live = Liveness(0.0)
+    for i in range(20):
+        live.steps.sign(100.0 * i)  # 19 gaps over 1900 s
+    assert live.steps.timeout() is None
