@@ -1,0 +1,160 @@
+"""What the loop learns while an attempt runs (observe/progress.py), pinned where mutation testing
+(bench/mutation.py) found it loose: the worker's records, steps read from the output, checkpoints as
+progress, the resume check's feed and the cooldown of a checkpoint request."""
+
+from __future__ import annotations
+
+from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.progress import PROGRESS_EVENT_EVERY, REQUEST_COOLDOWN, STAMP_SLACK, AttemptWatch
+from oomguard.supervisor.observe.resume import ResumeCheck
+from oomguard.supervisor.observe.steps import StepSeen
+from oomguard.worker import protocol
+
+
+def watch() -> AttemptWatch:
+    return AttemptWatch(started=0.0, last_progress=0.0)
+
+
+def sample(t: float, rss: int) -> MemorySample:
+    return MemorySample(t, 1000.0 + t, 10, rss, (10,), 8 << 30, 4 << 30, None, None)
+
+
+# --- the worker library's records ----------------------------------------------------------------
+
+
+def test_a_progress_record_is_journaled_at_most_every_ten_seconds() -> None:
+    w = watch()
+    record = {"type": protocol.PROGRESS, "step": 7}
+    assert w.take(record, 100.0) is True
+    assert w.take({"type": protocol.PROGRESS, "step": 8}, 100.0 + PROGRESS_EVENT_EVERY - 0.5) is False
+    assert w.take({"type": protocol.PROGRESS, "step": 9}, 100.0 + PROGRESS_EVENT_EVERY) is True
+    assert w.last_step == 9 and w.progress == {"type": protocol.PROGRESS, "step": 9}
+    assert w.last_progress == 100.0 + PROGRESS_EVENT_EVERY and w.liveness.steps.last == 100.0 + PROGRESS_EVENT_EVERY
+
+
+def test_a_progress_record_without_a_step_keeps_the_last_one() -> None:
+    w = watch()
+    w.take({"type": protocol.PROGRESS, "step": 5}, 1.0)
+    w.take({"type": protocol.PROGRESS, "loss": 0.5}, 2.0)
+    assert w.last_step == 5
+
+
+def test_life_signs_refresh_progress_and_other_records_do_not() -> None:
+    w = watch()
+    assert w.take({"type": protocol.HEARTBEAT, "step": 1}, 5.0) is False  # a heartbeat is no event
+    assert w.last_progress == 5.0
+    # The probe's "loaded" is counted in the meta (one per process), its failures are events; neither is life.
+    assert w.take({"type": protocol.PROBE, "state": "loaded", "pid": 7}, 9.0) is False
+    assert w.take({"type": protocol.PROBE, "state": "failed", "pid": 7, "detail": "x"}, 9.5) is True
+    assert w.last_progress == 5.0 and w.worker_failure is None and w.probe.as_meta()["processes"] == 1
+
+
+def test_the_workers_failure_record_is_kept() -> None:
+    w = watch()
+    record = {"type": protocol.FAILURE, "kind": "cuda_oom", "message": "CUDA out of memory"}
+    assert w.take(record, 3.0) is True
+    assert w.worker_failure == record
+
+
+def test_the_resume_check_hears_the_records_step_and_ignores_a_shorter_bars() -> None:
+    w = watch()
+    w.resume = ResumeCheck("ckpt/step-40", 40)
+    w.take({"type": protocol.PROGRESS, "step": 5, "total_steps": 10}, 1.0)  # another bar, not training
+    assert w.resume.verdict is None
+    w.take({"type": protocol.PROGRESS, "step": 41, "total_steps": 100}, 2.0)
+    assert w.resume.verdict is not None and w.resume.verdict.first_step == 41
+
+
+# --- steps read from the output ------------------------------------------------------------------
+
+
+def test_a_carriage_return_bar_counts_its_newest_state() -> None:
+    w = watch()
+    w.feed_line("step 1/10\rstep 2/10\rstep 3/10")
+    assert w.last_step == 3 and w.liveness.output.last is not None
+    assert w.step_at(w.steps_at[-1][0]) == 3
+
+
+def test_the_output_resume_check_ignores_a_bar_no_longer_than_the_checkpoints_step() -> None:
+    w = watch()
+    w.resume = ResumeCheck("ckpt/step-40", 40)
+    w.note_step(StepSeen(5, 10), 1.0, 1.0)
+    assert w.resume.verdict is None
+
+
+def test_a_longer_bar_after_a_loading_bar_is_the_training_and_starts_its_rate_over() -> None:
+    w = watch()
+    w.note_step(StepSeen(2, 2), 1.0, 1.0)  # Loading checkpoint shards 2/2
+    w.note_step(StepSeen(1, 1000), 2.0, 2.0)
+    assert w.last_step == 1 and w.total_steps == 1000 and w.first_progress == 2.0
+    w.note_step(StepSeen(11, 1000), 12.0, 12.0)
+    assert w.progress is not None and w.progress["eta_s"] == 989.0
+
+
+def test_the_progress_of_an_output_step_is_a_full_record() -> None:
+    w = watch()
+    w.note_step(StepSeen(1, 100), 1.0, 50.0)
+    assert w.progress == {"type": protocol.PROGRESS, "step": 1, "total_steps": 100, "eta_s": None, "t": 50.0,
+                          "source": "output"}
+    assert w.liveness.steps.last == 1.0
+    w.note_step(StepSeen(2, 100), 1.0, 50.0)  # read in the same instant: no rate yet, no division by zero
+    assert w.progress["eta_s"] is None
+    w.note_step(StepSeen(100, 100), 3.0, 52.0)
+    assert w.progress["eta_s"] == 0.0
+
+
+def test_the_step_times_keep_the_newest_256() -> None:
+    w = watch()
+    for step in range(1, 301):
+        w.note_step(StepSeen(step, None), float(step), float(step))
+    assert len(w.steps_at) == 256 and w.steps_at[0] == (45.0, 45)
+
+
+def test_a_step_stamped_a_quarter_second_after_a_checkpoint_still_counts_for_it() -> None:
+    w = watch()
+    w.note_step(StepSeen(9, None), 1.0, 100.0 + STAMP_SLACK)
+    assert w.step_at(100.0) == 9
+
+
+# --- checkpoints, peaks, requests, hangs ---------------------------------------------------------
+
+
+def test_a_checkpoint_at_a_newer_step_is_progress_with_a_full_record() -> None:
+    w = watch()
+    w.total_steps = 500
+    w.checkpoint_landed(40, 2.0, 60.0)
+    assert w.progress == {"type": protocol.PROGRESS, "step": 40, "total_steps": 500, "eta_s": None, "t": 60.0,
+                          "source": "checkpoint"}
+    seen = {"type": protocol.PROGRESS, "step": 41}
+    w.progress, w.last_step = seen, 41
+    w.checkpoint_landed(41, 3.0, 61.0)  # the step the output already showed: nothing new
+    assert w.progress is seen
+
+
+def test_the_peak_is_the_largest_sample() -> None:
+    w = watch()
+    w.observe(sample(1.0, 300))
+    w.observe(sample(2.0, 200))
+    assert w.peak_rss == 300
+
+
+def test_a_checkpoint_request_is_pending_only_while_its_file_is_there_and_fresh() -> None:
+    w = watch()
+    assert not w.request_pending(True, 0.0)  # none written yet
+    w.last_request = 100.0
+    assert w.request_pending(True, 100.0 + REQUEST_COOLDOWN - 1)
+    assert not w.request_pending(True, 100.0 + REQUEST_COOLDOWN)
+    assert not w.request_pending(False, 101.0)
+
+
+def test_a_hang_timeout_under_a_second_still_judges_and_zero_turns_it_off() -> None:
+    w = watch()
+    assert w.hang_reason(0.0, 0.5, 10.0) is not None
+    assert w.hang_reason(0.0, 0, 10.0) is None
+
+
+def test_output_steps_make_output_without_a_step_silence() -> None:
+    w = watch()
+    w.note_step(StepSeen(1, None), 1.0, 1.0)
+    judgement = w.check_hang(last_output=99.0, timeout=50.0, now=100.0)
+    assert judgement is not None and judgement.hung is not None and "no progress for 99 s" in judgement.hung
