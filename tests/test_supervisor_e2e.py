@@ -201,7 +201,8 @@ def test_no_orphans_when_the_supervisor_is_sigkilled(run_dir: Path, tmp_path: Pa
     (["run", "--micro-batch", "8", "--global-batch", "60", "--", "true"], "--micro-batch: 8 does not divide"),
     (["run", "--micro-batch", "8", "--global-batch", "64"], "no training command"),
     (["run", "--micro-batch", "8", "--global-batch", "64", "--"], "no training command"),
-    (["run", "--run-dir", "/proc/version/run", "--micro-batch", "8", "--grad-accum", "1", "--", "true"],
+    (["run", "--run-dir", "/proc/version/run", "--micro-batch", "8", "--grad-accum", "1", "--",
+      "true", "{micro_batch}"],
      "--run-dir: cannot write"),
     (["status", "--run-dir", "/nonexistent/run"], "no oomguard run"),
 ])

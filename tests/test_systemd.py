@@ -16,6 +16,8 @@ import pytest
 from oomguard.supervisor.ops import systemd
 from oomguard.supervisor.ops.systemd import ServiceError, UnitOptions, render_unit
 
+STEERED = "import os\nmicro = int(os.environ[\"OOMGUARD_MICRO_BATCH\"])\n"  # a script oomguard can steer
+
 NASTY_ARGS = [
     "--resume-args",
     "--resume-from {checkpoint} --lr 3e-4",
@@ -217,7 +219,7 @@ def test_command_writes_the_unit_atomically_and_prints_next_steps(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.chdir(work)
-    (work / "t.py").write_text("")
+    (work / "t.py").write_text(STEERED)
     args = _parse(
         "--name",
         "gpt",
@@ -249,7 +251,7 @@ def test_command_writes_the_unit_atomically_and_prints_next_steps(
 def test_print_writes_nothing(oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.py").write_text("")
+    (tmp_path / "t.py").write_text(STEERED)
     out = io.StringIO()
     args = _parse("--print", "--exec", str(oomguard_bin), "--", "--micro-batch", "4", "--grad-accum", "1", "--",
                   sys.executable, "t.py")
@@ -274,7 +276,7 @@ def test_command_bad_input_exits_2(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.py").write_text("")
+    (tmp_path / "t.py").write_text(STEERED)
     assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), *argv)) == 2
     captured = capsys.readouterr()
     assert needle in captured.err and captured.err.count("\n") == 1, captured.err
@@ -289,7 +291,7 @@ def test_wired_into_the_oomguard_cli(
 
     monkeypatch.setattr(cli, "EXTRA_COMMANDS", [systemd.add_service_command])
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.py").write_text("")
+    (tmp_path / "t.py").write_text(STEERED)
     argv = [
         "service",
         "--print",

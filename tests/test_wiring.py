@@ -120,7 +120,7 @@ def test_a_settings_file_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "train_gpt2.py").write_text("")
-    check(tmp_path, command=[PY, "train.py", "config/train_gpt2.py"])
+    check(tmp_path, command=[PY, "train.py", "config/train_gpt2.py", "--batch_size={micro_batch}"])
     with pytest.raises(UsageError, match=r"a file the command names config/trian_gpt2.py does not exist .*"
                                          r"did you mean config/train_gpt2.py\?"):
         check(tmp_path, command=[PY, "train.py", "config/trian_gpt2.py"])
@@ -152,15 +152,16 @@ def test_checkpoints_nothing_hands_over_are_refused(tmp_path: Path) -> None:
 ])
 def test_every_way_of_handing_the_checkpoint_over_starts(tmp_path: Path, options: tuple[str, ...]) -> None:
     (tmp_path / "train.py").write_text(ARGPARSE)
-    check(tmp_path, "--checkpoint", "out/*", *options, command=[PY, "train.py"])
+    check(tmp_path, "--checkpoint", "out/*", *options, command=[PY, "train.py", "--bs", "{micro_batch}"])
 
 
 def test_a_checkpoint_placeholder_in_the_command_or_an_edit_hands_it_over(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(ARGPARSE)
     (tmp_path / "c.yaml").write_text("resume: null\n")
-    check(tmp_path, "--checkpoint", "out/*", command=[PY, "train.py", "--init", "{checkpoint}"])
+    check(tmp_path, "--checkpoint", "out/*",
+          command=[PY, "train.py", "--init", "{checkpoint}", "--bs", "{micro_batch}"])
     check(tmp_path, "--checkpoint", "out/*", "--edit", "c.yaml:resume={checkpoint}",
-          command=[PY, "train.py", "--config", "c.yaml"])
+          command=[PY, "train.py", "--config", "c.yaml", "--bs", "{micro_batch}"])
 
 
 def test_the_worker_library_hands_it_over_itself(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ def machine(tmp_path_factory: pytest.TempPathFactory, live_run: Run) -> Iterator
     root = tmp_path_factory.mktemp("machine")
     (root / "live").symlink_to(live_run.run_dir, target_is_directory=True)  # not followed: given as a root too
     done = subprocess.run([*OOMGUARD, "run", "--run-dir", str(root / "exp" / "done"), "--no-web", "--micro-batch",
-                           "2", "--grad-accum", "1", "--", "true"], cwd=REPO, capture_output=True, text=True,
+                           "2", "--grad-accum", "1", "--", "true", "{micro_batch}"], cwd=REPO, capture_output=True,
+                          text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     damaged = root / "exp" / "broken" / "journal.sqlite"
