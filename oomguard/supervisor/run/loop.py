@@ -22,7 +22,7 @@ import psutil
 
 from oomguard.supervisor.command.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide import replan
+from oomguard.supervisor.decide import replan, unfixable
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
@@ -32,6 +32,7 @@ from oomguard.supervisor.decide.memmodel import fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.decide.tuning import SizeTuner
+from oomguard.supervisor.decide.unfixable import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
@@ -314,7 +315,7 @@ class Supervisor:
         decision = self._recover(outcome)  # RUNNING -> RECOVERING
         if not decision.restart:  # RECOVERING -> FAILED
             self._transition(RunState.FAILED, decision.reason)
-            return 1
+            return EXIT_UNFIXABLE if decision.unfixable else EXIT_GAVE_UP
         if decision.delay > 0:  # RECOVERING -> BACKOFF
             self._transition(RunState.BACKOFF, decision.reason)
             self._sleep(decision.delay)
@@ -718,7 +719,8 @@ class Supervisor:
         attribution = self._attribute(verdict, watch)
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           fragmentation.fragmented, watch.new_checkpoint,
-                          checkpoint.path if checkpoint else None, load_error, attribution)
+                          checkpoint.path if checkpoint else None, load_error, attribution,
+                          unfixable.seen(scan, verdict.exit_code, watch.progressed))
         return failure, attribution
 
     def _exited_at(self) -> float | None:
