@@ -5,6 +5,8 @@ mistakes end to end, with real processes and a real allocator OOM, are in test_w
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import random
@@ -215,6 +217,24 @@ def test_an_unknown_argument_that_is_a_command_says_where_the_dashes_go() -> Non
     assert unrecognized(["--micro-bach", "32"], ["--micro-batch", "--grad-accum"], "run") == (
         "unrecognized arguments: --micro-bach 32 (did you mean --micro-batch?)")
     assert unrecognized(["8"], ["--micro-batch"], "run") == "unrecognized arguments: 8"
+
+
+def test_the_suggested_line_keeps_every_word_typed_also_for_an_ambiguous_option() -> None:
+    """The script's own flags argparse took as oomguard's (--port 9000) stay in the suggestion."""
+    from oomguard.supervisor.cli import main
+
+    typed = ["--micro-batch", "64", "--global-batch", "128", "python", "train.py", "--port", "9000", "--tag", "a b"]
+    assert unrecognized(["python", "train.py", "--tag", "a b"], [], "run", typed).endswith(
+        "put -- before the training command: oomguard run --micro-batch 64 --global-batch 128 -- python train.py "
+        "--port 9000 --tag 'a b'")
+    with pytest.raises(SystemExit) as ended, contextlib.redirect_stderr(io.StringIO()) as err:
+        main(["run", "--run-dir", "runs/x", "--micro-batch", "8", "--grad-accum", "1", "python", "train.py",
+              "--resume", "x.pt"])
+    assert ended.value.code == 2
+    assert err.getvalue() == (
+        "oomguard: error: ambiguous option: --resume could match --resume-args, --resumes-itself; if --resume is the "
+        "training script's, put -- before the training command: oomguard run --run-dir runs/x --micro-batch 8 "
+        "--grad-accum 1 -- python train.py --resume x.pt; see 'oomguard run --help'\n")
 
 
 # --- did the attempt resume? ---------------------------------------------------------------------

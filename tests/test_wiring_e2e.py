@@ -116,7 +116,8 @@ def test_a_script_that_does_not_exist_is_refused(work: Path) -> None:
 def test_a_forgotten_double_dash_is_named(work: Path) -> None:
     line = refused(work, *RUN, PY, "train.py", "--batch-size", "8")
     assert line == (f"oomguard: error: unrecognized arguments: {PY} train.py --batch-size 8; put -- before the "
-                    f"training command: oomguard run [options] -- {PY} train.py --batch-size 8; see 'oomguard --help'")
+                    f"training command: oomguard {' '.join(RUN)} -- {PY} train.py --batch-size 8; "
+                    "see 'oomguard --help'")
 
 
 def test_service_refuses_what_run_would_and_writes_no_unit(work: Path) -> None:

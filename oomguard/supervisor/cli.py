@@ -16,7 +16,7 @@ from oomguard.supervisor.config import add_arguments, build_config, fragment_fla
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
-from oomguard.supervisor.run.arguments import unrecognized
+from oomguard.supervisor.run.arguments import ambiguous, unrecognized
 from oomguard.web.client import register as web_commands
 from oomguard.web.client import register_dashboard
 
@@ -24,7 +24,10 @@ from oomguard.web.client import register_dashboard
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the problem and where to look, exit 2."""
 
+    typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
+
     def error(self, message: str) -> NoReturn:
+        message = ambiguous(message, self.typed, self, self.prog.rpartition(" ")[2])
         self.exit(2, f"oomguard: error: {message}; see '{self.prog} --help'\n")
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -33,6 +36,7 @@ class _Parser(argparse.ArgumentParser):
         argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
         flags = fragment_flags() & self._option_string_actions.keys()
         argv = list(sys.argv[1:] if args is None else args)
+        self.typed = argv
         return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -41,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             sub = getattr(parsed, "subcommand", None)
-            self.error(unrecognized(extras, _flags(self, sub), sub))
+            typed = list(sys.argv[1:] if args is None else args)
+            typed = typed[typed.index(sub) + 1:] if sub in typed else []
+            self.error(unrecognized(extras, _flags(self, sub), sub, typed))
         return parsed
 
 

@@ -284,7 +284,7 @@ class Supervisor:
             self.index.stop()
             self.sampler.close()
             self.handover.remove()
-            self.journal.set_meta(worker_pid=None)
+            self.journal.set_meta(worker_pid=None, rank_pids={})
             self._lock.release()
 
     def _loop(self) -> int:
@@ -485,7 +485,7 @@ class Supervisor:
                                        log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
         current.worker.start(self.control.wake)
         self.sampler.cgroup = containment.reader()
-        self.journal.set_meta(worker_pid=current.worker.pgid)
+        self.journal.set_meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
         return containment
 
     def _stop_worker(self, reason: StopReason, detail: str, grow_to: int | None = None,
@@ -571,6 +571,8 @@ class Supervisor:
         assert worker is not None
         sample = self.sampler.sample(worker.worker_pid or worker.pgid)
         self.handover.procs.add(worker.tree())
+        if (named := worker.named_pids()) is not None:  # the training process and ranks, for status
+            self.journal.set_meta(**named)
         self.last_sample = sample
         watch.observe(sample)  # its peaks, and what its processes did since the last sample
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
