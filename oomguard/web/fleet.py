@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
@@ -24,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from oomguard.supervisor.record.runs import MAX_DEPTH, find_runs, summarize
 from oomguard.web import redact
 from oomguard.web.app import CSP, STATIC, create_app
-from oomguard.web.exposure import ASGIApp, Receive, Scope, Send
+from oomguard.web.exposure import ASGIApp, Receive, Scope, Send, is_loopback
 from oomguard.web.sse import ChangeBroker
 
 SCAN_EVERY = 1.0  # seconds a listing is reused: many open pages cost one scan, not one each
@@ -33,6 +34,19 @@ SCAN_EVERY = 1.0  # seconds a listing is reused: many open pages cost one scan, 
 def run_key(run_dir: Path) -> str:
     """A run's name in URLs: stable across scans and restarts, and no path a client could choose."""
     return hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
+
+
+def _live_link(run_dir: Path, url: str | None) -> str | None:
+    """The link to a live run's own dashboard. On a network bind that dashboard needs its token for
+    every request: the link carries it (read from the run's directory, as ``oomguard stop`` does),
+    so that it opens from the machine the page is read on rather than answering 401."""
+    if not url or is_loopback(urlsplit(url).hostname or ""):
+        return url
+    try:
+        token = (run_dir / "token").read_text().strip()
+    except OSError:
+        return url
+    return f"{url}?token={token}" if token else url
 
 
 class Runs:
@@ -64,7 +78,7 @@ class Runs:
         row = summarize(run_dir)
         key = run_key(run_dir)
         return {**row, "key": key, "name": self._name(run_dir), "view": f"runs/{key}/",
-                "reason": redact.text(str(row["reason"]))}
+                "reason": redact.text(str(row["reason"])), "dashboard": _live_link(run_dir, row["dashboard"])}
 
     def _name(self, run_dir: Path) -> str:
         """The run's path below the root it was found under (the root's own name when it is the run)."""

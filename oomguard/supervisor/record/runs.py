@@ -66,7 +66,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         return _unreadable(run_dir, exc.problem)
     try:
         doc = status_document(journal)
-        web_url = journal.meta().get("web_url")
+        meta = journal.meta()
+        # on a network bind, the address others open (web/addresses.py), not this machine's loopback
+        web_url = (meta.get("web_public") or [meta.get("web_url")])[0]
     except sqlite3.OperationalError as exc:
         if str(exc).startswith("no such table"):  # damage.py let it through: a supervisor is creating it
             return {**_unreadable(run_dir, "the journal is being created"), "state": "starting"}
