@@ -433,6 +433,37 @@ def test_the_report_counts_the_steps_a_missed_resume_redid(tmp_path: Path) -> No
     journal.close()
 
 
+def test_the_report_counts_steps_redone_whatever_started_the_next_attempt(tmp_path: Path) -> None:
+    """A Ctrl-C and a rerun (24 -> 20), the user's restart (17 -> 15), a planned restart right after
+    its checkpoint (nothing redone) and --grow: every redone step is in the total."""
+    journal = Journal(tmp_path)
+    plan = {"micro_batch": 32, "grad_accum": 1, "global_batch": 32, "world_size": 1}
+    rows = [  # (ending, stop_reason, decision, last step, the step its next attempt resumed from)
+        ("stopped", "user", stopped_by(2), 24, 20),
+        ("planned_restart", "restart_requested", "restart requested", 37, 35),
+        ("planned_restart", "memory_forecast", "planned restart after ck-45", 45, 45),
+        ("grow", "grow", "grow: micro-batch 64", 52, 50),
+    ]
+    resumed: str | None = None
+    for n, (ending, reason, decision, last, _) in enumerate(rows, 1):
+        journal.start_attempt(n, 100 + n, plan, resumed, ["python", "t.py"], f"a{n}.log")
+        journal.end_attempt(n, returncode=-15, ending=ending, stop_reason=reason, decision=decision, last_step=last)
+        resumed = f"/w/ck-{rows[n - 1][4]}.pt"
+        journal.checkpoint_seen(resumed, rows[n - 1][4], time.time(), n)
+        journal.event("resume_point", n + 1, path=resumed, step=rows[n - 1][4])
+    journal.start_attempt(len(rows) + 1, 200, plan, resumed, ["python", "t.py"], "last.log")
+    report = build_report(journal)
+    assert report["failures"] == []
+    assert [(r["attempt"], r["ending"], r["steps_lost"]) for r in report["restarts"]] == [
+        (1, "stopped", 4), (2, "planned_restart", 2), (3, "planned_restart", 0), (4, "grow", 2)]
+    assert report["steps_lost"] == 8 and report["steps_lost_exact"]
+    text = format_report(report)
+    assert "steps lost (redone): 8" in text
+    assert "  attempt 1 (stopped): last step 24, resumed from step 20 (/w/ck-20.pt): 4 step(s) redone" in text
+    assert "attempt 3 (planned_restart)" not in text  # nothing redone: not listed
+    journal.close()
+
+
 def test_a_later_supervisor_closes_an_attempt_as_the_stop_that_was_asked_for() -> None:
     assert closing_decision({"signal": "SIGTERM"}) == "stopped by SIGTERM: a stop asked for, not a failure"
     assert closing_decision(None) == CLOSED_INTERRUPTED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -62,7 +63,7 @@ def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     from oomguard.supervisor.run.loop import Supervisor
 
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand", "typed")}
     config = build_config(options, command)
     from oomguard.supervisor.run.loop import log
     from oomguard.supervisor.run.preflight import check as preflight
@@ -71,6 +72,10 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
+    # How to resume after a stop, for status: the same line in the same directory (the journal and
+    # the checkpoints carry the rest).
+    supervisor.journal.set_meta(resume_command=f"cd {shlex.quote(str(supervisor.cwd))} && oomguard "
+                                f"{shlex.join(args.typed)}" + (f" -- {shlex.join(command)}" if command else ""))
     for line in notices(config):  # forms that run, but not as they read (no accumulation, nanoGPT's total)
         log(line)
         supervisor.journal.event("notice", None, text=line)
@@ -137,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         at = argv.index("--")
         argv, command = argv[:at], argv[at + 1:]
     args = build_parser().parse_args(argv)
+    args.typed = argv  # the words before --, as typed: status repeats them to say how to resume
     try:
         code = int(args.func(args, command))
         sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit

@@ -68,6 +68,7 @@ class Status(_Open):
     started: float | None = None
     updated: float | None = None
     failures: list[FailureView]
+    resume_command: str | None = None  # after a stop: the command that resumes the run
     warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
 
 

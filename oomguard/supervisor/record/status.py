@@ -76,6 +76,8 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
+        # after a stop: the command that resumes the run (the same line, in the same directory)
+        "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
     }
 
 
@@ -152,6 +154,8 @@ def format_status(doc: dict[str, Any]) -> str:
                      f"({problem['lost']} {problem.get('unit', '')} lost so far)")
     for warning in doc.get("warnings") or []:
         lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
+    if doc.get("resume_command"):
+        lines.append(f"resume:     {doc['resume_command']}")
     for f in doc["failures"]:
         how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "
