@@ -116,3 +116,48 @@ def test_each_ranks_training_process_is_named_not_its_data_loader_workers(tmp_pa
         assert worker.named_pids() is None  # unchanged: nothing to write again
     finally:
         worker.stop(1.0)
+
+
+MISSED = '''
+import os, sys, time
+from pathlib import Path
+
+micro = int(os.environ["OOMGUARD_MICRO_BATCH"])
+step = 0
+while not Path("done").exists() and step < 600:
+    step += 1
+    print(f"step {step}", flush=True)
+    if step == 2:
+        Path("ck").mkdir(exist_ok=True)
+        Path("ck/step-2.pt").write_text("2")  # the glob matches this one
+    if step == 4:
+        Path("ck4").mkdir(exist_ok=True)
+        Path("ck4/step-4.pt").write_text("4")  # and misses this one
+    time.sleep(0.1)
+'''
+
+
+def test_a_checkpoint_the_glob_misses_is_said_while_the_attempt_that_wrote_it_runs(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(MISSED)
+    proc = subprocess.Popen([PY, "-m", "oomguard", "run", "--run-dir", "run", "--no-web", "--micro-batch", "8",
+                             "--grad-accum", "1", "--checkpoint", "ck/step-*.pt", "--resumes-itself", "--",
+                             PY, "train.py"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while not ((tmp_path / "run" / "journal.sqlite").exists() and status(tmp_path / "run")["warnings"]):
+            assert time.monotonic() < deadline and proc.poll() is None, "no warning while the attempt ran"
+            time.sleep(0.2)
+        doc = status(tmp_path / "run")
+        assert doc["state"] == "running" and doc["attempt"] == 1  # said during the attempt that wrote it
+        [warning] = doc["warnings"]
+        assert warning["message"] == (
+            "--checkpoint 'ck/step-*.pt' does not match ck4/step-4.pt, which the script wrote and which looks like a "
+            "checkpoint: a restart would not resume from it; use --checkpoint 'ck4/step-*.pt'")
+        (tmp_path / "done").write_text("")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert proc.stderr is not None and proc.stderr.read().count(warning["message"]) == 1
+    listed = oomguard("ls", cwd=tmp_path).stdout.splitlines()[1]
+    assert "succeeded, 1 warning" in listed and "warning: --checkpoint 'ck/step-*.pt' does not match" in listed

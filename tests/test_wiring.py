@@ -24,10 +24,11 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import quiet_stop_race
 from oomguard.supervisor.observe.lookalikes import (
     QUIET_LIMIT,
-    SETTLE,
     Lookalike,
     LookalikeWatcher,
     candidate,
+    matched,
+    missed_notice,
     output_dirs,
     suggest_glob,
     unmatched_notice,
@@ -307,15 +308,19 @@ def test_the_suggested_glob_and_the_output_directories(tmp_path: Path) -> None:
 def test_when_a_glob_that_matches_nothing_is_said() -> None:
     cwd, t = Path("/w"), 1000.0
     files = [Lookalike("/w/out/step-2.pt", t), Lookalike("/w/out/step-4.pt", t + 2)]
-    say = lambda found, last_step_wall, now: unmatched_notice(  # noqa: E731
-        ["checkpoints/*.pt"], found, t - 5, 5, last_step_wall, now, cwd, [cwd])
-    assert say(files, t + 1, t + SETTLE - 0.1) is None  # too fresh
-    assert say(files, t - 1, t + 10) is None  # no step shown since: maybe still being written
-    assert say(files, t + 1, t + SETTLE) == (
+    assert missed_notice(["checkpoints/*.pt"], files, False, cwd) == (
         "--checkpoint 'checkpoints/*.pt' matches nothing, but the script wrote out/step-2.pt, out/step-4.pt: "
         "a restart would start over; use --checkpoint 'out/step-*.pt'")
-    assert say([], t, t + QUIET_LIMIT - 10) is None
-    assert unmatched_notice(["ck/*.pt"], [], t, 4000, t + QUIET_LIMIT, t + QUIET_LIMIT, cwd, [cwd, cwd / "out"]) == (
+    assert missed_notice(["out/ckpt-*.pt"], files[:1], True, cwd).startswith(
+        "--checkpoint 'out/ckpt-*.pt' does not match out/step-2.pt, which the script wrote")
+    # a file in a matched checkpoint directory, an absolute glob, a recursive one: matched
+    assert matched("/w/out/checkpoint-5", ["out/checkpoint-*"], cwd)
+    assert matched("/w/out/checkpoint-5/model.safetensors", ["out/checkpoint-*"], cwd)
+    assert matched("/scratch/run/step_10.pt", ["/scratch/run/step_*.pt"], cwd)
+    assert matched("/w/ck/a/b/step-3.pt", ["ck/**/*.pt"], cwd)
+    assert not matched("/w/ckpts4/step-5.pt", ["ckpts/step-*.pt"], cwd)
+    assert unmatched_notice(["ckpts/*.pt"], t, 5, t + QUIET_LIMIT - 10, cwd, [cwd]) is None
+    assert unmatched_notice(["ck/*.pt"], t, 4000, t + QUIET_LIMIT, cwd, [cwd, cwd / "out"]) == (
         "--checkpoint 'ck/*.pt' has matched nothing in 30 min of training (to step 4000), and nothing that looks "
         "like a checkpoint was written in ., out: a restart would start over; check the glob, and that the script "
         "saves checkpoints")
