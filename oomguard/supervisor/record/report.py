@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import time
 from collections.abc import Sequence
@@ -528,7 +529,8 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _cmd_report(args: argparse.Namespace, command: Sequence[str]) -> int:
     if command:
-        raise UsageError("report", "takes no command after --", "run: oomguard report --run-dir DIR")
+        raise UsageError("report", "takes no command after --",
+                         f"run: oomguard report --run-dir {shlex.quote(str(args.run_dir))}")
     report = read_report(Path(args.run_dir))
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
     return 0
