@@ -161,3 +161,23 @@ def test_a_checkpoint_the_glob_misses_is_said_while_the_attempt_that_wrote_it_ru
     assert proc.stderr is not None and proc.stderr.read().count(warning["message"]) == 1
     listed = oomguard("ls", cwd=tmp_path).stdout.splitlines()[1]
     assert "succeeded, 1 warning" in listed and "warning: --checkpoint 'ck/step-*.pt' does not match" in listed
+
+
+def test_a_wrapper_shell_is_not_named_its_training_process_is(tmp_path: Path) -> None:
+    import threading
+
+    from oomguard.supervisor.run.process import WorkerProcess
+
+    # "; true": the shell cannot exec the python, so it stays as its parent
+    worker = WorkerProcess(["sh", "-c", f"{PY} -c 'import time; time.sleep(60)'; true"], dict(os.environ), tmp_path,
+                           tmp_path / "log", lambda line: None, None)
+    worker.start(threading.Event())
+    try:
+        deadline = time.monotonic() + 30
+        while len(worker.tree()) < 2:
+            assert time.monotonic() < deadline, "the script did not start"
+            time.sleep(0.1)
+        named = worker.named_pids()
+        assert named is not None and psutil.Process(named["worker_pid"]).name().startswith("python")  # type: ignore[arg-type]
+    finally:
+        worker.stop(1.0)

@@ -127,7 +127,7 @@ class WorkerProcess:
     def named_pids(self) -> dict[str, object] | None:
         """What status names: the training process (not ``launch.py``) and each rank's pid; only
         when it changed since the last call (it is written to the journal)."""
-        named: dict[str, object] = {"worker_pid": self.worker_pid,
+        named: dict[str, object] = {"worker_pid": _through_shells(self.worker_pid),
                                     "rank_pids": {str(r): p for r, p in self.rank_pids().items()}}
         if named == self._named or named["worker_pid"] is None:
             return None
@@ -187,6 +187,21 @@ class WorkerProcess:
         else:
             _kill(pid, signal.SIGABRT)
             self.exited.wait(3.0)
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+
+
+def _through_shells(pid: int | None) -> int | None:
+    """The process a wrapper shell runs (``bash -c 'cd x && python train.py'``): a shell with one
+    child is not the training process, its child is."""
+    try:
+        proc = psutil.Process(pid) if pid is not None else None
+        while proc is not None and proc.name() in _SHELLS and len(children := proc.children()) == 1:
+            proc = children[0]
+        return proc.pid if proc is not None else None
+    except psutil.Error:
+        return pid
 
 
 def catches(pid: int, sig: signal.Signals) -> bool:
