@@ -28,6 +28,7 @@ from oomguard.supervisor.observe.lookalikes import (
     LookalikeWatcher,
     candidate,
     matched,
+    missed,
     missed_notice,
     output_dirs,
     suggest_glob,
@@ -319,6 +320,14 @@ def test_when_a_glob_that_matches_nothing_is_said() -> None:
     assert matched("/scratch/run/step_10.pt", ["/scratch/run/step_*.pt"], cwd)
     assert matched("/w/ck/a/b/step-3.pt", ["ck/**/*.pt"], cwd)
     assert not matched("/w/ckpts4/step-5.pt", ["ckpts/step-*.pt"], cwd)
+    # which are said: one outside the globs' directories at once; one beside the watched files (nanochat's
+    # optim_N.pt next to model_N.pt) is part of a checkpoint once the globs match, else said once settled
+    optim, elsewhere = Lookalike("/w/out/optim_5.pt", t), Lookalike("/w/ckpts4/step-5.pt", t)
+    globs = ["out/model_*.pt"]
+    assert missed([optim, elsewhere], globs, cwd, True, None, t) == [elsewhere]
+    assert missed([optim], globs, cwd, False, t + 1, t + 1) == []  # too fresh: the index may count model_5.pt yet
+    assert missed([optim], globs, cwd, False, t + 1, t + 3) == [optim]
+    assert missed([optim], globs, cwd, True, t + 1, t + 60) == []
     assert unmatched_notice(["ckpts/*.pt"], t, 5, t + QUIET_LIMIT - 10, cwd, [cwd]) is None
     assert unmatched_notice(["ck/*.pt"], t, 4000, t + QUIET_LIMIT, cwd, [cwd, cwd / "out"]) == (
         "--checkpoint 'ck/*.pt' has matched nothing in 30 min of training (to step 4000), and nothing that looks "

@@ -11,10 +11,14 @@ process's evidence (files it wrote), not its words.
 
 ``missed_notice`` and ``unmatched_notice`` say when to tell the user, once, and what:
 
-- the worker wrote a look-alike whose name no glob matches: said as soon as it is seen (the glob is
-  a matter of names: the file need not be finished for the index to miss it), while the attempt
-  that wrote it still runs, not after the restart that would have resumed from it. The notice names
-  the files and the glob they suggest (digits in the name become ``*``);
+- the worker wrote a look-alike no glob matches, in a directory no glob looks in: said as soon as
+  it is seen (the glob is a matter of names: the file need not be finished for the index to miss
+  it), while the attempt that wrote it still runs, not after the restart that would have resumed
+  from it. The notice names the files and the glob they suggest (digits in the name become ``*``);
+- one beside the files a glob watches (nanochat's ``optim_N.pt`` next to ``model_N.pt``) is a part
+  of a checkpoint once the globs match something; while they match nothing it is said once it has
+  been still for ``SETTLE`` seconds and the script showed a later step (the index, which counts a
+  file still for a second, would have matched it by then if it could);
 - or nothing like a checkpoint was written, yet the globs have matched nothing through
   ``QUIET_LIMIT`` seconds (30 min) of training. Most scripts save more often than that (Hugging
   Face's default 500 steps, nanoGPT's 2000 iterations are minutes); a restart now would lose all
@@ -40,6 +44,7 @@ from watchdog.observers.api import BaseObserver
 from oomguard.supervisor.observe.checkpoints import is_temp_name, quiet_stop_race
 
 SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
+SETTLE = 3.0  # seconds a look-alike beside the watched files must have been still before it is named
 QUIET_LIMIT = 1800.0  # seconds of training with nothing matched and nothing like a checkpoint written
 MAX_FOUND = 1000  # look-alikes kept (the newest writes win a place; the notice names a few)
 MAX_ROOTS = 16  # directories watched recursively: each is an inotify instance of the user's 128
@@ -113,6 +118,26 @@ def matched(path: str, globs: Sequence[str], cwd: Path) -> bool:
     patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
     candidates = [path, *(str(p) for p in Path(path).parents)]
     return any(fnmatch.fnmatchcase(c, os.path.normpath(p)) for p in patterns for c in candidates)
+
+
+def beside(path: str, globs: Sequence[str], cwd: Path) -> bool:
+    """Is ``path`` in a directory one of the globs looks in?"""
+    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
+    return any(fnmatch.fnmatchcase(os.path.dirname(path), os.path.dirname(os.path.normpath(p))) for p in patterns)
+
+
+def missed(found: Sequence[Lookalike], globs: Sequence[str], cwd: Path, any_matched: bool,
+           last_step_wall: float | None, now: float) -> list[Lookalike]:
+    """The look-alikes to name now (see the module): none a glob matches; one beside the watched
+    files only while the globs match nothing, once settled."""
+    out = []
+    for f in found:
+        if matched(f.path, globs, cwd):
+            continue
+        settled = now - f.written >= SETTLE and last_step_wall is not None and last_step_wall > f.written
+        if not beside(f.path, globs, cwd) or (not any_matched and settled):
+            out.append(f)
+    return out
 
 
 def missed_notice(globs: Sequence[str], missed: Sequence[Lookalike], any_matched: bool, cwd: Path) -> str:

@@ -26,7 +26,7 @@ from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.lookalikes import (
     LookalikeWatcher,
-    matched,
+    missed,
     missed_notice,
     output_dirs,
     suggest_glob,
@@ -110,11 +110,11 @@ class WiringWatch:
             self._last_step, self._last_step_wall = watch.last_step, now
             self._first_step_wall = self._first_step_wall or now
         found = sorted(self.lookalikes.found(), key=lambda f: f.written)
-        missed = [f for f in found if not matched(f.path, self.config.checkpoints, self.cwd)]
         self._matched = self._matched or bool(index.refresh())
-        if missed:  # said at once, while the attempt that wrote it runs
-            message: str | None = missed_notice(self.config.checkpoints, missed, self._matched, self.cwd)
-            found = missed
+        missing = missed(found, self.config.checkpoints, self.cwd, self._matched, self._last_step_wall, now)
+        if missing:  # said at once, while the attempt that wrote it runs
+            message: str | None = missed_notice(self.config.checkpoints, missing, self._matched, self.cwd)
+            found = missing
         elif self._matched:  # the globs match what the script writes: nothing to say yet
             return
         else:
