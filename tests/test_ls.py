@@ -123,7 +123,8 @@ ROW: dict[str, Any] = {
     "supervisor_pid": 41, "attempt": 3, "micro_batch": 4, "grad_accum": 16, "world_size": 1, "global_batch": 64,
     "failures": 2, "failure_kinds": {"cuda_oom": 2}, "checkpoint": "/r/ckpt/step-40.pt", "checkpoint_step": 40,
     "step": 47, "total_steps": 100, "progress_time": 995.0, "samples_per_s": 40.0, "updated": 999.0,
-    "dashboard": "http://127.0.0.1:8765/", "degraded": ["journal: database or disk is full"], "error": None,
+    "dashboard": "http://127.0.0.1:8765/", "degraded": ["journal: database or disk is full"], "warnings": [],
+    "error": None,
 }
 
 
@@ -144,3 +145,9 @@ def test_format_one_line_each() -> None:
     assert lines[2].startswith("/elsewhere/exp2 ") and "2 (cuda_oom, hang)" in lines[2]
     assert lines[2].endswith("the supervisor (pid 41) is gone; it last recorded: recovered")
     assert lines[0].index("DASHBOARD") == lines[1].index("http://")  # columns line up
+    warned = {**ROW, "state": "succeeded", "reason": "worker finished (attempt 1)", "supervisor": "exited",
+              "warnings": ["--checkpoint 'ck/*.pt' matches nothing, but the script wrote out/step-5.pt: ..."]}
+    line = runs.format_runs([warned], now=1000.0, cwd=Path("/r")).splitlines()[1]
+    assert "succeeded, 1 warning " in line  # not plainly succeeded
+    assert line.endswith("warning: --checkpoint 'ck/*.pt' matches nothing, but the script wrote out/step-5.pt: ...; "
+                         "worker finished (attempt 1); degraded: journal: database or disk is full")

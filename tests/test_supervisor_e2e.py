@@ -168,8 +168,10 @@ def test_second_supervisor_refused_and_sigterm_stops_the_group(run_dir: Path, tm
         second = run(run_dir, "--micro-batch", "8", "--grad-accum", "2", worker=["crash"])
         assert second.returncode == 2
         assert second.stderr.strip().count("\n") == 0 and "already supervised by pid" in second.stderr
+        assert f"(oomguard stop --run-dir {run_dir})" in second.stderr  # a hint that works as printed
+        wait_for(lambda: status(run_dir)["worker_pid"] == worker)  # the training process, not launch.py
         doc = status(run_dir)
-        assert doc["state"] == "running" and doc["supervisor_alive"] and doc["worker_pid"]
+        assert doc["state"] == "running" and doc["supervisor_alive"]
         os.kill(proc.pid, signal.SIGHUP)  # not fatal
         time.sleep(0.3)
         assert proc.poll() is None and psutil.pid_exists(worker)
@@ -201,7 +203,8 @@ def test_no_orphans_when_the_supervisor_is_sigkilled(run_dir: Path, tmp_path: Pa
     (["run", "--micro-batch", "8", "--global-batch", "60", "--", "true"], "--micro-batch: 8 does not divide"),
     (["run", "--micro-batch", "8", "--global-batch", "64"], "no training command"),
     (["run", "--micro-batch", "8", "--global-batch", "64", "--"], "no training command"),
-    (["run", "--run-dir", "/proc/version/run", "--micro-batch", "8", "--grad-accum", "1", "--", "true"],
+    (["run", "--run-dir", "/proc/version/run", "--micro-batch", "8", "--grad-accum", "1", "--",
+      "true", "{micro_batch}"],
      "--run-dir: cannot write"),
     (["status", "--run-dir", "/nonexistent/run"], "no oomguard run"),
 ])

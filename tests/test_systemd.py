@@ -21,6 +21,8 @@ from oomguard.supervisor.lifecycle import exits
 from oomguard.supervisor.ops import systemd
 from oomguard.supervisor.ops.systemd import ServiceError, UnitOptions, render_unit
 
+STEERED = "import os\nmicro = int(os.environ[\"OOMGUARD_MICRO_BATCH\"])\n"  # a script oomguard can steer
+
 NASTY_ARGS = [
     "--resume-args",
     "--resume-from {checkpoint} --lr 3e-4",
@@ -222,7 +224,7 @@ def test_command_writes_the_unit_atomically_and_prints_next_steps(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.chdir(work)
-    (work / "t.py").write_text("")
+    (work / "t.py").write_text(STEERED)
     args = _parse(
         "--name",
         "gpt",
@@ -254,7 +256,7 @@ def test_command_writes_the_unit_atomically_and_prints_next_steps(
 def test_print_writes_nothing(oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.py").write_text("")
+    (tmp_path / "t.py").write_text(STEERED)
     out = io.StringIO()
     args = _parse("--print", "--exec", str(oomguard_bin), "--", "--micro-batch", "4", "--grad-accum", "1", "--",
                   sys.executable, "t.py")
@@ -281,7 +283,7 @@ def test_command_bad_input_exits_2(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.py").write_text("")
+    (tmp_path / "t.py").write_text(STEERED)
     assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), *argv)) == 2
     captured = capsys.readouterr()
     assert needle in captured.err and captured.err.count("\n") == 1, captured.err
@@ -296,7 +298,7 @@ def test_wired_into_the_oomguard_cli(
 
     monkeypatch.setattr(cli, "EXTRA_COMMANDS", [systemd.add_service_command])
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.py").write_text("")
+    (tmp_path / "t.py").write_text(STEERED)
     argv = [
         "service",
         "--print",
@@ -369,7 +371,7 @@ def test_path_is_passed_once_in_its_order(oomguard_bin: Path, tmp_path: Path) ->
 def test_watchdog_option_sets_watchdogsec(oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("")
-    run = ["--", "--micro-batch", "4", "--grad-accum", "1", "--", sys.executable, "t.py"]
+    run = ["--", "--micro-batch", "4", "--grad-accum", "1", "--", sys.executable, "t.py", "--batch-size", "{micro_batch}"]
     for flag, expected in (("20", ["20"]), ("0", [])):
         out = io.StringIO()
         assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), "--watchdog", flag, *run),
@@ -394,7 +396,7 @@ def _system_unit_for(user: str, work: Path, oomguard_bin: Path, monkeypatch: pyt
     monkeypatch.chdir(work)
     (work / "t.py").write_text("")
     args = _parse("--print", "--system", "--user", user, "--exec", str(oomguard_bin), "--", "--micro-batch", "4",
-                  "--grad-accum", "1", "--", sys.executable, "t.py")
+                  "--grad-accum", "1", "--", sys.executable, "t.py", "--batch-size", "{micro_batch}")
     return systemd.run_service_command(args, io.StringIO())
 
 

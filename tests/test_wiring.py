@@ -5,6 +5,8 @@ mistakes end to end, with real processes and a real allocator OOM, are in test_w
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import random
@@ -22,10 +24,12 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import quiet_stop_race
 from oomguard.supervisor.observe.lookalikes import (
     QUIET_LIMIT,
-    SETTLE,
     Lookalike,
     LookalikeWatcher,
     candidate,
+    matched,
+    missed,
+    missed_notice,
     output_dirs,
     suggest_glob,
     unmatched_notice,
@@ -120,7 +124,7 @@ def test_a_settings_file_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "train_gpt2.py").write_text("")
-    check(tmp_path, command=[PY, "train.py", "config/train_gpt2.py"])
+    check(tmp_path, command=[PY, "train.py", "config/train_gpt2.py", "--batch_size={micro_batch}"])
     with pytest.raises(UsageError, match=r"a file the command names config/trian_gpt2.py does not exist .*"
                                          r"did you mean config/train_gpt2.py\?"):
         check(tmp_path, command=[PY, "train.py", "config/trian_gpt2.py"])
@@ -152,15 +156,16 @@ def test_checkpoints_nothing_hands_over_are_refused(tmp_path: Path) -> None:
 ])
 def test_every_way_of_handing_the_checkpoint_over_starts(tmp_path: Path, options: tuple[str, ...]) -> None:
     (tmp_path / "train.py").write_text(ARGPARSE)
-    check(tmp_path, "--checkpoint", "out/*", *options, command=[PY, "train.py"])
+    check(tmp_path, "--checkpoint", "out/*", *options, command=[PY, "train.py", "--bs", "{micro_batch}"])
 
 
 def test_a_checkpoint_placeholder_in_the_command_or_an_edit_hands_it_over(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(ARGPARSE)
     (tmp_path / "c.yaml").write_text("resume: null\n")
-    check(tmp_path, "--checkpoint", "out/*", command=[PY, "train.py", "--init", "{checkpoint}"])
+    check(tmp_path, "--checkpoint", "out/*",
+          command=[PY, "train.py", "--init", "{checkpoint}", "--bs", "{micro_batch}"])
     check(tmp_path, "--checkpoint", "out/*", "--edit", "c.yaml:resume={checkpoint}",
-          command=[PY, "train.py", "--config", "c.yaml"])
+          command=[PY, "train.py", "--config", "c.yaml", "--bs", "{micro_batch}"])
 
 
 def test_the_worker_library_hands_it_over_itself(tmp_path: Path) -> None:
@@ -214,6 +219,24 @@ def test_an_unknown_argument_that_is_a_command_says_where_the_dashes_go() -> Non
     assert unrecognized(["--micro-bach", "32"], ["--micro-batch", "--grad-accum"], "run") == (
         "unrecognized arguments: --micro-bach 32 (did you mean --micro-batch?)")
     assert unrecognized(["8"], ["--micro-batch"], "run") == "unrecognized arguments: 8"
+
+
+def test_the_suggested_line_keeps_every_word_typed_also_for_an_ambiguous_option() -> None:
+    """The script's own flags argparse took as oomguard's (--port 9000) stay in the suggestion."""
+    from oomguard.supervisor.cli import main
+
+    typed = ["--micro-batch", "64", "--global-batch", "128", "python", "train.py", "--port", "9000", "--tag", "a b"]
+    assert unrecognized(["python", "train.py", "--tag", "a b"], [], "run", typed).endswith(
+        "put -- before the training command: oomguard run --micro-batch 64 --global-batch 128 -- python train.py "
+        "--port 9000 --tag 'a b'")
+    with pytest.raises(SystemExit) as ended, contextlib.redirect_stderr(io.StringIO()) as err:
+        main(["run", "--run-dir", "runs/x", "--micro-batch", "8", "--grad-accum", "1", "python", "train.py",
+              "--resume", "x.pt"])
+    assert ended.value.code == 2
+    assert err.getvalue() == (
+        "oomguard: error: ambiguous option: --resume could match --resume-args, --resumes-itself; if --resume is the "
+        "training script's, put -- before the training command: oomguard run --run-dir runs/x --micro-batch 8 "
+        "--grad-accum 1 -- python train.py --resume x.pt; see 'oomguard run --help'\n")
 
 
 # --- did the attempt resume? ---------------------------------------------------------------------
@@ -286,15 +309,27 @@ def test_the_suggested_glob_and_the_output_directories(tmp_path: Path) -> None:
 def test_when_a_glob_that_matches_nothing_is_said() -> None:
     cwd, t = Path("/w"), 1000.0
     files = [Lookalike("/w/out/step-2.pt", t), Lookalike("/w/out/step-4.pt", t + 2)]
-    say = lambda found, last_step_wall, now: unmatched_notice(  # noqa: E731
-        ["checkpoints/*.pt"], found, t - 5, 5, last_step_wall, now, cwd, [cwd])
-    assert say(files, t + 1, t + SETTLE - 0.1) is None  # too fresh
-    assert say(files, t - 1, t + 10) is None  # no step shown since: maybe still being written
-    assert say(files, t + 1, t + SETTLE) == (
+    assert missed_notice(["checkpoints/*.pt"], files, False, cwd) == (
         "--checkpoint 'checkpoints/*.pt' matches nothing, but the script wrote out/step-2.pt, out/step-4.pt: "
         "a restart would start over; use --checkpoint 'out/step-*.pt'")
-    assert say([], t, t + QUIET_LIMIT - 10) is None
-    assert unmatched_notice(["ck/*.pt"], [], t, 4000, t + QUIET_LIMIT, t + QUIET_LIMIT, cwd, [cwd, cwd / "out"]) == (
+    assert missed_notice(["out/ckpt-*.pt"], files[:1], True, cwd).startswith(
+        "--checkpoint 'out/ckpt-*.pt' does not match out/step-2.pt, which the script wrote")
+    # a file in a matched checkpoint directory, an absolute glob, a recursive one: matched
+    assert matched("/w/out/checkpoint-5", ["out/checkpoint-*"], cwd)
+    assert matched("/w/out/checkpoint-5/model.safetensors", ["out/checkpoint-*"], cwd)
+    assert matched("/scratch/run/step_10.pt", ["/scratch/run/step_*.pt"], cwd)
+    assert matched("/w/ck/a/b/step-3.pt", ["ck/**/*.pt"], cwd)
+    assert not matched("/w/ckpts4/step-5.pt", ["ckpts/step-*.pt"], cwd)
+    # which are said: one outside the globs' directories at once; one beside the watched files (nanochat's
+    # optim_N.pt next to model_N.pt) is part of a checkpoint once the globs match, else said once settled
+    optim, elsewhere = Lookalike("/w/out/optim_5.pt", t), Lookalike("/w/ckpts4/step-5.pt", t)
+    globs = ["out/model_*.pt"]
+    assert missed([optim, elsewhere], globs, cwd, True, None, t) == [elsewhere]
+    assert missed([optim], globs, cwd, False, t + 1, t + 1) == []  # too fresh: the index may count model_5.pt yet
+    assert missed([optim], globs, cwd, False, t + 1, t + 3) == [optim]
+    assert missed([optim], globs, cwd, True, t + 1, t + 60) == []
+    assert unmatched_notice(["ckpts/*.pt"], t, 5, t + QUIET_LIMIT - 10, cwd, [cwd]) is None
+    assert unmatched_notice(["ck/*.pt"], t, 4000, t + QUIET_LIMIT, cwd, [cwd, cwd / "out"]) == (
         "--checkpoint 'ck/*.pt' has matched nothing in 30 min of training (to step 4000), and nothing that looks "
         "like a checkpoint was written in ., out: a restart would start over; check the glob, and that the script "
         "saves checkpoints")
@@ -421,6 +456,37 @@ def test_the_report_counts_the_steps_a_missed_resume_redid(tmp_path: Path) -> No
     doc = status_document(journal)  # the same words in status, and the stop is no failure there either
     assert [(f["attempt"], f["exit"]) for f in doc["failures"]] == [(1, "exit 1")]
     assert "attempt 1: host_oom at micro-batch 32 (exit 1): DefaultCPUAllocator" in format_status(doc)
+    journal.close()
+
+
+def test_the_report_counts_steps_redone_whatever_started_the_next_attempt(tmp_path: Path) -> None:
+    """A Ctrl-C and a rerun (24 -> 20), the user's restart (17 -> 15), a planned restart right after
+    its checkpoint (nothing redone) and --grow: every redone step is in the total."""
+    journal = Journal(tmp_path)
+    plan = {"micro_batch": 32, "grad_accum": 1, "global_batch": 32, "world_size": 1}
+    rows = [  # (ending, stop_reason, decision, last step, the step its next attempt resumed from)
+        ("stopped", "user", stopped_by(2), 24, 20),
+        ("planned_restart", "restart_requested", "restart requested", 37, 35),
+        ("planned_restart", "memory_forecast", "planned restart after ck-45", 45, 45),
+        ("grow", "grow", "grow: micro-batch 64", 52, 50),
+    ]
+    resumed: str | None = None
+    for n, (ending, reason, decision, last, _) in enumerate(rows, 1):
+        journal.start_attempt(n, 100 + n, plan, resumed, ["python", "t.py"], f"a{n}.log")
+        journal.end_attempt(n, returncode=-15, ending=ending, stop_reason=reason, decision=decision, last_step=last)
+        resumed = f"/w/ck-{rows[n - 1][4]}.pt"
+        journal.checkpoint_seen(resumed, rows[n - 1][4], time.time(), n)
+        journal.event("resume_point", n + 1, path=resumed, step=rows[n - 1][4])
+    journal.start_attempt(len(rows) + 1, 200, plan, resumed, ["python", "t.py"], "last.log")
+    report = build_report(journal)
+    assert report["failures"] == []
+    assert [(r["attempt"], r["ending"], r["steps_lost"]) for r in report["restarts"]] == [
+        (1, "stopped", 4), (2, "planned_restart", 2), (3, "planned_restart", 0), (4, "grow", 2)]
+    assert report["steps_lost"] == 8 and report["steps_lost_exact"]
+    text = format_report(report)
+    assert "steps lost (redone): 8" in text
+    assert "  attempt 1 (stopped): last step 24, resumed from step 20 (/w/ck-20.pt): 4 step(s) redone" in text
+    assert "attempt 3 (planned_restart)" not in text  # nothing redone: not listed
     journal.close()
 
 

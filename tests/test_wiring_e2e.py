@@ -116,7 +116,8 @@ def test_a_script_that_does_not_exist_is_refused(work: Path) -> None:
 def test_a_forgotten_double_dash_is_named(work: Path) -> None:
     line = refused(work, *RUN, PY, "train.py", "--batch-size", "8")
     assert line == (f"oomguard: error: unrecognized arguments: {PY} train.py --batch-size 8; put -- before the "
-                    f"training command: oomguard run [options] -- {PY} train.py --batch-size 8; see 'oomguard --help'")
+                    f"training command: oomguard {' '.join(RUN)} -- {PY} train.py --batch-size 8; "
+                    "see 'oomguard --help'")
 
 
 def test_service_refuses_what_run_would_and_writes_no_unit(work: Path) -> None:
@@ -255,11 +256,17 @@ def test_ctrl_c_then_the_same_run_again_is_no_failure(work: Path) -> None:
     assert proc.wait(timeout=30) == 128 + signal.SIGINT
     stopped_at = time.time()
     time.sleep(1.0)  # the user comes back later
-    again = oomguard("run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "8", "--grad-accum", "1",
-                     "--checkpoint", "ck/step-*", "--", PY, "stoppable.py", "ck", cwd=work, timeout=60)
+    # status says how to resume, and that line, run as printed from anywhere, resumes the run
+    [resume] = [line for line in oomguard("status", "--run-dir", str(run_dir)).stdout.splitlines()
+                if line.startswith("resume:")]
+    again = subprocess.run(["bash", "-c", resume.removeprefix("resume:").strip()], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                            "PATH": f"{Path(PY).parent}:{os.environ['PATH']}"})
     assert again.returncode == 0, again.stderr
     doc = report(run_dir)
-    assert doc["failures"] == [] and doc["lost_s"] == 0 and doc["steps_lost"] == 0
+    # not a failure, but the steps the rerun did again after the stop are counted
+    assert doc["failures"] == [] and doc["lost_s"] == 0 and doc["steps_lost"] == sum(really_redone(run_dir))
+    assert [r["attempt"] for r in doc["restarts"]] == [1]
     assert [(s["attempt"], s["reason"]) for s in doc["stops"]] == [(1, "stopped by SIGINT: a stop asked for, not "
                                                                        "a failure")]
     assert doc["stops"][0]["at"] < stopped_at  # when it ended, not when the next run closed it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import traceback
@@ -18,7 +19,7 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.exits import EXIT_CRASHED
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
-from oomguard.supervisor.run.arguments import unrecognized
+from oomguard.supervisor.run.arguments import ambiguous, unrecognized
 from oomguard.web.client import register as web_commands
 from oomguard.web.client import register_dashboard
 
@@ -26,7 +27,10 @@ from oomguard.web.client import register_dashboard
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the problem and where to look, exit 2."""
 
+    typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
+
     def error(self, message: str) -> NoReturn:
+        message = ambiguous(message, self.typed, self, self.prog.rpartition(" ")[2])
         self.exit(2, f"oomguard: error: {message}; see '{self.prog} --help'\n")
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -35,6 +39,7 @@ class _Parser(argparse.ArgumentParser):
         argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
         flags = fragment_flags() & self._option_string_actions.keys()
         argv = list(sys.argv[1:] if args is None else args)
+        self.typed = argv
         return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -43,7 +48,9 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             sub = getattr(parsed, "subcommand", None)
-            self.error(unrecognized(extras, _flags(self, sub), sub))
+            typed = list(sys.argv[1:] if args is None else args)
+            typed = typed[typed.index(sub) + 1:] if sub in typed else []
+            self.error(unrecognized(extras, _flags(self, sub), sub, typed))
         return parsed
 
 
@@ -58,7 +65,7 @@ def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     from oomguard.supervisor.run.loop import Supervisor
 
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand")}
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand", "typed")}
     config = build_config(options, command)
     from oomguard.supervisor.run.loop import log
     from oomguard.supervisor.run.preflight import check as preflight
@@ -67,6 +74,10 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
+    # How to resume after a stop, for status: the same line in the same directory (the journal and
+    # the checkpoints carry the rest).
+    supervisor.journal.set_meta(resume_command=f"cd {shlex.quote(str(supervisor.cwd))} && oomguard "
+                                f"{shlex.join(args.typed)}" + (f" -- {shlex.join(command)}" if command else ""))
     for line in notices(config):  # forms that run, but not as they read (no accumulation, nanoGPT's total)
         log(line)
         supervisor.journal.event("notice", None, text=line)
@@ -133,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         at = argv.index("--")
         argv, command = argv[:at], argv[at + 1:]
     args = build_parser().parse_args(argv)
+    args.typed = argv  # the words before --, as typed: status repeats them to say how to resume
     try:
         code = int(args.func(args, command))
         sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import urllib.error
 import urllib.request
@@ -72,7 +73,7 @@ def control(run_dir: Path, action: str) -> str:
                          f"check {run_dir / 'token'}") from None
     except OSError as exc:
         raise UsageError(action, f"cannot reach the supervisor at {url} ({exc})",
-                         "is it running? see oomguard status") from None
+                         f"is it running? see oomguard status --run-dir {shlex.quote(str(run_dir))}") from None
     return f"{action} requested (pid {meta.get('supervisor_pid')})"
 
 
@@ -101,7 +102,12 @@ def _detail(exc: urllib.error.HTTPError) -> str:
 
 
 def _cmd_control(args: argparse.Namespace, command: Sequence[str]) -> int:
-    print(control(Path(args.run_dir), args.subcommand))
+    run_dir = Path(args.run_dir)
+    if args.subcommand == "checkpoint":
+        from oomguard.web.checkpointwait import ask_and_wait
+
+        return ask_and_wait(run_dir, args.wait, lambda: control(run_dir, "checkpoint"), lambda s: print(s, flush=True))
+    print(control(run_dir, args.subcommand))
     return 0
 
 
@@ -110,6 +116,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parser = sub.add_parser(action, help=help_text)
         parser.add_argument("--run-dir", default="oomguard-run",
                             help="the run directory (default: oomguard-run)")
+        if action == "checkpoint":
+            from oomguard.web.checkpointwait import DEFAULT_WAIT
+
+            parser.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
+                                help="how long to wait for the checkpoint to appear; exit 1 when none does "
+                                f"(default: {DEFAULT_WAIT:g}; 0: only ask)")
         parser.set_defaults(func=_cmd_control)
 
 
@@ -137,6 +149,16 @@ def register_dashboard(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     parser.add_argument("--port", type=_port, default=8760, metavar="P",
                         help="port; a free one when 8760 is taken, 0: any free port (default: 8760)")
     parser.set_defaults(func=_cmd_dashboard)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is below 0 (0: only ask, do not wait)")
+    return value
 
 
 def _port(text: str) -> int:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
@@ -24,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from oomguard.supervisor.record.runs import MAX_DEPTH, find_runs, summarize
 from oomguard.web import redact
 from oomguard.web.app import CSP, STATIC, create_app
-from oomguard.web.exposure import ASGIApp, Receive, Scope, Send
+from oomguard.web.exposure import ASGIApp, Receive, Scope, Send, is_loopback
 from oomguard.web.sse import ChangeBroker
 
 SCAN_EVERY = 1.0  # seconds a listing is reused: many open pages cost one scan, not one each
@@ -35,13 +36,29 @@ def run_key(run_dir: Path) -> str:
     return hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
 
 
+def _live_link(run_dir: Path, url: str | None, guarded: bool) -> str | None:
+    """The link to a live run's own dashboard. On a network bind that dashboard needs its token for
+    every request: the link carries it (read from the run's directory, as ``oomguard stop`` does),
+    so that it opens from the machine the page is read on rather than answering 401. Only where this
+    page is itself behind its token (``guarded``: a network bind): on loopback any local account could
+    open this page, and the run's token file is its owner's alone (0600)."""
+    if not url or not guarded or is_loopback(urlsplit(url).hostname or ""):
+        return url
+    try:
+        token = (run_dir / "token").read_text().strip()
+    except OSError:
+        return url
+    return f"{url}?token={token}" if token else url
+
+
 class Runs:
     """The runs under the roots, rescanned at most every ``SCAN_EVERY`` seconds, and one read-only
     app per run for its own view (made when first opened). Thread-safe."""
 
-    def __init__(self, roots: Sequence[Path], max_depth: int = MAX_DEPTH) -> None:
+    def __init__(self, roots: Sequence[Path], max_depth: int = MAX_DEPTH, guarded: bool = False) -> None:
         self.roots = [Path(r).resolve() for r in roots]
         self.max_depth = max_depth
+        self.guarded = guarded  # served on a network bind, where every request needs this page's token
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._dirs: dict[str, Path] = {}
@@ -64,7 +81,7 @@ class Runs:
         row = summarize(run_dir)
         key = run_key(run_dir)
         return {**row, "key": key, "name": self._name(run_dir), "view": f"runs/{key}/",
-                "reason": redact.text(str(row["reason"]))}
+                "reason": redact.text(str(row["reason"])), "dashboard": _live_link(run_dir, row["dashboard"], self.guarded)}
 
     def _name(self, run_dir: Path) -> str:
         """The run's path below the root it was found under (the root's own name when it is the run)."""

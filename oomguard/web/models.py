@@ -59,7 +59,8 @@ class Status(_Open):
     expandable_segments: bool = False
     fallbacks_applied: int = 0
     alloc_conf: dict[str, str] | None = None  # PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the worker got them
-    worker_pid: int | None = None
+    worker_pid: int | None = None  # the training process (the launcher's child), not oomguard's launch.py
+    rank_pids: dict[str, int] = {}  # under torchrun or accelerate: each rank's training process, by rank
     checkpoint: str | None = None
     newest_checkpoint: CheckpointView | None = None
     progress: dict[str, Any] | None = None  # with the probe: steps_per_s, allocated_peak, limit_bytes
@@ -68,6 +69,7 @@ class Status(_Open):
     started: float | None = None
     updated: float | None = None
     failures: list[FailureView]
+    resume_command: str | None = None  # after a stop: the command that resumes the run
     warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
 
 

@@ -25,6 +25,7 @@ import uvicorn
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.console import say
 from oomguard.supervisor.record.durable import write_atomic
+from oomguard.web.addresses import local_url, public_urls
 from oomguard.web.app import Control, create_app
 from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback
 from oomguard.web.sse import ChangeBroker
@@ -60,6 +61,7 @@ class WebServer:
     token: str
     sock: socket.socket  # the listening socket: closed here, since a crashed server may not have
     ended: list[BaseException] = field(default_factory=list)  # what the server thread died of
+    public: list[str] = field(default_factory=list)  # on a network bind: where others open it (addresses.py)
 
     @property
     def port(self) -> int:
@@ -86,12 +88,6 @@ def check_exposure(host: str, token: str | None) -> None:
     if not token and not is_loopback(host):
         raise UsageError("--host", f"refusing to serve the dashboard on {host} without a control token",
                          "bind to 127.0.0.1 (and use an SSH tunnel), or keep the token enabled")
-
-
-def _url(host: str, port: int) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def bind(host: str, port: int, fallback: bool) -> socket.socket:
@@ -145,7 +141,8 @@ def start_server(run_dir: Path, control: Control | None, host: str, port: int, *
     thread = threading.Thread(target=_serve, args=(server, sock, ended), name="oomguard-web", daemon=True)
     thread.start()
     _wait_started(server, thread)
-    return WebServer(server, thread, broker, _url(host, sock.getsockname()[1]), token, sock, ended)
+    return WebServer(server, thread, broker, local_url(host, sock.getsockname()[1]), token, sock, ended,
+                     public_urls(host, sock.getsockname()[1]) if not is_loopback(host) else [])
 
 
 def _serve(server: uvicorn.Server, sock: socket.socket, ended: list[BaseException]) -> None:
@@ -180,13 +177,13 @@ class Dashboard:
 
     def _attach(self) -> None:
         self.supervisor.listeners.append(self.web.broker)
-        self.supervisor.journal.set_meta(web_url=self.web.url)
+        self.supervisor.journal.set_meta(web_url=self.web.url, web_public=self.web.public)
 
     def _detach(self) -> None:
         if self.web.broker in self.supervisor.listeners:
             self.supervisor.listeners.remove(self.web.broker)
         with contextlib.suppress(sqlite3.Error):  # the journal may already be closed
-            self.supervisor.journal.set_meta(web_url=None)
+            self.supervisor.journal.set_meta(web_url=None, web_public=[])
 
     def tick(self) -> None:
         if not self.web.crashed:
@@ -229,22 +226,21 @@ def start_dashboard(supervisor: Supervisor) -> Dashboard:
     moved = ""
     if config.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
         moved = f" (port {DEFAULT_PORT} is in use)"
-    say(f"dashboard: {web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}")
-    if not is_loopback(config.host):
-        say(f"WARNING: the dashboard listens on {config.host}, reachable from the network; every "
-            f"request needs the token. Open {_exposed_link(config.host, web)} once in your browser "
-            "(it keeps the token as a cookie); do not share that link")
+    say(f"dashboard: {_links(web.public) or web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}")
+    if web.public:
+        say(_exposed(f"the dashboard listens on {config.host}", web.public, web.token))
     return dashboard
 
 
-def _exposed_link(host: str, web: WebServer) -> str:
-    return _public_url(host, web.port) + f"?token={web.token}"
+def _links(public: list[str]) -> str:
+    """``http://gpu7:8765/ (also http://10.0.0.7:8765/)``: the addresses others open."""
+    return public[0] + (f" (also {', '.join(public[1:])})" if public[1:] else "") if public else ""
 
 
-def _public_url(host: str, port: int) -> str:
-    """The address others on the network use: the machine's name for a wildcard bind."""
-    name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-    return f"http://[{name}]:{port}/" if ":" in name else f"http://{name}:{port}/"
+def _exposed(what: str, public: list[str], token: str) -> str:
+    links = [f"{link}?token={token}" for link in public]
+    return (f"WARNING: {what}, reachable from the network; every request needs the token. Open {_links(links)} "
+            "once in your browser (it keeps the token as a cookie); do not share that link")
 
 
 def stop_dashboard(supervisor: Supervisor, dashboard: Dashboard) -> None:
@@ -265,18 +261,17 @@ def serve_fleet(roots: list[Path], host: str, port: int, max_depth: int) -> int:
     token = secrets.token_urlsafe(32)
     check_exposure(host, token)
     sock = bind(host, port, fallback=port == FLEET_PORT)
-    app = create_fleet_app(Runs(roots, max_depth))
+    app = create_fleet_app(Runs(roots, max_depth, guarded=not is_loopback(host)))
     cap = connection_cap()
     config = uvicorn.Config(guard(app, host, token), log_config=None, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2, lifespan="on", limit_concurrency=cap,
                             backlog=BACKLOG, http=bounded_protocol(cap))
-    url = _url(host, sock.getsockname()[1])
+    url = local_url(host, sock.getsockname()[1])
+    public = public_urls(host, sock.getsockname()[1]) if not is_loopback(host) else []
     moved = f" (port {FLEET_PORT} is in use)" if port == FLEET_PORT and not url.endswith(f":{FLEET_PORT}/") else ""
-    say(f"all runs under {', '.join(map(str, roots))}: {url}{moved}")
-    if not is_loopback(host):
-        link = f"{_public_url(host, sock.getsockname()[1])}?token={token}"
-        say(f"WARNING: listening on {host}, reachable from the network; every request needs the "
-            f"token. Open {link} once in your browser (it keeps the token as a cookie); do not share that link")
+    say(f"all runs under {', '.join(map(str, roots))}: {_links(public) or url}{moved}")
+    if public:
+        say(_exposed(f"listening on {host}", public, token))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from support import ROOT, oomguard
 
 from oomguard.supervisor.record.journal import Journal
+from oomguard.web.addresses import public_urls
 from oomguard.web.server import start_server
 
 WORKER = str(Path(__file__).with_name("worker.py"))
@@ -28,7 +30,7 @@ def secret_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("secret") / "run"
     out = oomguard("run", "--run-dir", str(run_dir), "--no-web", *RUN, "--", "sh", "-c",
                    f"echo starting with --api-key {SECRET} HF_TOKEN={SECRET}", "sh", "--api-key", SECRET,
-                   f"WANDB_API_KEY={SECRET}")
+                   f"WANDB_API_KEY={SECRET}", "{micro_batch}")
     assert out.returncode == 0, out.stderr
     return run_dir
 
@@ -163,8 +165,12 @@ def test_redaction_hides_values_not_lookalikes() -> None:
 
 def test_a_network_bind_warns_and_prints_the_link_once(tmp_path: Path) -> None:
     out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--host", "0.0.0.0", "--port", "0", *RUN, "--",
-                   "sh", "-c", "sleep 0.5")
+                   "sh", "-c", "sleep 0.5", "sh", "{micro_batch}")
     assert out.returncode == 0, out.stderr
     token = (tmp_path / "run" / "token").read_text().strip()
     assert out.stderr.count("WARNING: the dashboard listens on 0.0.0.0") == 1, out.stderr
-    assert out.stderr.count(f"?token={token}") == 1, out.stderr
+    assert len([line for line in out.stderr.splitlines() if f"?token={token}" in line]) == 1, out.stderr
+    # every link printed is one a person on another machine can open: the machine's name or addresses
+    links = re.findall(r"http://[^\s,)?]+", out.stderr)
+    assert links and not any(host in link for link in links for host in ("127.0.0.1", "localhost")), out.stderr
+    assert f"{public_urls('0.0.0.0', 1)[0].rsplit(':', 1)[0]}:" in links[0]

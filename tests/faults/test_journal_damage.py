@@ -80,7 +80,7 @@ def test_an_attempt_left_open_by_a_killed_supervisor_is_closed_as_interrupted(tm
     os.kill(sup.pid, signal.SIGKILL)
     sup.wait()
     assert Journal(run_dir, readonly=True).attempts()[0]["ended"] is None
-    out = oomguard("run", "--run-dir", str(run_dir), *RUN, "--max-restarts", "0", "--", "false")
+    out = oomguard("run", "--run-dir", str(run_dir), *RUN, "--max-restarts", "0", "--", "false", "{micro_batch}")
     # a new invocation, a new budget: one crash with --max-restarts 0 fails for that crash alone
     assert out.returncode == 1 and "interrupted" in out.stderr, out.stderr
     attempts = Journal(run_dir, readonly=True).attempts()

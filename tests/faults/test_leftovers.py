@@ -52,7 +52,7 @@ def test_kill_9_takes_a_setsid_grandchild_along_and_the_next_start_removes_the_c
     assert _wait(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE), \
         "a setsid() grandchild outlived kill -9 of the supervisor"
     assert cgroup.is_dir(), "a supervisor killed with -9 cannot remove its cgroup"
-    out = oomguard("run", "--run-dir", str(tmp_path / "run2"), *RUN, "--", "true")
+    out = oomguard("run", "--run-dir", str(tmp_path / "run2"), *RUN, "--", "true", "{micro_batch}")
     assert out.returncode == 0, out.stderr
     assert not cgroup.exists() and "removed" in out.stderr, out.stderr
 
@@ -60,7 +60,7 @@ def test_kill_9_takes_a_setsid_grandchild_along_and_the_next_start_removes_the_c
 def test_a_new_invocation_starts_a_new_failure_budget(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = ["run", "--run-dir", str(run_dir), *RUN, "--backoff", "0.05", "--max-backoff", "0.1", "--max-restarts", "1"]
-    first = oomguard(*args, "--", "false")  # attempts 1 and 2 crash: the budget of one restart is spent
+    first = oomguard(*args, "--", "false", "{micro_batch}")  # attempts 1 and 2 crash: the budget of one restart is used
     assert first.returncode == 1
     # attempt 3 crashes (the first of this invocation, so it may restart once), attempt 4 finishes
     second = oomguard(*args, "--", "sh", "-c", 'test "$OOMGUARD_ATTEMPT" -ge 4')

@@ -23,7 +23,8 @@ def machine(tmp_path_factory: pytest.TempPathFactory, live_run: Run) -> Iterator
     root = tmp_path_factory.mktemp("machine")
     (root / "live").symlink_to(live_run.run_dir, target_is_directory=True)  # not followed: given as a root too
     done = subprocess.run([*OOMGUARD, "run", "--run-dir", str(root / "exp" / "done"), "--no-web", "--micro-batch",
-                           "2", "--grad-accum", "1", "--", "true"], cwd=REPO, capture_output=True, text=True,
+                           "2", "--grad-accum", "1", "--", "true", "{micro_batch}"], cwd=REPO, capture_output=True,
+                          text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     damaged = root / "exp" / "broken" / "journal.sqlite"
@@ -105,3 +106,25 @@ def test_bad_directories_are_one_line(tmp_path: Path) -> None:
     out = subprocess.run([*OOMGUARD, "dashboard", str(tmp_path / "nope")], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=30, check=False)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "is not a directory" in out.stderr
+
+
+def test_a_live_run_on_a_network_bind_is_linked_at_an_address_others_open(tmp_path: Path) -> None:
+    """ls and the many-runs page give the address others open (not 127.0.0.1, which answers 401 on a
+    network bind); where the page is itself behind its token (a network bind) its link carries the run's
+    token, so it opens instead of answering 401; on loopback, which any local account can open, it does not."""
+    import psutil
+
+    from oomguard.supervisor.record.journal import Journal
+    from oomguard.supervisor.record.runs import summarize
+    from oomguard.web.fleet import Runs
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    journal = Journal(run_dir)
+    journal.set_meta(state="running", supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time(),
+                     web_url="http://127.0.0.1:8765/", web_public=["http://gpu7:8765/", "http://10.0.0.7:8765/"])
+    journal.close()
+    (run_dir / "token").write_text("tok-1\n")
+    assert summarize(run_dir)["dashboard"] == "http://gpu7:8765/"
+    assert Runs([tmp_path], guarded=True).rows()[0]["dashboard"] == "http://gpu7:8765/?token=tok-1"
+    assert Runs([tmp_path]).rows()[0]["dashboard"] == "http://gpu7:8765/"

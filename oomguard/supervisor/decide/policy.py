@@ -14,6 +14,7 @@ from typing import Any
 from oomguard.supervisor.decide.attribution import Attribution, Cause
 from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.unfixable import Fatal, give_up
 
 CRASH_LOOP_REPEATS = 3  # the same failure this many times in a row, with no new checkpoint: give up
 
@@ -63,6 +64,7 @@ class Failure:
     checkpoint: str | None = None  # the checkpoint it was started from
     load_error: bool = False  # it died before progress with an error reading that checkpoint
     attribution: Attribution | None = None  # the cause of a memory failure (attribution.py)
+    fatal: Fatal | None = None  # an error before the first step that a restart meets again (unfixable.py)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Decision:
     reason: str
     delay: float = 0.0
     bad_checkpoint: str | None = None  # mark this checkpoint bad and resume from the one before
+    unfixable: bool = False  # given up on an error no restart can fix: the run ends with EXIT_UNFIXABLE
 
     @property
     def restart(self) -> bool:
@@ -104,6 +107,10 @@ def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: Pol
                         "resuming from the previous one", bad_checkpoint=failure.checkpoint)
     if failure.kind.is_memory:
         return _after_attributed(failure, history, plan, config, fit_hint)
+    previous = history[-1] if history and history[-1].attempt == failure.attempt - 1 else None
+    fatal = failure.fatal if failure.kind is FailureKind.CRASH else None
+    if (why := give_up(fatal, previous.fatal if previous else None, failure.attempt)) is not None:
+        return Decision(Action.GIVE_UP, plan, why, unfixable=True)
     return _after_other_failure(failure, history, plan, config)
 
 

@@ -1,20 +1,24 @@
 """Files the worker writes that look like checkpoints: what a ``--checkpoint`` glob that matches nothing missed.
 
 A glob that matches nothing (``checkpoints/*.pt`` while the script writes ``out/step-N.pt``) used to
-throw a night's progress away in silence: every restart started over. While the globs match
-nothing, ``LookalikeWatcher`` watches the worker's working directory, and the output directories its
+throw a night's progress away in silence: every restart started over. ``LookalikeWatcher`` watches
+the worker's working directory, and the output directories its
 command names (``--output_dir out``, ``--save-dir=/scratch/run``) or it creates, for what the worker
 writes that looks like a checkpoint: a ``.pt``, ``.pth``, ``.ckpt`` or ``.safetensors`` file, a
 ``checkpoint-N/`` directory, a name with ``step`` and a number (``step_100/``, ``global_step100/``).
 Names being written (``.checkpoint-4.tmp``) and hidden directories are left out. This is the
 process's evidence (files it wrote), not its words.
 
-``unmatched_notice`` says when to tell the user, once, and what:
+``missed_notice`` and ``unmatched_notice`` say when to tell the user, once, and what:
 
-- the worker wrote a look-alike at least ``SETTLE`` seconds ago and showed a later step after it
-  (the save was finished, not a file half written): the checkpoint index counts a file once it has
-  been still for a second and looks every second, so by then the glob would have matched it if it
-  could. The notice names the files and the glob they suggest (digits in the name become ``*``);
+- the worker wrote a look-alike no glob matches, in a directory no glob looks in: said as soon as
+  it is seen (the glob is a matter of names: the file need not be finished for the index to miss
+  it), while the attempt that wrote it still runs, not after the restart that would have resumed
+  from it. The notice names the files and the glob they suggest (digits in the name become ``*``);
+- one beside the files a glob watches (nanochat's ``optim_N.pt`` next to ``model_N.pt``) is a part
+  of a checkpoint once the globs match something; while they match nothing it is said once it has
+  been still for ``SETTLE`` seconds and the script showed a later step (the index, which counts a
+  file still for a second, would have matched it by then if it could);
 - or nothing like a checkpoint was written, yet the globs have matched nothing through
   ``QUIET_LIMIT`` seconds (30 min) of training. Most scripts save more often than that (Hugging
   Face's default 500 steps, nanoGPT's 2000 iterations are minutes); a restart now would lose all
@@ -23,6 +27,7 @@ process's evidence (files it wrote), not its words.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import threading
@@ -39,7 +44,7 @@ from watchdog.observers.api import BaseObserver
 from oomguard.supervisor.observe.checkpoints import is_temp_name, quiet_stop_race
 
 SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
-SETTLE = 3.0  # seconds a look-alike must have been still before it is named
+SETTLE = 3.0  # seconds a look-alike beside the watched files must have been still before it is named
 QUIET_LIMIT = 1800.0  # seconds of training with nothing matched and nothing like a checkpoint written
 MAX_FOUND = 1000  # look-alikes kept (the newest writes win a place; the notice names a few)
 MAX_ROOTS = 16  # directories watched recursively: each is an inotify instance of the user's 128
@@ -107,21 +112,53 @@ def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
     return found
 
 
-def unmatched_notice(globs: Sequence[str], found: Sequence[Lookalike], first_step_wall: float | None,
-                     last_step: int | None, last_step_wall: float | None, now: float, cwd: Path,
-                     watched: Sequence[Path]) -> str | None:
-    """What to say about globs that match nothing, or None while it is too early (see the module)."""
+def matched(path: str, globs: Sequence[str], cwd: Path) -> bool:
+    """Does one of the ``--checkpoint`` globs match ``path`` (a look-alike), or a directory above it?
+    fnmatch's ``*`` also crosses ``/``: a doubt is read as a match, never as a false alarm."""
+    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
+    candidates = [path, *(str(p) for p in Path(path).parents)]
+    return any(fnmatch.fnmatchcase(c, os.path.normpath(p)) for p in patterns for c in candidates)
+
+
+def beside(path: str, globs: Sequence[str], cwd: Path) -> bool:
+    """Is ``path`` in a directory one of the globs looks in?"""
+    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
+    return any(fnmatch.fnmatchcase(os.path.dirname(path), os.path.dirname(os.path.normpath(p))) for p in patterns)
+
+
+def missed(found: Sequence[Lookalike], globs: Sequence[str], cwd: Path, any_matched: bool,
+           last_step_wall: float | None, now: float) -> list[Lookalike]:
+    """The look-alikes to name now (see the module): none a glob matches; one beside the watched
+    files only while the globs match nothing, once settled."""
+    out = []
+    for f in found:
+        if matched(f.path, globs, cwd):
+            continue
+        settled = now - f.written >= SETTLE and last_step_wall is not None and last_step_wall > f.written
+        if not beside(f.path, globs, cwd) or (not any_matched and settled):
+            out.append(f)
+    return out
+
+
+def missed_notice(globs: Sequence[str], missed: Sequence[Lookalike], any_matched: bool, cwd: Path) -> str:
+    """The line for look-alikes no glob matches (``missed``, oldest first)."""
     shown = " ".join(repr(g) for g in globs)
-    if found:
-        done = [f for f in found if now - f.written >= SETTLE and last_step_wall is not None
-                and last_step_wall > f.written]
-        if not done:
-            return None
-        paths = [f.path for f in sorted(found, key=lambda f: f.written)]
-        names = [_shown(p, cwd) for p in paths[-3:]]
-        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
-        return (f"--checkpoint {shown} matches nothing, but the script wrote {', '.join(names)}{more}: "
-                f"a restart would start over; use --checkpoint '{suggest_glob(paths, cwd)}'")
+    paths = [f.path for f in missed]
+    names = [_shown(p, cwd) for p in paths[-3:]]
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    use = f"use --checkpoint '{suggest_glob(paths, cwd)}'"
+    if not any_matched:
+        return (f"--checkpoint {shown} matches nothing, but the script wrote {', '.join(names)}{more}: a restart "
+                f"would start over; {use}")
+    return (f"--checkpoint {shown} does not match {', '.join(names)}{more}, which the script wrote and which "
+            f"looks like a checkpoint: a restart would not resume from it; {use}")
+
+
+def unmatched_notice(globs: Sequence[str], first_step_wall: float | None, last_step: int | None, now: float,
+                     cwd: Path, watched: Sequence[Path]) -> str | None:
+    """What to say about globs that have matched nothing while nothing like a checkpoint was written,
+    or None while it is too early (see the module)."""
+    shown = " ".join(repr(g) for g in globs)
     if first_step_wall is None or now - first_step_wall < QUIET_LIMIT:
         return None
     where = ", ".join(_shown(str(p), cwd) or "." for p in watched) or str(cwd)

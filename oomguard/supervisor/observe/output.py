@@ -32,6 +32,12 @@ _FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\S+)')
 _TRACEBACK = "Traceback (most recent call last)"
 # The worker (or a library under it) ran out of disk: a checkpoint or a log write failed.
 _DISK_FULL = re.compile(r"(No space left on device|\bENOSPC\b|\[Errno 28\]|Disk quota exceeded|\bEDQUOT\b)")
+# The last line of an exception no restart can fix (at the start of a line, or after torchrun's
+# ``[rank0]:`` prefix): the import failed, the source does not compile, a file the script opens is missing.
+_FATAL = re.compile(r"^(?:\[[^\]]*\]:?\s*)?((?:ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError"
+                    r"|FileNotFoundError)\b.*)$")
+_USAGE = re.compile(r"^(?:\[[^\]]*\]:?\s*)?usage: ")
+_USAGE_ERROR = re.compile(r"^(?:\[[^\]]*\]:?\s*)?(\S+: error: .*)$")  # argparse's line after its usage
 _TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ([KMGT]?i?B)")
 # What the process may use: a per-process memory fraction ("23.75 GiB allowed") or the whole device.
 _ALLOWED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) allowed")
@@ -53,8 +59,8 @@ def host_oom_line(line: str) -> str | None:
 
 # Substrings every evidence line above contains one of (case as written): a line with none of them
 # skips the regexes (a dozen C-speed substring tests instead of a dozen regex searches per line).
-MARKERS = ("rror", "emory", "ALLOC", "EOF", "Ran out of input", "heckpoint", "pace left", "ENOSPC", "Errno 28",
-           "quota", "EDQUOT", "BadZip", "HeaderTooLarge", "DataLoader", "Traceback", 'File "', "allowed",
+MARKERS = ("rror", "usage: ", "emory", "ALLOC", "EOF", "Ran out of input", "heckpoint", "pace left", "ENOSPC",
+           "Errno 28", "quota", "EDQUOT", "BadZip", "HeaderTooLarge", "DataLoader", "Traceback", 'File "', "allowed",
            "capacity")
 
 
@@ -78,6 +84,11 @@ class OutputScanner:
     lines: int = 0
     dataloader: str | None = None  # a DataLoader worker died
     frames: list[str] = field(default_factory=list)  # function names of the newest traceback, outermost first
+    fatal: str | None = None  # the newest exception line of a kind no restart can fix (``_FATAL``)
+    fatal_untraced: bool = False  # ... with no traceback before it: python could not compile the script itself
+    usage_error: str | None = None  # argparse's ``prog: error: ...`` after its ``usage:`` line
+    _traced: bool = False  # a traceback was seen
+    _usage: bool = False  # a ``usage:`` line was seen
 
     def feed(self, line: str) -> None:
         self.lines += 1
@@ -94,8 +105,10 @@ class OutputScanner:
         self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
         self.load_error = _keep(self.load_error, line, _LOAD_ERROR)
         self.dataloader = _keep(self.dataloader, line, _DATALOADER)
+        self._fatal(line)
         if line.startswith(_TRACEBACK):
             self.frames = []
+            self._traced = True
         elif (m := _FRAME.match(line)) and len(self.frames) < 200:
             self.frames.append(m.group(1))
         if (m := _TRIED.search(line)) and self.tried_bytes is None:
@@ -106,6 +119,14 @@ class OutputScanner:
             self.capacity_bytes = _bytes(*m.groups())
             if m.re is _ALLOWED:
                 self.allowed_bytes = self.capacity_bytes
+
+    def _fatal(self, line: str) -> None:
+        if (m := _FATAL.match(line)) is not None:
+            self.fatal, self.fatal_untraced = m.group(1).strip(), not self._traced
+        elif _USAGE.match(line):
+            self._usage = True
+        elif self._usage and self.usage_error is None and (m := _USAGE_ERROR.match(line)) is not None:
+            self.usage_error = m.group(1).strip()
 
     @property
     def fragmented(self) -> bool:

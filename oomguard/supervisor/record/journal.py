@@ -232,6 +232,11 @@ class Journal:
         rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
         return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
 
+    def last_event_id(self) -> int:
+        """The id of the newest event (0 when there is none): where a reader starts following."""
+        rows = self._query("SELECT max(id) FROM events")
+        return int(rows[0][0] or 0) if rows else 0
+
     def event_data(self, kind: str) -> dict[int, dict[str, Any]]:
         """The data of the newest event of ``kind`` for each attempt."""
         rows = self._query("SELECT attempt, data FROM events WHERE kind = ? AND attempt IS NOT NULL ORDER BY id",

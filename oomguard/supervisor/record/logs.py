@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -177,7 +178,8 @@ def _next_attempt(run_dir: Path, current: int | None) -> int | None:
 
 def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
     if command:
-        raise UsageError("logs", "takes no command after --", "run: oomguard logs --run-dir DIR [-f]")
+        raise UsageError("logs", "takes no command after --",
+                         f"run: oomguard logs --run-dir {shlex.quote(str(args.run_dir))}")
     run_dir = Path(args.run_dir)
     journal = open_existing(run_dir)
     try:

@@ -17,13 +17,17 @@ Two figures need a definition:
   showed when it was started from a checkpoint but did not load it, a ``not_resumed`` event). The
   last step comes from the worker's progress
   reports; for scripts that do not speak the worker protocol it is the newest checkpoint the attempt
-  wrote (or resumed from), a lower bound, marked as such.
+  wrote (or resumed from), a lower bound, marked as such. Steps are redone whatever started the
+  next attempt, so the total counts them after every attempt another followed: a failure, and
+  also the user's ``oomguard restart``, a Ctrl-C and a rerun, a planned restart and ``--grow``
+  (``restarts``: the same figures for the attempts that ended without failing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import time
 from collections.abc import Sequence
@@ -238,6 +242,20 @@ def _failures(attempts: list[dict[str, Any]], ctx: dict[str, Any]) -> list[dict[
     return out
 
 
+def _restarts(attempts: list[dict[str, Any]], ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps redone after each attempt that ended without failing and was followed by another
+    (a stop and a rerun, a restart asked for, a planned restart, --grow): counted like a failure's."""
+    out = []
+    for attempt, nxt in zip(attempts, attempts[1:], strict=False):
+        ending = ending_of_row(attempt)
+        if ending is None or ending.is_failure or ending is Ending.INTERRUPTED:
+            continue  # counted among the failures
+        figures = _failure(attempt, nxt, ctx)
+        out.append({"attempt": attempt["attempt"], "ending": ending.value, "reason": attempt["decision"],
+                    **{k: figures[k] for k in ("last_step", "last_step_source", "resumed_from", "steps_lost")}})
+    return out
+
+
 def ending_of_row(attempt: dict[str, Any]) -> Ending | None:
     """How a journaled attempt ended; None while it has no recorded end. Journals written before the
     ``ending`` column existed are read by what they did write (a kind means a failure)."""
@@ -341,11 +359,13 @@ def build_report(journal: Journal) -> dict[str, Any]:
            "last_t": last_t, "decisions": decisions, "causes": causes, "resume_steps": resume_steps,
            "not_resumed": not_resumed}
     failures = _failures(attempts, ctx)
+    restarts = _restarts(attempts, ctx)
+    redone = [*failures, *restarts]
     start, end, last = _span(meta, events, attempts)
     finish = end if end is not None else last
     total = finish - start if start is not None and finish is not None else 0.0
     lost = sum(f["lost_s"] + f["gap_s"] for f in failures)
-    unknown = [f for f in failures if f["steps_lost"] is None and f["resumed_from"] is not None]
+    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None]
     return {
         "run_dir": meta.get("run_dir"), "state": meta.get("state", "starting"),
         "reason": meta.get("reason", ""),
@@ -354,8 +374,9 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "batch_history": _batch_history(attempts, events, decisions),
         "asked_global_batch": (meta.get("plan") or {}).get("asked_global"),  # None: the global batch was kept
         "failures": failures,
-        "steps_lost": sum(f["steps_lost"] or 0 for f in failures),
-        "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in failures
+        "restarts": restarts,
+        "steps_lost": sum(f["steps_lost"] or 0 for f in redone),
+        "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
                                                 if f["steps_lost"] is not None),
         "steps_lost_unknown": len(unknown),
         "checkpoints": _checkpoint_summary(checkpoints),
@@ -416,7 +437,7 @@ def _header(report: dict[str, Any]) -> list[str]:
              else f"not finished (last activity {_clock(report['last_activity'])})")
     steps = f"{report['steps_lost']}" if report["steps_lost_exact"] else f"at least {report['steps_lost']}"
     if report["steps_lost_unknown"]:
-        steps += f" (+ {report['steps_lost_unknown']} failure(s) with unknown steps)"
+        steps += f" (+ {report['steps_lost_unknown']} restart(s) with unknown steps)"
     return [
         f"run:         {report['run_dir']}",
         f"final state: {report['state']}: {report['reason']}",
@@ -494,6 +515,10 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append(f"    cause:    {r['cause']['summary']}")
     for stop in report.get("stops") or []:
         lines.append(f"stopped:     attempt {stop['attempt']} at {_clock(stop['at'])}, {stop['reason']}")
+    redone = [r for r in report.get("restarts") or [] if r["steps_lost"] or r["steps_lost"] is None]
+    if redone:
+        lines.append("redone after restarts that were no failure (counted in steps lost):")
+        lines += [f"  attempt {r['attempt']} ({r['ending']}): {_steps_text(r)}" for r in redone]
     for warning in report.get("warnings") or []:
         lines.append(f"warning:     attempt {warning['attempt']}: {warning['message']}")
     lines += _checkpoint_lines(report["checkpoints"])
@@ -510,7 +535,8 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _cmd_report(args: argparse.Namespace, command: Sequence[str]) -> int:
     if command:
-        raise UsageError("report", "takes no command after --", "run: oomguard report --run-dir DIR")
+        raise UsageError("report", "takes no command after --",
+                         f"run: oomguard report --run-dir {shlex.quote(str(args.run_dir))}")
     report = read_report(Path(args.run_dir))
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
     return 0

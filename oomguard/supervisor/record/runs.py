@@ -66,7 +66,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         return _unreadable(run_dir, exc.problem)
     try:
         doc = status_document(journal)
-        web_url = journal.meta().get("web_url")
+        meta = journal.meta()
+        # on a network bind, the address others open (web/addresses.py), not this machine's loopback
+        web_url = (meta.get("web_public") or [meta.get("web_url")])[0]
     except sqlite3.OperationalError as exc:
         if str(exc).startswith("no such table"):  # damage.py let it through: a supervisor is creating it
             return {**_unreadable(run_dir, "the journal is being created"), "state": "starting"}
@@ -94,6 +96,9 @@ def _summary(run_dir: Path, doc: dict[str, Any], web_url: str | None) -> dict[st
         "progress_time": progress.get("t"), "samples_per_s": progress.get("samples_per_s"),
         "updated": doc.get("updated"), "dashboard": web_url if alive else None,
         "degraded": [f"{p['component']}: {p['message']}" for p in doc.get("degraded") or []],
+        # said while it ran (a glob that missed the checkpoints, a resume that did not happen): a run
+        # that succeeded with one is not plainly "succeeded"
+        "warnings": [str(w["message"]) for w in doc.get("warnings") or []],
         "error": None,
     }
 
@@ -103,7 +108,7 @@ def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
                            "checkpoint", "checkpoint_step", "step", "total_steps", "progress_time",
                            "samples_per_s", "updated", "dashboard"))
     return {"run_dir": str(run_dir), "state": DAMAGED, "reason": why, "supervisor": None, **empty,
-            "failures": None, "failure_kinds": {}, "degraded": [], "error": why}
+            "failures": None, "failure_kinds": {}, "degraded": [], "warnings": [], "error": why}
 
 
 def list_runs(roots: Sequence[Path], max_depth: int = MAX_DEPTH) -> list[dict[str, Any]]:
@@ -131,7 +136,9 @@ def _cells(row: dict[str, Any], now: float, cwd: Path) -> tuple[str, ...]:
         return (name, row["state"], *(["-"] * 7), row["reason"])
     batch = (f"{row['micro_batch']} × {row['grad_accum']} × {row['world_size']} = {row['global_batch']}"
              if row["grad_accum"] else "-")
-    return (name, row["state"], str(row["attempt"]), batch, _failures(row), _checkpoint(row),
+    warned = len(row["warnings"])
+    state = row["state"] + (f", {warned} warning{'s' if warned > 1 else ''}" if warned else "")
+    return (name, state, str(row["attempt"]), batch, _failures(row), _checkpoint(row),
             _progress(row, now), _supervisor(row), row["dashboard"] or "-", _why(row))
 
 
@@ -183,7 +190,7 @@ def _why(row: dict[str, Any]) -> str:
     why = str(row["reason"])
     if row["supervisor"] == GONE:
         why = f"the supervisor (pid {row['supervisor_pid']}) is gone; it last recorded: {why}"
-    return "; ".join([why, *(f"degraded: {d}" for d in row["degraded"])])
+    return "; ".join([*(f"warning: {w}" for w in row["warnings"]), why, *(f"degraded: {d}" for d in row["degraded"])])
 
 
 # --- the command ------------------------------------------------------------------------------

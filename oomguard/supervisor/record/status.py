@@ -64,7 +64,8 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "expandable_segments": plan.get("expandable_segments", False),
         "fallbacks_applied": plan.get("fallbacks_applied", 0),
         "alloc_conf": meta.get("alloc_conf") or {},  # the allocator variables the worker got
-        "worker_pid": meta.get("worker_pid") if alive else None,
+        "worker_pid": meta.get("worker_pid") if alive else None,  # the training process, not the launcher
+        "rank_pids": (meta.get("rank_pids") or {}) if alive else {},  # under torchrun/accelerate: rank -> pid
         "checkpoint": current.get("checkpoint"),
         "newest_checkpoint": checkpoints[0] if checkpoints else None,
         "progress": meta.get("progress"),
@@ -78,7 +79,30 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "degraded": (meta.get("degraded") or []) if alive else [],
         "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
+        # after a stop: the command that resumes the run (the same line, in the same directory)
+        "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
     }
+
+
+def _pid_text(doc: dict[str, Any]) -> str:
+    """``4242 (python)``; under a launcher each rank's: ``4242 (torchrun); ranks 0: 4250, 1: 4251``."""
+    pid = doc.get("worker_pid")
+    if not pid:
+        return "-"
+    ranks = doc.get("rank_pids") or {}
+    name = _process_name(pid)
+    text = f"{pid}" + (f" ({name})" if name else "")
+    if ranks:
+        text += "; ranks " + ", ".join(f"{rank}: {p}" for rank, p in ranks.items())
+    return text
+
+
+def _process_name(pid: int) -> str | None:
+    """The process's name as ps shows it, where it can be read (status on the same machine)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _liveness(meta: dict[str, Any], alive: bool) -> dict[str, Any] | None:
@@ -111,7 +135,7 @@ def format_status(doc: dict[str, Any]) -> str:
         f"attempt:    {doc['attempt']}",
         f"batch:      micro {doc['micro_batch']} × accum {doc['grad_accum']} × world {doc['world_size']}"
         f" = {global_text(doc)}",
-        f"worker pid: {doc['worker_pid'] or '-'}",
+        f"worker pid: {_pid_text(doc)}",
         f"checkpoint: {_checkpoint_text(doc)}",
     ]
     if doc.get("alloc_conf"):
@@ -137,6 +161,8 @@ def format_status(doc: dict[str, Any]) -> str:
                      f"({problem['lost']} {problem.get('unit', '')} lost so far)")
     for warning in doc.get("warnings") or []:
         lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
+    if doc.get("resume_command"):
+        lines.append(f"resume:     {doc['resume_command']}")
     for f in doc["failures"]:
         how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 from pathlib import Path
 
 from oomguard.supervisor.errors import UsageError
@@ -26,7 +27,8 @@ class RunLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise UsageError("--run-dir", f"{self.path.parent} is already supervised by pid {holder}",
-                             "stop that supervisor (oomguard stop) or choose another --run-dir") from None
+                             f"stop that supervisor (oomguard stop --run-dir {shlex.quote(str(self.path.parent))}) "
+                             "or choose another --run-dir") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd

@@ -22,7 +22,7 @@ import psutil
 
 from oomguard.supervisor.command.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide import replan
+from oomguard.supervisor.decide import replan, unfixable
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus, step_peaks
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
@@ -34,6 +34,7 @@ from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
 from oomguard.supervisor.observe.channel import ChannelReader
@@ -288,7 +289,7 @@ class Supervisor:
             self.index.stop()
             self.sampler.close()
             self.handover.remove()
-            self.journal.set_meta(worker_pid=None)
+            self.journal.set_meta(worker_pid=None, rank_pids={})
             self._lock.release()
 
     def _loop(self) -> int:
@@ -319,7 +320,7 @@ class Supervisor:
         decision = self._recover(outcome)  # RUNNING -> RECOVERING
         if not decision.restart:  # RECOVERING -> FAILED
             self._transition(RunState.FAILED, decision.reason)
-            return 1
+            return EXIT_UNFIXABLE if decision.unfixable else EXIT_GAVE_UP
         if decision.delay > 0:  # RECOVERING -> BACKOFF
             self._transition(RunState.BACKOFF, decision.reason)
             self._sleep(decision.delay)
@@ -495,7 +496,7 @@ class Supervisor:
                                        log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
         current.worker.start(self.control.wake, spare.hand_over() if spare else None)
         self.sampler.cgroup = containment.reader()
-        self.journal.set_meta(worker_pid=current.worker.pgid)
+        self.journal.set_meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
         self.guarded("spare", self.spares.prepare, argv, env)
         return containment
 
@@ -584,6 +585,8 @@ class Supervisor:
         assert worker is not None
         sample = self.sampler.sample(worker.worker_pid or worker.pgid)
         self.handover.procs.add(worker.tree())
+        if (named := worker.named_pids()) is not None:  # the training process and ranks, for status
+            self.journal.set_meta(**named)
         self.last_sample = sample
         watch.observe(sample)  # its peaks, and what its processes did since the last sample
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
@@ -735,7 +738,8 @@ class Supervisor:
         attribution = self._attribute(verdict, watch)
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           fragmentation.fragmented, watch.new_checkpoint,
-                          checkpoint.path if checkpoint else None, load_error, attribution)
+                          checkpoint.path if checkpoint else None, load_error, attribution,
+                          unfixable.seen(scan, verdict.exit_code, watch.progressed))
         return failure, attribution
 
     def _exited_at(self) -> float | None:

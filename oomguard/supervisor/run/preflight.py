@@ -27,7 +27,7 @@ from oomguard.supervisor.distributed import launcher
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.run import wiring
+from oomguard.supervisor.run import steering, wiring
 from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, placeholder_values
 
 SAMPLE_CHECKPOINT = "/tmp/a run's dir/ckpt step-100.pt"  # a space and a quote: quoting must survive it
@@ -48,6 +48,7 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
                          "check the placeholders in the command, --resume-args and --fallback-args") from None
     _check_executable(argv[0], env, cwd or Path.cwd())
     wiring.check(config, cwd or Path.cwd())  # the script exists, and something hands it its checkpoint
+    steering.check(config, cwd or Path.cwd())  # and something hands it the batch
     return argv
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from oomguard.supervisor.observe.ranks import process_rank
 from oomguard.supervisor.record.attemptlog import AttemptLog, open_log
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.run.pump import OutputPump
@@ -60,6 +61,7 @@ class WorkerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._worker_pid: int | None = None
+        self._named: dict[str, object] = {}
 
     @property
     def last_output(self) -> float:
@@ -108,6 +110,32 @@ class WorkerProcess:
             except psutil.Error:
                 return None
         return self._worker_pid
+
+    def rank_pids(self) -> dict[int, int]:
+        """Under torchrun or accelerate, each rank's training process (the topmost process of the tree
+        with that ``RANK``: its DataLoader workers inherit the variable), by rank."""
+        ranks: dict[int, int] = {}
+        for proc in self.tree():
+            rank = process_rank(proc.pid)
+            if rank is None or rank in ranks:
+                continue
+            try:
+                parent = proc.ppid()
+            except psutil.Error:
+                continue
+            if process_rank(parent) != rank:
+                ranks[rank] = proc.pid
+        return dict(sorted(ranks.items()))
+
+    def named_pids(self) -> dict[str, object] | None:
+        """What status names: the training process (not ``launch.py``) and each rank's pid; only
+        when it changed since the last call (it is written to the journal)."""
+        named: dict[str, object] = {"worker_pid": _through_shells(self.worker_pid),
+                                    "rank_pids": {str(r): p for r, p in self.rank_pids().items()}}
+        if named == self._named or named["worker_pid"] is None:
+            return None
+        self._named = named
+        return named
 
     def tree(self) -> list[psutil.Process]:
         """The worker's process tree (launcher excluded: its memory is the supervisor's cost)."""
@@ -162,6 +190,21 @@ class WorkerProcess:
         else:
             _kill(pid, signal.SIGABRT)
             self.exited.wait(3.0)
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+
+
+def _through_shells(pid: int | None) -> int | None:
+    """The process a wrapper shell runs (``bash -c 'cd x && python train.py'``): a shell with one
+    child is not the training process, its child is."""
+    try:
+        proc = psutil.Process(pid) if pid is not None else None
+        while proc is not None and proc.name() in _SHELLS and len(children := proc.children()) == 1:
+            proc = children[0]
+        return proc.pid if proc is not None else None
+    except psutil.Error:
+        return pid
 
 
 def catches(pid: int, sig: signal.Signals) -> bool:

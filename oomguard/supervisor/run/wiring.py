@@ -89,6 +89,12 @@ def script_of(command: Sequence[str]) -> Script | None:
     return None
 
 
+def is_interpreter(program: str) -> bool:
+    """python, pypy or a shell: a program whose code is elsewhere (a file, ``-c``, ``-m``)."""
+    name = Path(program).name
+    return bool(_PYTHON.match(name)) or name in _SHELLS
+
+
 def _python_script(words: list[str]) -> Script | None:
     i = 0
     while i < len(words):
@@ -219,9 +225,10 @@ def _module_file(name: str, search: list[str]) -> Path | None:
     return Path(spec.origin)
 
 
-def uses_worker_library(source: Path, cwd: Path) -> bool:
-    """Does the script, or one of the user's own modules it imports, import oomguard or read its
-    checkpoint variables? Modules outside the script's directory and ``cwd`` are not followed."""
+def uses_worker_library(source: Path, cwd: Path, names: frozenset[str] = LIBRARY_ENV) -> bool:
+    """Does the script, or one of the user's own modules it imports, import oomguard or read one of
+    ``names`` (its checkpoint variables)? Modules outside the script's directory and ``cwd`` are not
+    followed."""
     roots = {source.parent.resolve(), cwd.resolve()}
     queue, seen = [source.resolve()], set[Path]()
     while queue and len(seen) < _MAX_SOURCES:
@@ -229,27 +236,27 @@ def uses_worker_library(source: Path, cwd: Path) -> bool:
         if path in seen:
             continue
         seen.add(path)
-        found, imported = _scan(path)
+        found, imported = _scan(path, names)
         if found:
             return True
         queue += [p for p in (_local(name, path, roots) for name in imported) if p is not None]
     return False
 
 
-def _scan(path: Path) -> tuple[bool, list[str]]:
-    """(uses the library, the modules or files it names) for one source file."""
+def _scan(path: Path, env: frozenset[str]) -> tuple[bool, list[str]]:
+    """(uses the library or one of the variables ``env``, the modules or files it names) for one source file."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(_MAX_SOURCE_BYTES)
     except OSError:
         return False, []
     if b"\0" in data:  # a compiled program: only the variables' names can be seen in it
-        return any(name.encode() in data for name in LIBRARY_ENV), []
+        return any(name.encode() in data for name in env), []
     text = data.decode(errors="replace")
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):  # a shell script: the variables, and the .py files it runs
-        uses = any(re.search(rf"\b{name}\b", text) for name in LIBRARY_ENV)
+        uses = any(re.search(rf"\b{name}\b", text) for name in env)
         return uses, re.findall(r"[\w./-]+\.py\b", text)
     names: list[str] = []
     for node in ast.walk(tree):
@@ -258,7 +265,7 @@ def _scan(path: Path) -> tuple[bool, list[str]]:
         elif isinstance(node, ast.ImportFrom):
             base = "." * node.level + (node.module or "")
             names += [base, *(f"{base}.{alias.name}" if node.module else base + alias.name for alias in node.names)]
-        elif isinstance(node, ast.Constant) and node.value in LIBRARY_ENV:
+        elif isinstance(node, ast.Constant) and node.value in env:
             return True, []
     if any(n == "oomguard" or n.startswith("oomguard.") for n in names):
         return True, []

@@ -9,8 +9,10 @@ webhooks (``ops/hooks.py`` forwards the events, once per kind).
 - ``not_resumed`` (path, step, first_step, message): an attempt started from a checkpoint showed a
   first step that is no resume (``observe/resume.py``); the report counts the steps really redone
   from it;
-- ``checkpoint_glob_unmatched`` (globs, files, suggestion, message): the globs match nothing while
-  the script trains and writes checkpoints elsewhere, or nothing at all (``observe/lookalikes.py``).
+- ``checkpoint_glob_unmatched`` (globs, files, suggestion, message): the worker wrote a file that
+  looks like a checkpoint and no glob matches, said within a second of its appearing, during the
+  attempt that wrote it; or the globs match nothing while the script trains and writes nothing like
+  a checkpoint at all (``observe/lookalikes.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from typing import Any
 
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
-from oomguard.supervisor.observe.lookalikes import LookalikeWatcher, output_dirs, suggest_glob, unmatched_notice
+from oomguard.supervisor.observe.lookalikes import (
+    LookalikeWatcher,
+    missed,
+    missed_notice,
+    output_dirs,
+    suggest_glob,
+    unmatched_notice,
+)
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.run.wiring import resume_hint
@@ -50,12 +59,14 @@ class WiringWatch:
         self._first_step_wall: float | None = None
         self._last_step: int | None = None
         self._last_step_wall: float | None = None
+        self._matched = False  # the globs have matched a checkpoint
 
     def start(self, matched: bool) -> None:
-        """At the run's start: a new invocation's warnings start empty; look-alikes are watched only
-        while the globs match nothing."""
+        """At the run's start: a new invocation's warnings start empty; look-alikes are watched
+        until one no glob matches is said."""
         self._set_meta(warnings=[])
-        if self.config.checkpoints and not matched:
+        self._matched = matched
+        if self.config.checkpoints:
             outputs = output_dirs(self.config.command, self.cwd)
             self.lookalikes = LookalikeWatcher(self.cwd, outputs, [self.run_dir])
             self.lookalikes.start()
@@ -98,15 +109,20 @@ class WiringWatch:
         if watch.last_step is not None and watch.last_step != self._last_step:
             self._last_step, self._last_step_wall = watch.last_step, now
             self._first_step_wall = self._first_step_wall or now
-        if index.refresh():  # the globs match: nothing to say, nothing more to watch
-            self.stop()
+        found = sorted(self.lookalikes.found(), key=lambda f: f.written)
+        self._matched = self._matched or bool(index.refresh())
+        missing = missed(found, self.config.checkpoints, self.cwd, self._matched, self._last_step_wall, now)
+        if missing:  # said at once, while the attempt that wrote it runs
+            message: str | None = missed_notice(self.config.checkpoints, missing, self._matched, self.cwd)
+            found = missing
+        elif self._matched:  # the globs match what the script writes: nothing to say yet
             return
-        found = self.lookalikes.found()
-        message = unmatched_notice(self.config.checkpoints, found, self._first_step_wall, self._last_step,
-                                   self._last_step_wall, now, self.cwd, self.lookalikes.roots)
+        else:
+            message = unmatched_notice(self.config.checkpoints, self._first_step_wall, self._last_step, now,
+                                       self.cwd, self.lookalikes.roots)
         if message is None:
             return
-        files = [f.path for f in sorted(found, key=lambda f: f.written)]
+        files = [f.path for f in found]
         self._warn(GLOB_UNMATCHED, message, globs=list(self.config.checkpoints), files=files[-20:],
                    suggestion=suggest_glob(files, self.cwd) if files else None)
         self.stop()
