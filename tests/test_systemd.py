@@ -371,7 +371,7 @@ def test_path_is_passed_once_in_its_order(oomguard_bin: Path, tmp_path: Path) ->
 def test_watchdog_option_sets_watchdogsec(oomguard_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("")
-    run = ["--", "--micro-batch", "4", "--grad-accum", "1", "--", sys.executable, "t.py", "--batch-size", "{micro_batch}"]
+    run = ["--", "--micro-batch", "4", "--grad-accum", "1", "--", sys.executable, "t.py", "--bs", "{micro_batch}"]
     for flag, expected in (("20", ["20"]), ("0", [])):
         out = io.StringIO()
         assert systemd.run_service_command(_parse("--print", "--exec", str(oomguard_bin), "--watchdog", flag, *run),

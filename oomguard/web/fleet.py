@@ -81,7 +81,8 @@ class Runs:
         row = summarize(run_dir)
         key = run_key(run_dir)
         return {**row, "key": key, "name": self._name(run_dir), "view": f"runs/{key}/",
-                "reason": redact.text(str(row["reason"])), "dashboard": _live_link(run_dir, row["dashboard"], self.guarded)}
+                "reason": redact.text(str(row["reason"])),
+                "dashboard": _live_link(run_dir, row["dashboard"], self.guarded)}
 
     def _name(self, run_dir: Path) -> str:
         """The run's path below the root it was found under (the root's own name when it is the run)."""
