@@ -31,7 +31,7 @@ def supervise(tmp: Path, *args: str) -> tuple[dict[str, object], str]:
 
 def test_the_probe_is_loaded_into_the_worker_and_counts_its_steps(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(LOOP)
-    doc, text = supervise(tmp_path, "--", sys.executable, "train.py")
+    doc, text = supervise(tmp_path, "--", sys.executable, "train.py", "--batch-size", "{micro_batch}")
     assert doc["probe"] == {"state": "loaded", "why": "", "processes": 1, "ranks": [], "failures": []}
     assert "probe:      loaded in 1 process\n" in text
     channel = [json.loads(line) for line in (tmp_path / "run" / "logs" / "attempt-1.events.jsonl").open()]
@@ -40,9 +40,9 @@ def test_the_probe_is_loaded_into_the_worker_and_counts_its_steps(tmp_path: Path
 
 def test_status_says_why_there_is_no_probe(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(LOOP)
-    doc, text = supervise(tmp_path, "--no-probe", "--", sys.executable, "train.py")
+    doc, text = supervise(tmp_path, "--no-probe", "--", sys.executable, "train.py", "--batch-size", "{micro_batch}")
     assert doc["probe"]["state"] == "off" and "probe:      none: turned off (--no-probe)" in text
     assert not (tmp_path / "run" / "logs" / "attempt-1.events.jsonl").exists()
     (tmp_path / "run").rename(tmp_path / "run-off")
-    doc, text = supervise(tmp_path, "--", "bash", "-c", "echo step 1")
+    doc, text = supervise(tmp_path, "--", "bash", "-c", "echo step 1 of batch {micro_batch}")
     assert doc["probe"]["state"] == "none" and "probe:      none seen: the command (bash) is not Python" in text

@@ -204,7 +204,7 @@ def spare_pids(run_dir: Path) -> tuple[int, int]:
 def test_stopping_or_killing_the_supervisor_ends_the_spare(project: Path, sig: signal.Signals) -> None:
     (project / "sleep.py").write_text("import heavymod, time\nprint('up', flush=True)\ntime.sleep(300)\n")
     run_dir = project / "run"
-    sup = supervise(project, run_dir, "--micro-batch", "1", "--global-batch", "1", worker=["sleep.py"])
+    sup = supervise(project, run_dir, "--micro-batch", "1", "--global-batch", "1", worker=["sleep.py", "{micro_batch}"])
     try:
         launcher, interpreter = spare_pids(run_dir)
         os.kill(sup.pid, sig)
@@ -238,7 +238,7 @@ def test_no_spare_starts_every_worker_cold(project: Path) -> None:
     (project / "ok.py").write_text("print('fine')\n")
     run_dir = project / "run"
     out = oomguard_run(project, "--run-dir", str(run_dir), "--no-web", "--no-spare", "--micro-batch", "1",
-                       "--global-batch", "1", "--", PY, "ok.py")
+                       "--global-batch", "1", "--", PY, "ok.py", "{micro_batch}")
     assert out.returncode == 0, out.stderr
     assert journal_events(run_dir) == []
 
