@@ -8,13 +8,17 @@ plateau), so a change in any rounding, key or clause shows here.
 
 from __future__ import annotations
 
+import pytest
 from test_attribution import plateau_series
 from test_explains import LIMIT, MIB, cgroup, creep, then
 
-from oomguard.supervisor.decide.attribution import Cause, Evidence, Plateau, attribute
+from oomguard.supervisor.decide.attribution import Cause, Evidence, Plateau, attribute, step_peaks
 from oomguard.supervisor.decide.memmodel import Fit
+from oomguard.supervisor.decide.trend import Reading
+from oomguard.supervisor.observe.allocator import AllocatorOom
 
 CREEP = creep(n=18, every=1.0, steps_per_s=10, per_step=1 * MIB)  # 100 MiB + 1 MiB a step, 10 steps a second
+GIB = 2**30
 SHORT = creep(n=7, every=1.0, steps_per_s=10, per_step=1 * MIB)  # the same creep, failed after 60 steps
 TREND = {"bytes_per_s": 10485760, "bytes_per_step": 1048576, "r2": 1.0, "span_s": 16.0, "samples": 17, "steps": 160}
 SHORT_TREND = {**TREND, "samples": 6, "span_s": 5.0, "steps": 50}
@@ -141,3 +145,74 @@ def test_level_plateaus_stay_level_measured_from_the_largest_to_the_smallest_bat
     assert found.summary.endswith("but memory does not follow the micro-batch: its plateaus stayed level as the "
                                   "micro-batch shrank (400 MiB at 128, 300 MiB at 64, 400 MiB at 32)")
     assert found.figures["plateaus"] == {"128": 400 * MIB, "64": 300 * MIB, "32": 400 * MIB}
+
+
+def test_a_jump_larger_than_the_room_left_needs_more_than_the_leak_gave_back() -> None:
+    """The line was 140 MiB below the limit and had risen 150 MiB, but a reading saw memory 220 MiB
+    above it: the jump needed 220 MiB, more than a fresh restart gives back, so the batch shrinks."""
+    series = then(SHORT, 390 * MIB)
+    found = attribute(series, Evidence(), 16, limit=cgroup(series, failed_at=16.0))
+    f = found.figures
+    assert (f["rise_bytes"], f["below_limit_bytes"], f["jump_bytes"]) == (150 * MIB, 140 * MIB, 220 * MIB)
+    assert found.cause is Cause.PER_SAMPLE and found.also is None
+    assert ("; the trend rose only 150 MiB in this attempt, less than the 220 MiB the jump needed beyond it, so the "
+            "jump, not the rise, reached the limit") in found.summary
+
+
+def test_a_leak_that_gave_back_exactly_what_the_jump_needed_is_enough() -> None:
+    series = then(SHORT, 390 * MIB)
+    at_equal = 22.999999999999996  # found by bisection: the line's rise equals the jump's height here
+    found = attribute(series, Evidence(), 16, limit=cgroup(series, failed_at=at_equal))
+    assert found.figures["rise_bytes"] == found.figures["jump_bytes"] == 220 * MIB
+    assert found.cause is Cause.LEAK and found.also is Cause.PER_SAMPLE
+
+
+def test_the_allocators_figures_and_the_slope_of_the_other_sizes_peaks() -> None:
+    """The probe caught the OOM at 256 under a 0.9 memory fraction of an 80 GiB device; its step
+    peaks measured 31 GiB at 128 and 16 GiB at 64 (15 GiB for 64 samples: 240 MiB each). The peak
+    at the failing size itself and an empty one (0) measure nothing."""
+    alloc = AllocatorOom("cuda:0", 1 * GIB, 70 * GIB, 74 * GIB, 1 * GIB, 80 * GIB, 0.9, 120, None)
+    peaks = {256: 60 * GIB, 128: 31 * GIB, 64: 16 * GIB, 32: 0}
+    found = attribute((), Evidence(allocator=alloc, step_peaks=peaks), 256, "GPU memory")
+    assert found.as_dict() == {
+        "cause": "per_sample",
+        "summary": "per-sample: needed 1.0 GiB more with 70.0 GiB allocated of 72.0 GiB (90% of the device) at "
+                   "micro-batch 256 (4.0 GiB reserved but unallocated); 240.0 MiB per sample measured at 128 and 64",
+        "source": "allocator", "requested_bytes": 1 * GIB, "allocated_bytes": 70 * GIB, "reserved_bytes": 74 * GIB,
+        "limit_bytes": 72 * GIB, "fraction": 0.9, "per_sample_bytes": 240 * MIB, "measured_at": [128, 64]}
+
+
+def test_the_allocators_own_micro_batch_wins_and_missing_figures_are_left_out() -> None:
+    bare = AllocatorOom("cuda:0", None, None, None, None, None, None, None, 512)
+    found = attribute((), Evidence(allocator=bare, step_peaks={512: 90 * GIB, 256: 20 * GIB}), 128, "GPU memory")
+    assert found.summary == ("per-sample: an allocation failed at micro-batch 512; at most 80.0 MiB per sample "
+                             "measured at 256")
+    unbounded = AllocatorOom("cuda:0", 2 * GIB, 70 * GIB, 70 * GIB, None, None, None, None, None)
+    assert attribute((), Evidence(allocator=unbounded), 64, "GPU memory").summary == (
+        "per-sample: needed 2.0 GiB more with 70.0 GiB allocated at micro-batch 64")
+
+
+def test_readings_that_saw_nothing_are_named_as_such() -> None:
+    found = attribute([Reading(float(i), 0, i) for i in range(5)], Evidence(), 16, "GPU memory")
+    assert found.as_dict() == {
+        "cause": "per_sample", "unseen": "GPU memory",
+        "summary": "per-sample, by elimination: too few samples after warm-up to see a trend; the GPU memory readings "
+                   "saw none of its memory (all 0); only micro-batch 16 measured so far"}
+
+
+@pytest.mark.parametrize(("this_failed", "earlier_failed", "bounds"), [
+    (True, False, "400 MiB at 64, at least 300 MiB at 32"),
+    (False, True, "at least 400 MiB at 64, 300 MiB at 32"),
+])
+def test_each_lower_bound_is_marked_and_only_it(this_failed: bool, earlier_failed: bool, bounds: str) -> None:
+    found = attribute([Reading(float(i), 300 * MIB, i) for i in range(3)], Evidence(), 32,
+                      earlier=[Plateau(64, 400 * MIB, earlier_failed)], failed=this_failed)
+    assert found.summary.endswith(f"; the readings before a memory failure are lower bounds ({bounds}), so they "
+                                  "cannot tell how memory scales with the micro-batch")
+    assert found.figures["follows"] is None and found.figures["plateaus"] == {"64": 400 * MIB, "32": 300 * MIB}
+
+
+def test_the_peak_of_each_size_is_its_highest_over_the_attempts() -> None:
+    rows = [{"micro_batch": 32, "peak_allocated": 4 * GIB}, {"micro_batch": 16, "peak_allocated": 1 * GIB},
+            {"micro_batch": 32, "peak_allocated": 3 * GIB}, {"micro_batch": 8}]
+    assert step_peaks(rows) == {32: 4 * GIB, 16: 1 * GIB}
