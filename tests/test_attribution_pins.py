@@ -216,3 +216,11 @@ def test_the_peak_of_each_size_is_its_highest_over_the_attempts() -> None:
     rows = [{"micro_batch": 32, "peak_allocated": 4 * GIB}, {"micro_batch": 16, "peak_allocated": 1 * GIB},
             {"micro_batch": 32, "peak_allocated": 3 * GIB}, {"micro_batch": 8}]
     assert step_peaks(rows) == {32: 4 * GIB, 16: 1 * GIB}
+
+
+def test_memory_that_falls_never_reaches_the_limit_in_seconds_or_steps() -> None:
+    """Freed memory (0.5 MiB a step less): no time or step count to the limit, null in the JSON."""
+    falling = creep(n=20, every=1.0, steps_per_s=10, base=300 * MIB, per_step=-0.5 * MIB)
+    found = attribute(falling, Evidence(), 16, limit=cgroup(falling))
+    assert found.figures["seconds_to_limit"] is None and found.figures["steps_to_limit"] is None
+    assert "195 MiB below its 400 MiB limit (within 8 MiB counts as reaching it)" in found.summary
