@@ -67,3 +67,11 @@ def test_with_the_probe_counting_a_line_without_a_total_keeps_the_bars_total() -
     watch.feed_line(" 30%|###       | 3/10 [00:01<00:03]")
     watch.feed_line("step 9: loss 2.0")
     assert watch.total_steps == 10 and watch.last_step == 3
+
+
+def test_a_step_record_without_its_own_time_is_placed_when_it_was_read() -> None:
+    record = step_record(1)
+    del record["t"]
+    watch = AttemptWatch()
+    watch.take(record, 1.0)
+    assert watch.progress is not None and watch.progress["t"] > 1e9  # the wall clock, not a missing stamp

@@ -64,6 +64,9 @@ def test_growth_and_shrinking_measure_against_the_samples_device() -> None:
     grown = tuner.growth(8, 4 * GIB, sample(40 * GIB))
     assert grown is not None and grown.micro_batch == 64
     assert tuner.growth(8, None, sample(40 * GIB)) is None
+    tuner.record(8, 4 * GIB, memory_failed=False)
+    assert tuner.growth(8, None, sample(40 * GIB)) is None  # no peak of the running attempt: no growth yet
+    tuner.points.clear()
     full = SizeTuner(64, 1, 0.5, memory_limit=8 * GIB)  # half the device kept free: 20 GiB, so 32 at most
     grown = full.growth(8, 4 * GIB, sample(40 * GIB))
     assert grown is not None and grown.micro_batch == 32
