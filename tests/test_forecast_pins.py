@@ -57,3 +57,20 @@ def test_without_a_checkpoint_rhythm_a_checkpoint_is_due_within_twice_the_margin
     # the next checkpoint known but not the period between them: still no rhythm to plan by
     known = forecast(EARLY, Budget("cgroup", 0, 1200), 5.0, None, prior_per_s=100.0)
     assert known is not None and known.move is Move.WATCH
+
+
+def test_each_move_holds_at_its_boundary() -> None:
+    """20 s left, so the margin is 3 s + 15 % of 20 s = 6 s exactly: a checkpoint due in 14 s is
+    now (14 + 6 = 20); one due in 4 s with 10 s between checkpoints is a restart at the next (4 +
+    10 + 6 = 20). Without a rhythm, 6000 bytes at 700 B/s leave exactly twice the margin."""
+    twenty = Budget("cgroup", 0, 2000)
+    now = forecast(EARLY, twenty, 14.0, 100.0, prior_per_s=100.0)
+    assert now is not None and now.seconds_to_limit == 20.0 and now.move is Move.CHECKPOINT_NOW
+    at_next = forecast(EARLY, twenty, 4.0, 10.0, prior_per_s=100.0)
+    assert at_next is not None and at_next.move is Move.RESTART_AT_NEXT
+    edge = forecast(EARLY, Budget("cgroup", 0, 6000), None, None, prior_per_s=700.0)
+    assert edge is not None and edge.move is Move.CHECKPOINT_NOW
+
+
+def test_hours_are_shown_to_a_tenth() -> None:
+    assert Forecast(5580.0, 2e6, "GPU", GIB, Move.WATCH, True).text.startswith("GPU limit in ~1.6 h ")
