@@ -52,3 +52,17 @@ def test_the_smallest_batch_and_capacity_are_valid_zero_is_refused() -> None:
         propose_growth(TWO_SIZES, 16, 0, 80 * GIB)
     with pytest.raises(ValueError, match="^capacity must be positive, got 0$"):
         propose_growth(TWO_SIZES, 16, 64, 0)
+
+
+def test_a_line_that_falls_between_two_sizes_is_replaced_by_the_safe_line_of_both() -> None:
+    """Noise between close sizes (10 GiB at 8, 9 GiB at 16): no fixed memory, the larger share per
+    sample (1.25 GiB at 8), still a line through two sizes, so no cap at half the failed size."""
+    noisy = [Point(8, 10 * GIB, True), Point(16, 9 * GIB, True)]
+    assert shrink_after_oom(noisy, 64, 64, 80 * GIB, 0.1, 1) == Prediction(
+        32, 40 * GIB, "model: fixed 0 B + 1.34e+09 B/sample from 2 sizes; budget 7.73e+10 B")
+
+
+def test_growth_takes_the_next_divisor_up() -> None:
+    """From 8 with a per-process batch of 72, only 9 fits (1 GiB a sample, 9.5 GiB of budget)."""
+    assert propose_growth([Point(8, 8 * GIB, True)], 8, 72, 10 * GIB, 0.05) == Prediction(
+        9, 9 * GIB, "model: 1.07e+09 B/sample from one size, no fixed memory assumed; budget 1.02e+10 B")
