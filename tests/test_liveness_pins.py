@@ -152,3 +152,16 @@ def test_no_cadence_is_learned_from_fewer_than_twenty_gaps_however_long_they_spa
     for i in range(20):
         live.steps.sign(100.0 * i)  # 19 gaps over 1900 s
     assert live.steps.timeout() is None
+
+
+def test_the_cadences_span_is_measured_from_its_first_sign_not_from_zero() -> None:
+    """The clock is monotonic: a run's first sign comes at any time, here 5000 s after boot. A burst
+    of signs spanning less than the floor teaches nothing, however late it started."""
+    from oomguard.supervisor.observe import liveness
+
+    cadence = liveness.Cadence()
+    for t in range(liveness.CADENCE_GAPS + 1):
+        cadence.sign(5000.0 + t)
+    assert cadence.gaps >= liveness.CADENCE_GAPS and cadence.timeout() is None
+    cadence.sign(5000.0 + liveness.CADENCE_FLOOR)  # the span reaches the floor: learned
+    assert cadence.timeout() == liveness.CADENCE_FACTOR * cadence.longest

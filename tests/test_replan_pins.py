@@ -27,3 +27,9 @@ def test_each_change_is_its_plan_its_source_and_its_reason() -> None:
         "expandable_segments:True is already in the environment")
     assert replan.agreed(PLAN, halved) == PlanChange(
         halved, Source.AGREED, "node 0's plan for this round: micro-batch 8 × accumulation 8")
+
+
+def test_a_fitted_start_on_a_gpu_says_it_turns_expandable_segments_on() -> None:
+    change = replan.start_at_fitted(PLAN, 8, "job abc", gpu=True)
+    assert change is not None and change.plan.expandable_segments
+    assert change.reason == "an earlier run of this job fitted micro-batch 8 with expandable_segments:True (job abc)"

@@ -1,0 +1,124 @@
+"""The size tuner's bookkeeping that mutation testing showed unpinned (docs/mutation.md): the points
+a restarted supervisor rebuilds from its journal, which peak and which capacity count, what is
+recorded and what a failing fit store costs, and the GPU peak the model predicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from oomguard.supervisor.decide.fitstore import JobKey
+from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
+from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
+from oomguard.supervisor.observe.gpu import GpuReading
+from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
+
+GIB = 2**30
+KEY = JobKey(("python", "train.py"), (), 1)
+
+
+def sample(*gpu_totals: int, host: int = 64 * GIB) -> MemorySample:
+    gpus = tuple(GpuReading(i, i, f"GPU-{i}", "H100", total, 0, total, 0, None, ())
+                 for i, total in enumerate(gpu_totals))
+    return MemorySample(0.0, 0.0, 1, GIB, (1,), host, host // 2, None, None, gpus)
+
+
+def row(kind: str, micro: int, ended: float | None = 1.0, **peaks: int | None) -> dict[str, Any]:
+    return {"kind": kind, "micro_batch": micro, "ended": ended,
+            **{"peak_gpu": None, "peak_rss": None, **peaks}}
+
+
+def test_the_journal_gives_back_each_attempts_point() -> None:
+    rows = [row("cuda_oom", 64), row("host_oom", 48), row("memory_limit", 40),
+            row("crash", 32, peak_allocated=9 * GIB, peak_gpu=11 * GIB, peak_rss=2 * GIB),
+            row("crash", 24, peak_gpu=8 * GIB, peak_rss=2 * GIB), row("crash", 16, peak_rss=2 * GIB),
+            row("crash", 12), row("crash", 8, ended=None, peak_rss=GIB)]
+    assert SizeTuner.points_from_attempts(rows) == [
+        Point(64, None, False), Point(48, None, False), Point(40, None, False),
+        Point(32, 9 * GIB, True), Point(24, 8 * GIB, True), Point(16, 2 * GIB, True)]
+
+
+def test_the_peak_that_counts_probe_then_gpu_then_rss() -> None:
+    tuner = SizeTuner(64, 1, 0.1)
+    peak = AttemptPeak(worker_rss_bytes=2 * GIB, worker_gpu_bytes=9 * GIB)
+    assert tuner.peak_bytes(peak, None, AllocatorReport(allocated_peak=0)) == 2 * GIB  # no probe peak: RSS
+    assert tuner.allocator_limit is None
+    assert tuner.peak_bytes(peak, sample()) == 2 * GIB  # no GPU in the sample: RSS
+    assert tuner.peak_bytes(peak, sample(80 * GIB)) == 9 * GIB
+    assert tuner.peak_bytes(AttemptPeak(worker_rss_bytes=0), None) is None
+    assert tuner.peak_bytes(None, sample(80 * GIB)) is None
+
+
+def test_the_capacity_without_a_gpu_or_limit_is_the_host() -> None:
+    assert SizeTuner(64, 1, 0.1).capacity(sample(host=64 * GIB)) == 64 * GIB
+    assert SizeTuner(64, 1, 0.1, memory_limit=8 * GIB).capacity(sample(host=64 * GIB)) == 8 * GIB
+    assert SizeTuner(64, 1, 0.1).capacity(sample(80 * GIB, 40 * GIB)) == 40 * GIB
+
+
+def test_growth_and_shrinking_measure_against_the_samples_device() -> None:
+    """One success at 8 using 4 GiB (0.5 GiB a sample) on a 40 GiB device with a 10 % margin: 64
+    needs 32 GiB, under the 36 GiB budget. Without the sample the host's 8 GiB limit would forbid it."""
+    tuner = SizeTuner(64, 1, 0.1, memory_limit=8 * GIB)
+    grown = tuner.growth(8, 4 * GIB, sample(40 * GIB))
+    assert grown is not None and grown.micro_batch == 64
+    assert tuner.growth(8, None, sample(40 * GIB)) is None
+    tuner.record(8, 4 * GIB, memory_failed=False)
+    assert tuner.growth(8, None, sample(40 * GIB)) is None  # no peak of the running attempt: no growth yet
+    tuner.points.clear()
+    full = SizeTuner(64, 1, 0.5, memory_limit=8 * GIB)  # half the device kept free: 20 GiB, so 32 at most
+    grown = full.growth(8, 4 * GIB, sample(40 * GIB))
+    assert grown is not None and grown.micro_batch == 32
+    tuner.record(32, 16 * GIB, memory_failed=False)
+    hint = tuner.shrink_hint(64, sample(40 * GIB))
+    assert hint is not None and hint.micro_batch == 32  # at 8 GiB (the host) it would be 8 at most
+    assert SizeTuner(64, 1, 0.1).shrink_hint(64, None, None) is None
+
+
+class BrokenStore:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def record(self, key: JobKey, point: Point) -> None:
+        self.calls += 1
+        raise OSError("disk full")
+
+
+def test_a_record_is_a_success_with_its_peak_or_a_failure_without_one() -> None:
+    tuner = SizeTuner(64, 1, 0.1)
+    tuner.record(32, 9 * GIB, memory_failed=True)
+    tuner.record(16, 5 * GIB, memory_failed=False)
+    assert tuner.points == [Point(32, None, False), Point(16, 5 * GIB, True)]
+
+
+def test_a_failing_fit_store_is_dropped_and_the_run_goes_on() -> None:
+    store = BrokenStore()
+    tuner = SizeTuner(64, 1, 0.1, store=store, key=KEY)  # type: ignore[arg-type]
+    tuner.record(32, 9 * GIB, memory_failed=False)
+    assert tuner.store is None and store.calls == 1
+    tuner.record(16, 5 * GIB, memory_failed=False)
+    assert store.calls == 1 and len(tuner.points) == 2
+    keyless = SizeTuner(64, 1, 0.1, store=BrokenStore())  # type: ignore[arg-type]
+    keyless.record(8, GIB, memory_failed=False)  # no key yet: nothing is stored
+    assert keyless.store is not None and keyless.store.calls == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("limit", "gpus", "predicted"), [
+    (None, (), None),  # host memory: the model is no GPU peak
+    (None, (80 * GIB,), 40 * GIB),
+    (72 * GIB, (), 40 * GIB),  # the probe's limit says the model is of a GPU
+])
+def test_the_gpu_peak_is_predicted_only_where_the_model_is_of_a_gpu(
+        limit: int | None, gpus: tuple[int, ...], predicted: float | None) -> None:
+    tuner = SizeTuner(64, 1, 0.1, allocator_limit=limit)
+    tuner.record(8, 8 * GIB, memory_failed=False)
+    tuner.record(16, 12 * GIB, memory_failed=False)  # 4 GiB fixed + 0.5 GiB a sample
+    assert tuner.predicted_gpu_peak(72, sample(*gpus)) == predicted
+    assert SizeTuner(64, 1, 0.1, allocator_limit=limit).predicted_gpu_peak(72, sample(*gpus)) is None
+
+
+def test_the_probes_figures_at_an_oom_need_the_allocation_and_name_its_own_micro_batch() -> None:
+    assert figures_at_oom(AllocatorOom("cuda:0", GIB, None, None, None, 80 * GIB), 64) is None
+    own = figures_at_oom(AllocatorOom("cuda:0", GIB, 70 * GIB, 74 * GIB, None, 80 * GIB, micro_batch=32), 64)
+    assert own is not None and own.micro_batch == 32
