@@ -16,6 +16,7 @@ from test_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
 from oomguard.supervisor.decide.tuning import SizeTuner
 from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.ranks import process_rank
 from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
 from oomguard.supervisor.record.journal import Journal
 from oomguard.web.metrics import make_registry
@@ -26,6 +27,11 @@ def ranks() -> Iterator[list[int]]:
     """Two real processes that are ranks 0 and 1."""
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
+    # Popen returns once the child execs, before the kernel has set up its new environment:
+    # /proc/PID/environ can read empty for a moment. A rank reads as one once its environment is there.
+    deadline = time.monotonic() + 30
+    while any(process_rank(p.pid) is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield [p.pid for p in procs]
     for p in procs:
         p.kill()

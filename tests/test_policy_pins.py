@@ -7,6 +7,7 @@ from oomguard.supervisor.decide.attribution import Attribution, Cause
 from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.decide.unfixable import Fatal
 
 PLAN = Plan(BatchPlan(16, 64, 1))
 CONFIG = PolicyConfig(min_micro_batch=1)
@@ -153,3 +154,27 @@ def test_a_plan_saved_before_eval_and_workers_existed_keeps_the_current_ones() -
     del saved["eval_micro_batch"], saved["num_workers"]
     resumed = Plan(PLAN.batch, eval_micro_batch=4, num_workers=2).resumed(saved)
     assert resumed == Plan(BatchPlan(8, 64, 1), eval_micro_batch=4, num_workers=2)
+
+
+def test_an_error_no_restart_fixes_ends_the_run_with_its_plan() -> None:
+    wandb = Fatal("ModuleNotFoundError: No module named 'wandb'")
+    first, second = (Failure(n, FailureKind.CRASH, 16, fatal=wandb) for n in (1, 2))
+    decision = decide(second, [first], PLAN, CONFIG)
+    assert decision.action is Action.GIVE_UP and decision.plan == PLAN  # the journal and status show the plan
+
+
+def test_a_hang_or_a_kill_after_an_error_line_is_retried_as_before() -> None:
+    # The script printed an import error it survived (an optional package), then hung or was killed:
+    # the line is no reason to end the run, only a crash with it is.
+    wandb = Fatal("ModuleNotFoundError: No module named 'wandb'")
+    for kind in (FailureKind.HANG, FailureKind.KILLED):
+        first, second = (Failure(n, kind, 16, fatal=wandb) for n in (1, 2))
+        decision = decide(second, [first], PLAN, CONFIG)
+        assert decision.action is Action.RESTART and not decision.unfixable
+
+
+def test_a_script_that_does_not_compile_is_told_what_to_do() -> None:
+    broken = Fatal("SyntaxError: '(' was never closed", alone=True)
+    decision = decide(Failure(1, FailureKind.CRASH, 16, fatal=broken), [], PLAN, CONFIG)
+    assert decision.reason == ("SyntaxError: '(' was never closed: the script does not compile, so no restart can "
+                               "fix it; fix the script and run oomguard again")
