@@ -4,9 +4,10 @@ address-space budget: what ``--predict-shrink`` extrapolates too far from, and `
 Once its model and optimizer are built, before it loads a checkpoint, it caps its own address space
 (RLIMIT_AS) at what it maps then plus ``BUDGET_MB`` (bench/peerkit/workload.py caps at the first
 forward instead, which gives a resumed attempt its loaded optimizer state on top of the budget), so a
-micro-batch too large fails in PyTorch's real ``DefaultCPUAllocator``, fresh or resumed alike. The model is one wide layer (most of the activations) and then many
-narrow ones: an OOM early in the forward has run few of its leaf modules but most of its memory, so
-a prediction from the share of modules run over-estimates the per-sample need (it goes too far).
+micro-batch too large fails in PyTorch's real ``DefaultCPUAllocator``, fresh or resumed alike.
+The model is one wide layer (most of the activations) and then many narrow ones: an OOM early in
+the forward has run few of its leaf modules but most of its memory, so a prediction from the share
+of modules run over-estimates the per-sample need (it goes too far).
 Each optimizer step prints the samples it trained on, so a test checks the global batch.
 
     python frontloaded.py --batch-size 8 --gradient-accumulation-steps 8 --steps 6 --output ckpt

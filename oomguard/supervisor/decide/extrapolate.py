@@ -69,7 +69,8 @@ def predict_after_oom(oom: OomFigures | None, proven: int, per_process_batch: in
             else f"micro-batch {chosen}, predicted to need {need:.3g} B")
     reason = (f"prediction beyond proof: at micro-batch {oom.micro_batch} the OOM came {where} holding "
               f"{oom.allocated_bytes} B (fixed {oom.fixed_bytes} B) and asking {oom.requested_bytes} B more: "
-              f"{slope:.3g} B/sample for a whole step{'' if oom.forward_fraction == 1.0 else ' (twice the forward)'}, so {told} under the budget {room:.3g} B "
+              f"{slope:.3g} B/sample for a whole step{'' if oom.forward_fraction == 1.0 else ' (twice the forward)'}, "
+              f"so {told} under the budget {room:.3g} B "
               f"(the proven path would try {proven}; the next attempt checks it, --grow climbs back)")
     return Prediction(chosen, need, reason)
 
