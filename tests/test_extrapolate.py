@@ -139,6 +139,15 @@ def test_the_tuner_learns_the_floor_and_the_limit_from_an_address_space_oom() ->
     report.take({"type": "step", "step": 3, "steps": 1, "pid": 1, "vm_limit_bytes": 784 * MB,
                  "vm_peak_bytes": 760 * MB, "devices": {}})
     assert tuner.peak_bytes(None, None, report) == 760 * MB
+    # What the worker held right after its first optimizer step (its optimizer state made) is the
+    # line's fixed memory from then on: 740 MB, not the 736 MB before the first forward.
+    report.take({"type": "step", "step": 4, "steps": 1, "pid": 1, "vm_limit_bytes": 784 * MB,
+                 "vm_peak_bytes": 760 * MB, "devices": {}, "held_after_first_step": {"address_space": 740 * MB}})
+    assert report.held_after_step == {"address_space": 740 * MB}
+    assert tuner.peak_bytes(None, None, report) == 760 * MB and tuner.fixed_bytes == 740 * MB
+    tuner.learn(oom)  # an OOM's figure from before the first forward never lowers it
+    assert tuner.fixed_bytes == 740 * MB
+    tuner.fixed_bytes = 736 * MB
     # The room above the floor is 48 MB less its 5 %: 45.6 MB. 12 MB a sample at 2 leaves no larger
     # divisor of 64 (4 would need 48 MB); 6 MB a sample reaches 4 (7 would, 8 would not).
     assert tuner.growth(2, 760 * MB, None) is None

@@ -13,7 +13,7 @@ fixed memory: weights, and after a step the optimizer state) so the rest can be 
 - Once the outermost forward has returned, the forward is done: an OOM then came in the loss or
   the backward.
 
-The hooks are armed only until the process's first optimizer step (``disarm``): the OOM a too-large
+The hooks are armed only until the process's first optimizer step (``stepped``): the OOM a too-large
 micro-batch meets comes in the first step, and after it a module call takes torch's fast path
 again (no global hook), so a training run pays the hooks for one step only.
 """
@@ -42,6 +42,7 @@ class ForwardTracker:
         self._held: dict[int, int] = {}  # id(outermost module) -> the leaf modules it holds
         self._fixed: dict[str, int] | None = None
         self._done = False  # the outermost forward returned (nothing started since)
+        self.after_step: dict[str, int] = {}  # memory.held() right after the first optimizer step
 
     def arm(self) -> None:
         module = self._torch.nn.modules.module
@@ -49,10 +50,24 @@ class ForwardTracker:
                          module.register_module_forward_hook(self.post)]
 
     def disarm(self) -> None:
-        """Remove the hooks (the first optimizer step was taken): module calls are free again."""
+        """Remove the hooks: module calls are free again."""
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
+
+    def stepped(self) -> None:
+        """The process's first optimizer step: disarm, and read what it holds now that its optimizer
+        state and gradients exist and the step's activations are freed (a truer fixed memory than
+        before the first forward, for the line ``--grow`` fits)."""
+        self.disarm()
+        try:
+            self.after_step = memory.held(self._torch)
+        except Exception:
+            self.after_step = {}
+
+    def step_figures(self) -> dict[str, Any]:
+        """What ``step`` records carry from the tracker: the memory held after the first step."""
+        return {"held_after_first_step": self.after_step} if self.after_step else {}
 
     def pre(self, module: Any, args: Any) -> None:
         """The global forward pre-hook. Never raises into the program."""

@@ -48,7 +48,8 @@ def _attach(torch: ModuleType) -> None:
 
         tracker = forward.install(torch)
         if tracker is not None:
-            counter.first_step = tracker.disarm  # armed for the first step only (probe/forward.py)
+            counter.first_step = tracker.stepped  # armed for the first step only (probe/forward.py)
+            counter.extra = tracker.step_figures
             os.register_at_fork(after_in_child=tracker.forget)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")

@@ -43,6 +43,7 @@ class StepCounter:
     def __init__(self, torch: Any, clock: Callable[[], float] = time.monotonic, every: float = EVERY) -> None:
         self._torch, self._clock, self._every = torch, clock, every
         self.first_step: Callable[[], None] | None = None  # called once, at this process's first step
+        self.extra: Callable[[], dict[str, Any]] | None = None  # more fields for each step record
         self.forget()
 
     def forget(self) -> None:
@@ -104,7 +105,8 @@ class StepCounter:
         vm_limit = memory.address_space_limit()
         channel.emit(protocol.STEP, step=self.step, steps=steps, seconds=seconds,
                      rss_bytes=memory.rss_bytes(), devices=devices, vm_limit_bytes=vm_limit,
-                     vm_peak_bytes=memory.vm_peak_bytes() if vm_limit is not None else None)
+                     vm_peak_bytes=memory.vm_peak_bytes() if vm_limit is not None else None,
+                     **(self.extra() if self.extra is not None else {}))
 
     def flush(self) -> None:
         """At exit: the steps taken since the last record."""

@@ -44,7 +44,9 @@ STEP = "step"  # step (the optimizer step reached, resumed count included), step
 #                last step record), seconds (wall time those steps took), rss_bytes, and per CUDA device
 #                "cuda:N": allocated_peak, reserved_peak (since the last step record, then reset),
 #                limit_bytes (the per-process fraction's cap, else total) in the mapping ``devices``;
-#                vm_limit_bytes (RLIMIT_AS, or None) and, under it, vm_peak_bytes (the address space's peak)
+#                vm_limit_bytes (RLIMIT_AS, or None) and, under it, vm_peak_bytes (the address space's peak);
+#                held_after_first_step: {"address_space"|"rss"|"cuda_allocated": bytes} read right after the
+#                process's first optimizer step (weights, gradients, optimizer state), once it is known
 OOM = "oom"  # device ("cuda:N" | "cpu"), step, requested_bytes, allocated_bytes, reserved_bytes, free_bytes,
 #              total_bytes, fraction (set_per_process_memory_fraction, or None), micro_batch: at a CUDA OOM,
 #              from torch's OOM observer; at an uncaught out-of-memory exception, what is known.

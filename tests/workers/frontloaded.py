@@ -40,7 +40,7 @@ class FrontLoaded(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.wide = nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 64))
-        self.narrow = nn.Sequential(*(layer for _ in range(12) for layer in (nn.Linear(64, 64), nn.Tanh())))
+        self.narrow = nn.Sequential(*(layer for _ in range(3) for layer in (nn.Linear(64, 64), nn.Tanh())))
         self.head = nn.Linear(64, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -74,9 +74,11 @@ class SizeTuner:
         one (its limit then becomes the capacity), else NVML's GPU figure, else the worker's RSS."""
         if probe is not None and probe.allocated_peak:
             self.allocator_limit = probe.limit_bytes or self.allocator_limit
+            self._fixed_after_step(probe, "cuda_allocated", probe.allocated_peak)
             return probe.allocated_peak
         if probe is not None and probe.vm_peak and probe.vm_limit:  # a CPU worker under RLIMIT_AS
             self.allocator_limit, self.address_space = probe.vm_limit, True
+            self._fixed_after_step(probe, "address_space", probe.vm_peak)
             return probe.vm_peak
         if self.address_space:
             return None  # the model counts the address space: an RSS reading is no point on its line
@@ -97,6 +99,13 @@ class SizeTuner:
             except Exception:
                 self.store = None
 
+    def _fixed_after_step(self, probe: AllocatorReport, measure: str, peak: int) -> None:
+        """What the worker held right after its first optimizer step (weights, gradients, optimizer
+        state) is the line's fixed memory, where the probe read it below the peak."""
+        held = probe.held_after_step.get(measure)
+        if held is not None and held < peak:
+            self.fixed_bytes = held
+
     def learn(self, oom: OomFigures | None) -> None:
         """What an OOM's figures tell about the memory beyond the attempt: the fixed memory, and the
         address-space limit a CPU worker runs under."""
@@ -104,7 +113,7 @@ class SizeTuner:
             return
         if oom.address_space:
             self.allocator_limit, self.address_space = oom.limit_bytes, True
-        if oom.fixed_bytes > 0:
+        if oom.fixed_bytes > self.fixed_bytes:  # before the first forward: a floor of the fixed memory
             self.fixed_bytes = oom.fixed_bytes
 
     @property

@@ -13,7 +13,7 @@ records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.worker import protocol
@@ -123,6 +123,8 @@ class AllocatorReport:
     # Under RLIMIT_AS (a CPU process's bound): the address space's peak and the limit, lowest over processes.
     vm_peak: int | None = None
     vm_limit: int | None = None
+    # What a process held right after its first optimizer step, per measure (the line's fixed memory).
+    held_after_step: dict[str, int] = field(default_factory=dict)
 
     def take(self, record: dict[str, Any]) -> bool:
         """Fold one probe record in; True when it is a step record with a step."""
@@ -136,8 +138,15 @@ class AllocatorReport:
             self._time(record)
             self.allocated_now = self._peaks(record.get("devices"))
             self._address_space(record)
+            self._held_after_step(record.get("held_after_first_step"))
             return True
         return False
+
+    def _held_after_step(self, held: Any) -> None:
+        if isinstance(held, dict):
+            for measure in MEASURES:
+                if (value := _int(held.get(measure))) is not None and value > 0:
+                    self.held_after_step[measure] = max(self.held_after_step.get(measure, 0), value)
 
     def _address_space(self, record: dict[str, Any]) -> None:
         limit, peak = _int(record.get("vm_limit_bytes")), _int(record.get("vm_peak_bytes"))
