@@ -142,7 +142,8 @@ class SizeTuner:
 
     def predicted_gpu_peak(self, micro: int, sample: MemorySample | None) -> float | None:
         """The model's GPU peak at ``micro`` (from measured peaks per sample), when it models a GPU."""
-        gpu = self.allocator_limit is not None or (sample is not None and bool(sample.gpus))
+        allocator = self.allocator_limit is not None and not self.address_space  # a CPU's RLIMIT_AS is no GPU
+        gpu = allocator or (sample is not None and bool(sample.gpus))
         model = fit(self.points) if gpu else None
         return model.predict(micro) if model is not None else None
 
