@@ -10,7 +10,11 @@ writing its ``step`` records to a temporary channel every 0.5 s), so drift in a 
 both alike. Reports the median step time of each and the spread (interquartile range) over rounds,
 the probe's cost per step and its share of a step. On a loaded machine that difference is within
 the noise, so the hook's own work is also timed alone (its calls in a loop) and given as a share of
-the median step. Also the interpreter's start-up with and without the probe's sitecustomize
+the median step. The forward tracker (probe/forward.py: torch's global module hooks, armed until a
+process's first optimizer step) is timed the same way: a module call with the hooks armed against
+one without (what the slow path of ``Module.__call__`` and the two hooks add), times the module calls
+of one step, as a share of the step it is armed for (the first), and amortized over ``--run-steps``.
+Also the interpreter's start-up with and without the probe's sitecustomize
 (``python -c pass``): the price paid by a process that never imports torch.
 
     .venv/bin/python bench/probe_cost.py --rounds 30
@@ -35,6 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from oomguard.probe import SITE_DIR  # noqa: E402
+from oomguard.probe.forward import ForwardTracker  # noqa: E402
 from oomguard.probe.steps import StepCounter  # noqa: E402
 
 
@@ -107,6 +112,51 @@ def optimizer_steps(make: Any, rounds: int, steps: int) -> dict[str, Any]:
             "hook_share_pct": round(100 * hook / b, 4), "counted": counter.step, "rounds": rounds, "steps": steps}
 
 
+def module_calls(make: Any) -> int:
+    """How many module forwards one step of ``make``'s model runs."""
+    model, _, x = make()
+    calls = [0]
+
+    def count(module: Any, args: Any) -> None:
+        calls[0] += 1
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        model(x).sum().backward()
+    finally:
+        handle.remove()
+    return calls[0]
+
+
+def call_time(module: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
+    start = time.process_time()
+    for _ in range(calls):
+        module(x)
+    return (time.process_time() - start) / calls
+
+
+def forward_tracker(make: Any, step_us: float, rounds: int, run_steps: int, calls: int = 20000) -> dict[str, Any]:
+    """The armed tracker's cost per module call (hooks armed vs none, interleaved rounds), per step."""
+    tiny, x = torch.nn.Identity(), torch.zeros(1)
+    tracker = ForwardTracker(torch)
+    call_time(tiny, x, calls)  # warm up
+    bare, armed = [], []
+    for _ in range(rounds):
+        bare.append(call_time(tiny, x, calls))
+        tracker.arm()
+        tracker.forget()
+        armed.append(call_time(tiny, x, calls))
+        tracker.disarm()
+    pairs = [a - b for a, b in zip(armed, bare, strict=True)]
+    per_call, c1, c3 = spread(pairs)
+    n = module_calls(make)
+    per_step = per_call * n * 1e6
+    return {"per_call_us": round(per_call * 1e6, 3), "per_call_iqr_us": [round(c1 * 1e6, 3), round(c3 * 1e6, 3)],
+            "module_calls_per_step": n, "armed_step_cost_us": round(per_step, 2),
+            "armed_step_share_pct": round(100 * per_step / step_us, 4),
+            "amortized_share_pct": round(100 * per_step / step_us / run_steps, 6), "run_steps": run_steps}
+
+
 def startup(rounds: int, events: str) -> dict[str, Any]:
     # Bytecode as an installed package has it (a first run writes it): not a compile in every start.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
@@ -139,14 +189,26 @@ def main() -> None:
     p.add_argument("--example-steps", type=int, default=50, help="steps of the example's model a round")
     p.add_argument("--startup-rounds", type=int, default=20)
     p.add_argument("--startup-only", action="store_true", help="only the interpreter's start-up")
+    p.add_argument("--forward-only", action="store_true", help="only the forward tracker")
+    p.add_argument("--run-steps", type=int, default=1000,
+                   help="optimizer steps of a run, to amortize the tracker's first step over")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["OOMGUARD_EVENTS"] = str(Path(tmp) / "events.jsonl")  # the records are written, as in a run
         torch.set_num_threads(1)
         result: dict[str, Any] = {}
+        if args.forward_only:
+            step_us = step_time(*nanogpt_style(), args.example_steps) * 1e6
+            result["forward_tracker_smallest_example"] = forward_tracker(nanogpt_style, step_us, args.rounds,
+                                                                         args.run_steps)
+            print(json.dumps(result, indent=2))
+            return
         if not args.startup_only:
             result["smallest_example_step"] = optimizer_steps(nanogpt_style, args.rounds, args.example_steps)
             result["tiny_linear_step"] = optimizer_steps(tiny_linear, args.rounds, args.steps)
+            for name, make in (("smallest_example", nanogpt_style), ("tiny_linear", tiny_linear)):
+                step_us = result[f"{name}_step"]["step_us"]
+                result[f"forward_tracker_{name}"] = forward_tracker(make, step_us, args.rounds, args.run_steps)
         result["interpreter_startup"] = startup(args.startup_rounds, os.environ["OOMGUARD_EVENTS"])
     print(json.dumps(result, indent=2))
 

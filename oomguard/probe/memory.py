@@ -2,6 +2,10 @@
 
 CUDA figures are read only where the program initialized CUDA itself (``torch.cuda.is_initialized``):
 the probe never creates a CUDA context, which costs hundreds of MiB of device memory.
+
+What bounds a CPU process is the address space when it runs under ``RLIMIT_AS`` (an allocation fails
+once its mapped size would pass the limit, whatever is resident), else its resident memory (a
+cgroup's or the host's limit, which the supervisor knows): ``host_bound`` names the one that applies.
 """
 
 from __future__ import annotations
@@ -10,6 +14,64 @@ import os
 from typing import Any
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+ADDRESS_SPACE, RSS, CUDA_ALLOCATED = "address_space", "rss", "cuda_allocated"  # the measures an oom record names
+
+
+def statm() -> tuple[int, int] | None:
+    """(mapped size, resident) in bytes from /proc/self/statm; None off Linux."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            size, resident = f.read().split()[:2]
+        return int(size) * _PAGE, int(resident) * _PAGE
+    except (OSError, ValueError):
+        return None
+
+
+def address_space_limit() -> int | None:
+    """The soft ``RLIMIT_AS`` in bytes, or None when there is none."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return soft if soft > 0 and soft != resource.RLIM_INFINITY else None
+
+
+def vm_peak_bytes() -> int | None:
+    """The highest mapped size this process reached (``VmPeak`` in /proc/self/status)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmPeak:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def held(torch: Any) -> dict[str, int]:
+    """What the process holds now in each measure an OOM may be judged in (before a step's forward)."""
+    figures: dict[str, int] = {}
+    cuda = torch.cuda
+    if cuda.is_initialized():
+        figures[CUDA_ALLOCATED] = int(cuda.memory_allocated())
+    both = statm()
+    if both is not None:
+        figures[ADDRESS_SPACE], figures[RSS] = both
+    return figures
+
+
+def host_bound() -> tuple[str, int | None, int | None]:
+    """(measure, what this process holds in it now, its limit) for a host OOM: the address space
+    under ``RLIMIT_AS``, else the resident memory with no limit the process itself can see."""
+    both = statm()
+    limit = address_space_limit()
+    if limit is not None:
+        return ADDRESS_SPACE, both[0] if both else None, limit
+    return RSS, both[1] if both else None, None
 
 
 def rss_bytes() -> int | None:

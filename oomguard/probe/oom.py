@@ -19,6 +19,7 @@ from typing import Any
 
 from ..worker import protocol
 from . import channel, memory
+from .forward import ForwardTracker
 
 _CPU_REQUEST = re.compile(r"DefaultCPUAllocator: [^:]*: you tried to allocate (\d+) bytes")
 _CUDA_WORDS = ("CUDA out of memory", "CUDA error: out of memory")
@@ -39,14 +40,15 @@ def cpu_oom_request(exc: BaseException, oom_type: type | None) -> tuple[bool, in
 class OomReporter:
     """Writes ``oom`` records; ``step`` reads the step reached (the step counter's)."""
 
-    def __init__(self, torch: Any, step: Callable[[], int]) -> None:
-        self._torch, self._step = torch, step
+    def __init__(self, torch: Any, step: Callable[[], int], forward: ForwardTracker | None = None) -> None:
+        self._torch, self._step, self._forward = torch, step, forward
 
     def on_cuda_oom(self, device: int, requested: int, device_total: int, device_free: int) -> None:
         """The allocator's OOM observer; called without its lock, before the error is raised."""
         try:
             cuda = self._torch.cuda
-            self._emit(f"cuda:{device}", requested, allocated_bytes=int(cuda.memory_allocated(device)),
+            self._emit(f"cuda:{device}", requested, memory.CUDA_ALLOCATED,
+                       allocated_bytes=int(cuda.memory_allocated(device)),
                        reserved_bytes=int(cuda.memory_reserved(device)), free_bytes=int(device_free),
                        total_bytes=int(cuda.get_device_properties(device).total_memory),
                        fraction=memory.fraction(cuda, device))
@@ -59,14 +61,19 @@ class OomReporter:
                 return
             is_oom, requested = cpu_oom_request(exc, getattr(self._torch, "OutOfMemoryError", None))
             if is_oom:
-                self._emit("cpu", requested, allocated_bytes=None, reserved_bytes=None, free_bytes=None,
-                           total_bytes=None, fraction=None)
+                # What bounds the process (the address space under RLIMIT_AS), read while the traceback
+                # still holds the failed forward's tensors.
+                measure, held, limit = memory.host_bound()
+                self._emit("cpu", requested, measure, allocated_bytes=held, reserved_bytes=None, free_bytes=None,
+                           total_bytes=limit, fraction=None)
         except Exception as error:  # the program is ending with its own error: do not mask it
             channel.failed(f"exception hook: {type(error).__name__}: {error}")
 
-    def _emit(self, device: str, requested: int | None, **figures: Any) -> None:
+    def _emit(self, device: str, requested: int | None, measure: str, **figures: Any) -> None:
+        """``measure`` names what ``allocated_bytes``, ``total_bytes`` and the fixed memory count."""
+        progress = self._forward.figures(measure) if self._forward is not None else {}
         channel.emit(protocol.OOM, device=device, step=self._step(), requested_bytes=requested,
-                     micro_batch=channel.env_int(protocol.ENV_MICRO_BATCH), **figures)
+                     micro_batch=channel.env_int(protocol.ENV_MICRO_BATCH), memory=measure, **figures, **progress)
 
     def attach(self) -> None:
         """The CUDA observer at CUDA's initialization (never forcing it), the exception hooks now."""

@@ -30,6 +30,7 @@ def start(failed: Callable[[str], None]) -> None:
 def _attach(torch: ModuleType) -> None:
     """Called once torch finished importing. Every failure is a ``probe`` record."""
     import atexit
+    import os
 
     from . import channel  # here: the channel's json and the rest are loaded only with torch
 
@@ -41,7 +42,18 @@ def _attach(torch: ModuleType) -> None:
     except Exception as exc:  # the program goes on; the supervisor reads progress from its output
         channel.failed(f"step hook not installed: {type(exc).__name__}: {exc}")
         return
+    tracker = None
     try:
-        oom.OomReporter(torch, lambda: counter.step).attach()
+        from . import forward
+
+        tracker = forward.install(torch)
+        if tracker is not None:
+            counter.first_step = tracker.stepped  # armed for the first step only (probe/forward.py)
+            counter.extra = tracker.step_figures
+            os.register_at_fork(after_in_child=tracker.forget)
+    except Exception as exc:  # the OOM record goes without the forward's progress
+        channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
+    try:
+        oom.OomReporter(torch, lambda: counter.step, tracker).attach()
     except Exception as exc:
         channel.failed(f"OOM reporting not installed: {type(exc).__name__}: {exc}")

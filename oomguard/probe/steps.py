@@ -42,6 +42,8 @@ class StepCounter:
 
     def __init__(self, torch: Any, clock: Callable[[], float] = time.monotonic, every: float = EVERY) -> None:
         self._torch, self._clock, self._every = torch, clock, every
+        self.first_step: Callable[[], None] | None = None  # called once, at this process's first step
+        self.extra: Callable[[], dict[str, Any]] | None = None  # more fields for each step record
         self.forget()
 
     def forget(self) -> None:
@@ -79,6 +81,8 @@ class StepCounter:
     def _first_step(self, optimizer: Any) -> list[Any]:
         if not self._counts:  # this process trains: say the probe is here (data-loader workers never step)
             channel.loaded(f"torch {getattr(self._torch, '__version__', '?')}")
+            if self.first_step is not None:
+                self.first_step()
         fallback = channel.env_int(protocol.ENV_CHECKPOINT_STEP) or 0
         key = id(optimizer)
         # The weakref drops the entry with the optimizer, so a new one that gets its id starts at 0.
@@ -97,8 +101,12 @@ class StepCounter:
         except Exception as exc:  # a torch whose allocator API moved: steps still count
             devices = {}
             self._broken(f"allocator peaks: {type(exc).__name__}: {exc}")
+        # Under RLIMIT_AS the address space is what bounds a CPU process: its peak is the figure to fit.
+        vm_limit = memory.address_space_limit()
         channel.emit(protocol.STEP, step=self.step, steps=steps, seconds=seconds,
-                     rss_bytes=memory.rss_bytes(), devices=devices)
+                     rss_bytes=memory.rss_bytes(), devices=devices, vm_limit_bytes=vm_limit,
+                     vm_peak_bytes=memory.vm_peak_bytes() if vm_limit is not None else None,
+                     **(self.extra() if self.extra is not None else {}))
 
     def flush(self) -> None:
         """At exit: the steps taken since the last record."""

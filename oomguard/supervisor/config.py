@@ -167,6 +167,10 @@ class RunConfig:
         "--grow-after", "seconds of stable running (from the first step, where steps are known) before "
         "--grow tries a larger micro-batch",
         _non_negative, metavar="SECONDS"))
+    predict_shrink: bool = field(default=False, metadata=_opt(
+        "--predict-shrink", "after an OOM, go straight to the size predicted to fit from how far through the "
+        "forward it came and the memory held then (the probe's figures), when that is below what halving would "
+        "try; a prediction beyond proof: the next attempt checks it and --grow (required) climbs back", None))
     notify: tuple[str, ...] = field(default=(), metadata=_opt(
         "--notify", "tell a service when the run gives up, succeeds, recovers from an OOM, finds a leak or "
         "degrades: an Apprise URL (tgram://, discord://, mailto://, ntfys://, slack://, json://...) or a plain "
@@ -218,6 +222,9 @@ class RunConfig:
         for spec in self.edits:
             check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
         self._check_placeholder_options()
+        if self.predict_shrink and not self.grow:
+            raise UsageError("--predict-shrink", "needs --grow: a prediction may go further down than what fits, "
+                             "and only --grow climbs back", "add --grow, or leave --predict-shrink out")
         if self.resumes_itself and not self.checkpoints:
             raise UsageError("--resumes-itself", "is given but no --checkpoint is watched",
                              "add --checkpoint GLOB (the files the script writes), or leave --resumes-itself out")

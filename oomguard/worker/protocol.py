@@ -43,10 +43,18 @@ PROBE = "probe"  # state (loaded | off | failed), detail: once per process that 
 STEP = "step"  # step (the optimizer step reached, resumed count included), steps (optimizer steps since the
 #                last step record), seconds (wall time those steps took), rss_bytes, and per CUDA device
 #                "cuda:N": allocated_peak, reserved_peak (since the last step record, then reset),
-#                limit_bytes (the per-process fraction's cap, else total) in the mapping ``devices``
+#                limit_bytes (the per-process fraction's cap, else total) in the mapping ``devices``;
+#                vm_limit_bytes (RLIMIT_AS, or None) and, under it, vm_peak_bytes (the address space's peak);
+#                held_after_first_step: {"address_space"|"rss"|"cuda_allocated": bytes} read right after the
+#                process's first optimizer step (weights, gradients, optimizer state), once it is known
 OOM = "oom"  # device ("cuda:N" | "cpu"), step, requested_bytes, allocated_bytes, reserved_bytes, free_bytes,
 #              total_bytes, fraction (set_per_process_memory_fraction, or None), micro_batch: at a CUDA OOM,
-#              from torch's OOM observer; at an uncaught out-of-memory exception, what is known
+#              from torch's OOM observer; at an uncaught out-of-memory exception, what is known.
+#              memory: what allocated_bytes, total_bytes and fixed_bytes count ("cuda_allocated"; on the host
+#              "address_space" under RLIMIT_AS, total_bytes its limit, else "rss", total_bytes None);
+#              fixed_bytes: held before the step's first forward; forward_fraction: the share of the forward
+#              done (1.0 once it returned), forward_basis ("learned" | "modules" | "done"), forward_leaves
+#              (leaf-module forwards run); all None where unknown (the probe's forward hooks: first step only)
 
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     PROGRESS: ("step",),

@@ -12,8 +12,14 @@ questions, both restricted to divisors of the per-process batch so the global ba
   ever failed.
 
 With a single successful point the model assumes no fixed memory (peak scales with the
-micro-batch). That over-estimates the per-sample cost whenever fixed memory exists (weights,
-optimizer state, CUDA context), so predictions from one point err on the safe side.
+micro-batch), or, where the probe measured what the process held before its first forward
+(``fixed_bytes``), that much. Both under-state the real fixed memory (the measured one lacks the
+gradients and the optimizer state a first step allocates), which over-estimates the per-sample cost,
+so predictions from one point err on the safe side.
+
+The budget is ``capacity * (1 - margin)``; where a ``floor`` is given (under ``RLIMIT_AS``: the address
+space mapped before the first forward, libraries mostly, which no margin needs to protect) the
+margin is taken of the room above it (``budget``).
 """
 
 from __future__ import annotations
@@ -63,12 +69,18 @@ def divisors(n: int) -> list[int]:
     return sorted({*small, *(n // d for d in small)})
 
 
-def fit(points: Iterable[Point]) -> Fit | None:
+def budget(capacity: float, margin: float, floor: float = 0.0) -> float:
+    """The most a size may be predicted to need: the capacity less ``margin`` of the room above ``floor``."""
+    return floor + (capacity - floor) * (1 - margin)
+
+
+def fit(points: Iterable[Point], fixed_bytes: float = 0.0) -> Fit | None:
     """The line through the successful points, or None with no successful measured point.
 
     Several successes at one size keep the highest peak (peaks vary step to step; the worst one
     is what must fit). A line whose intercept comes out negative or whose slope is not positive
-    (noise between close sizes) is replaced by the safe no-fixed-memory line.
+    (noise between close sizes) is replaced by the safe line through ``fixed_bytes`` (a measured
+    lower bound of the fixed memory, 0 when unknown), as is a single point.
     """
     worst: dict[int, int] = {}
     for p in points:
@@ -76,12 +88,13 @@ def fit(points: Iterable[Point]) -> Fit | None:
             worst[p.micro_batch] = max(worst.get(p.micro_batch, 0), p.peak_bytes)
     if not worst:
         return None
+    fixed = fixed_bytes if 0 < fixed_bytes < min(worst.values()) else 0.0
     if len(worst) == 1:
         (micro, peak), = worst.items()
-        return Fit(0.0, peak / micro, 1)
+        return Fit(fixed, (peak - fixed) / micro, 1)
     line = _least_squares(worst)
     if line is None or line.fixed_bytes < 0 or line.per_sample_bytes <= 0:
-        return Fit(0.0, max(peak / micro for micro, peak in worst.items()), len(worst))
+        return Fit(fixed, max((peak - fixed) / micro for micro, peak in worst.items()), len(worst))
     return line
 
 
@@ -111,6 +124,10 @@ class OomFigures:
     allocated_bytes: int
     limit_bytes: int
     fixed_bytes: int = 0
+    # How far through the forward the OOM came (1.0: the forward had returned; None: unknown), and
+    # whether the figures count the address space (RLIMIT_AS) rather than allocated memory.
+    forward_fraction: float | None = None
+    address_space: bool = False
 
     def need_at(self, micro: int) -> float:
         """A lower bound of what ``micro`` needs at the same point of the program, if every tensor
@@ -161,6 +178,8 @@ def shrink_after_oom(
     margin: float = 0.1,
     min_micro: int = 1,
     oom: OomFigures | None = None,
+    fixed_bytes: float = 0.0,
+    floor: float = 0.0,
 ) -> Prediction | None:
     """The micro-batch to try after an OOM at ``failed_micro`` (which ``points`` should include),
     never one the evidence proves cannot fit (``unfit``; ``oom``: the allocator's figures at it).
@@ -170,7 +189,7 @@ def shrink_after_oom(
     """
     _check(per_process_batch, capacity_bytes, margin)
     known = [*points, Point(failed_micro, None, False)]
-    model = fit(known)
+    model = fit(known, fixed_bytes)
     trusted = model is not None and model.points >= 2
     high = per_process_batch if trusted else failed_micro // 2
     options = _candidates(per_process_batch, min_micro, high, known)
@@ -180,14 +199,14 @@ def shrink_after_oom(
         return None
     if model is None:
         return Prediction(options[0], None, f"no successful attempt yet: largest divisor <= {failed_micro}/2")
-    budget = capacity_bytes * (1 - margin)
+    room = budget(capacity_bytes, margin, floor)
     for micro in options:
-        if model.predict(micro) <= budget:
-            return Prediction(micro, model.predict(micro), _why(model, budget, trusted, failed_micro))
+        if model.predict(micro) <= room:
+            return Prediction(micro, model.predict(micro), _why(model, room, trusted, failed_micro))
     # Nothing is predicted to fit: the model may be wrong (fragmentation, a one-off spike), and
     # the smallest size is the best remaining chance before the floor's fallbacks.
     smallest = options[-1]
-    why = f"model predicts nothing fits under {budget:.3g} B; trying the smallest"
+    why = f"model predicts nothing fits under {room:.3g} B; trying the smallest"
     return Prediction(smallest, model.predict(smallest), why)
 
 
@@ -198,6 +217,8 @@ def propose_growth(
     capacity_bytes: int,
     margin: float = 0.1,
     min_factor: float = 1.0,
+    fixed_bytes: float = 0.0,
+    floor: float = 0.0,
 ) -> Prediction | None:
     """A larger micro-batch to restart with (``--grow``), or None to stay.
 
@@ -205,25 +226,27 @@ def propose_growth(
     larger), never at or above a size that failed, and predicted to fit under the margin.
     """
     _check(per_process_batch, capacity_bytes, margin)
-    model = fit(points)
+    model = fit(points, fixed_bytes)
     if model is None:
         return None
-    budget = capacity_bytes * (1 - margin)
+    room = budget(capacity_bytes, margin, floor)
     low = max(current_micro + 1, math.ceil(current_micro * min_factor))
     for micro in _candidates(per_process_batch, low, per_process_batch, points):
-        if model.predict(micro) <= budget:
-            return Prediction(micro, model.predict(micro), _why(model, budget, model.points >= 2, None))
+        if model.predict(micro) <= room:
+            return Prediction(micro, model.predict(micro), _why(model, room, model.points >= 2, None))
     return None
 
 
-def _why(model: Fit, budget: float, trusted: bool, failed_micro: int | None) -> str:
+def _why(model: Fit, room: float, trusted: bool, failed_micro: int | None) -> str:
+    fixed = (f"fixed {model.fixed_bytes:.3g} B measured before the first forward" if model.fixed_bytes
+             else "no fixed memory assumed")
     shape = (
         f"fixed {model.fixed_bytes:.3g} B + {model.per_sample_bytes:.3g} B/sample from {model.points} sizes"
         if trusted
-        else f"{model.per_sample_bytes:.3g} B/sample from one size, no fixed memory assumed"
+        else f"{model.per_sample_bytes:.3g} B/sample from one size, {fixed}"
     )
     cap = "" if trusted or failed_micro is None else f", at most {failed_micro}/2"
-    return f"model: {shape}; budget {budget:.3g} B{cap}"
+    return f"model: {shape}; budget {room:.3g} B{cap}"
 
 
 def _check(per_process_batch: int, capacity_bytes: int, margin: float) -> None:

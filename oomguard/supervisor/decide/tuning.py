@@ -18,7 +18,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction, fit, propose_growth, shrink_after_oom
-from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
+from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -35,6 +35,11 @@ class SizeTuner:
     points: list[Point] = field(default_factory=list)
     allocator_limit: int | None = None  # what the probe says the allocator may hold (fraction's cap, else device)
     stored_failures: list[Point] = field(default_factory=list)  # earlier runs' OOMs under the same key
+    # What the probe saw held before a first forward (a floor of the line's fixed memory), and whether
+    # the figures count the address space (RLIMIT_AS bounds the worker: its mapped libraries sit under
+    # the limit, so the margin is taken of the room above that floor).
+    fixed_bytes: int = 0
+    address_space: bool = False
 
     @staticmethod
     def points_from_attempts(rows: Sequence[dict[str, Any]]) -> list[Point]:
@@ -69,7 +74,14 @@ class SizeTuner:
         one (its limit then becomes the capacity), else NVML's GPU figure, else the worker's RSS."""
         if probe is not None and probe.allocated_peak:
             self.allocator_limit = probe.limit_bytes or self.allocator_limit
+            self._fixed_after_step(probe, "cuda_allocated", probe.allocated_peak)
             return probe.allocated_peak
+        if probe is not None and probe.vm_peak and probe.vm_limit:  # a CPU worker under RLIMIT_AS
+            self.allocator_limit, self.address_space = probe.vm_limit, True
+            self._fixed_after_step(probe, "address_space", probe.vm_peak)
+            return probe.vm_peak
+        if self.address_space:
+            return None  # the model counts the address space: an RSS reading is no point on its line
         if peak is None:
             return None
         if sample is not None and sample.gpus:
@@ -87,6 +99,27 @@ class SizeTuner:
             except Exception:
                 self.store = None
 
+    def _fixed_after_step(self, probe: AllocatorReport, measure: str, peak: int) -> None:
+        """What the worker held right after its first optimizer step (weights, gradients, optimizer
+        state) is the line's fixed memory, where the probe read it below the peak."""
+        held = probe.held_after_step.get(measure)
+        if held is not None and held < peak:
+            self.fixed_bytes = held
+
+    def learn(self, oom: OomFigures | None) -> None:
+        """What an OOM's figures tell about the memory beyond the attempt: the fixed memory, and the
+        address-space limit a CPU worker runs under."""
+        if oom is None:
+            return
+        if oom.address_space:
+            self.allocator_limit, self.address_space = oom.limit_bytes, True
+        if oom.fixed_bytes > self.fixed_bytes:  # before the first forward: a floor of the fixed memory
+            self.fixed_bytes = oom.fixed_bytes
+
+    @property
+    def _floor(self) -> float:
+        return float(self.fixed_bytes) if self.address_space else 0.0
+
     def shrink_hint(self, failed_micro: int, sample: MemorySample | None, oom: OomFigures | None = None
                     ) -> Prediction | None:
         """Where to go after an OOM: never to a size this run or an earlier run of the same job (same
@@ -96,7 +129,7 @@ class SizeTuner:
         if capacity is None:
             return None
         return shrink_after_oom([*self.stored_failures, *self.points], failed_micro, self.per_process_batch,
-                                capacity, self.margin, self.min_micro, oom)
+                                capacity, self.margin, self.min_micro, oom, self.fixed_bytes, self._floor)
 
     def growth(self, current_micro: int, running_peak: int | None, sample: MemorySample | None
                ) -> Prediction | None:
@@ -104,11 +137,13 @@ class SizeTuner:
         if capacity is None or running_peak is None:
             return None
         points = [*self.points, Point(current_micro, running_peak, True)]
-        return propose_growth(points, current_micro, self.per_process_batch, capacity, self.margin)
+        return propose_growth(points, current_micro, self.per_process_batch, capacity, self.margin,
+                              fixed_bytes=self.fixed_bytes, floor=self._floor)
 
     def predicted_gpu_peak(self, micro: int, sample: MemorySample | None) -> float | None:
         """The model's GPU peak at ``micro`` (from measured peaks per sample), when it models a GPU."""
-        gpu = self.allocator_limit is not None or (sample is not None and bool(sample.gpus))
+        allocator = self.allocator_limit is not None and not self.address_space  # a CPU's RLIMIT_AS is no GPU
+        gpu = allocator or (sample is not None and bool(sample.gpus))
         model = fit(self.points) if gpu else None
         return model.predict(micro) if model is not None else None
 
@@ -126,9 +161,14 @@ class SizeTuner:
         return record.starting_micro(self.per_process_batch, requested)
 
 
-def figures_at_oom(oom: AllocatorOom | None, micro_batch: int) -> OomFigures | None:
-    """The probe's figures at a CUDA OOM as the memory model's bound takes them; None where the
-    observer did not see the request, the allocation or the limit."""
+def figures_at_oom(oom: AllocatorOom | None, micro_batch: int, progress: OomProgress | None = None
+                   ) -> OomFigures | None:
+    """The probe's figures at an OOM as the memory model's bound takes them: a CUDA OOM's allocator
+    figures, or a host OOM's address space under RLIMIT_AS, with the fixed memory and the forward's
+    progress where the probe saw them; None where it did not see the request, the holding or the limit."""
+    if progress is not None and progress.requested is not None and progress.held is not None and progress.limit:
+        return OomFigures(progress.micro_batch or micro_batch, progress.requested, progress.held, progress.limit,
+                          progress.fixed or 0, progress.forward_fraction, progress.memory == "address_space")
     if oom is None or oom.requested is None or oom.allocated is None or not oom.limit:
         return None
     return OomFigures(oom.micro_batch or micro_batch, oom.requested, oom.allocated, oom.limit)

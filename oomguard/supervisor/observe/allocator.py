@@ -13,7 +13,7 @@ records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.worker import protocol
@@ -65,6 +65,43 @@ class AllocatorOom:
         return max(0, self.reserved - self.allocated)
 
 
+MEASURES = ("cuda_allocated", "address_space", "rss")  # what an oom record's figures count (probe/memory.py)
+
+
+def _fraction_done(value: Any) -> float | None:
+    """A share of the forward in (0, 1]; anything else (0, a negative, a string, NaN) is no figure."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 < value <= 1 else None
+
+
+@dataclass(frozen=True)
+class OomProgress:
+    """How far the step had got at an OOM, on any device, and what the process held, in one measure
+    (``memory``): the figures ``decide.extrapolate`` predicts a smaller size from."""
+
+    memory: str
+    micro_batch: int | None
+    requested: int | None
+    held: int | None  # allocated_bytes: what the process held in ``memory`` at the OOM
+    limit: int | None
+    fixed: int | None  # held before the step's first forward
+    forward_fraction: float | None  # 1.0: the forward had returned (an OOM in the loss or the backward)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> OomProgress | None:
+        memory = record.get("memory")
+        if memory not in MEASURES:
+            return None  # an older probe's record, or a foreign one
+        limit = _int(record.get("total_bytes"))
+        cuda = AllocatorOom.from_record(record)
+        if cuda is not None:
+            limit = cuda.limit
+        return cls(memory, _int(record.get("micro_batch")), _int(record.get("requested_bytes")),
+                   _int(record.get("allocated_bytes")), limit, _int(record.get("fixed_bytes")),
+                   _fraction_done(record.get("forward_fraction")))
+
+
 @dataclass
 class AllocatorReport:
     """One attempt's ``step`` and ``oom`` records, folded (whether the probe loaded at all is
@@ -82,19 +119,40 @@ class AllocatorReport:
     # The newest CUDA OOM of the attempt: one the script caught and survived (a smaller batch in
     # process) is not the one that ended it.
     oom: AllocatorOom | None = None
+    progress: OomProgress | None = None  # the newest OOM's progress through the step, any device
+    # Under RLIMIT_AS (a CPU process's bound): the address space's peak and the limit, lowest over processes.
+    vm_peak: int | None = None
+    vm_limit: int | None = None
+    # What a process held right after its first optimizer step, per measure (the line's fixed memory).
+    held_after_step: dict[str, int] = field(default_factory=dict)
 
     def take(self, record: dict[str, Any]) -> bool:
         """Fold one probe record in; True when it is a step record with a step."""
         kind = record.get("type")
         if kind == protocol.OOM:
             self.oom = AllocatorOom.from_record(record) or self.oom
+            self.progress = OomProgress.from_record(record) or self.progress
         elif kind == protocol.STEP and (step := _int(record.get("step"))) is not None:
             self.records += 1
             self.step = step if self.step is None else max(self.step, step)
             self._time(record)
             self.allocated_now = self._peaks(record.get("devices"))
+            self._address_space(record)
+            self._held_after_step(record.get("held_after_first_step"))
             return True
         return False
+
+    def _held_after_step(self, held: Any) -> None:
+        if isinstance(held, dict):
+            for measure in MEASURES:
+                if (value := _int(held.get(measure))) is not None and value > 0:
+                    self.held_after_step[measure] = max(self.held_after_step.get(measure, 0), value)
+
+    def _address_space(self, record: dict[str, Any]) -> None:
+        limit, peak = _int(record.get("vm_limit_bytes")), _int(record.get("vm_peak_bytes"))
+        if limit and peak:
+            self.vm_limit = limit if self.vm_limit is None else min(self.vm_limit, limit)
+            self.vm_peak = _higher(self.vm_peak, peak)
 
     def _time(self, record: dict[str, Any]) -> None:
         """Steps per second from one process: ranks step together, so adding theirs would count each

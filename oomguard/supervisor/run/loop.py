@@ -22,13 +22,13 @@ import psutil
 
 from oomguard.supervisor.command.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide import replan, unfixable
+from oomguard.supervisor.decide import extrapolate, replan, unfixable
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus, step_peaks
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.fitstore import FitStore, JobKey
 from oomguard.supervisor.decide.forecast import Move
 from oomguard.supervisor.decide.fragmentation import at_oom
-from oomguard.supervisor.decide.memmodel import fit
+from oomguard.supervisor.decide.memmodel import OomFigures, fit
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
@@ -703,7 +703,7 @@ class Supervisor:
         fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
         if fits:
             self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
-        oom = figures_at_oom(watch.allocator.oom, failure.micro_batch) if verdict.kind is FailureKind.CUDA_OOM else None
+        oom = self._figures_at_oom(outcome)
         hint = (self.tuner.shrink_hint(failure.micro_batch, self.last_sample, oom)
                 if verdict.kind.is_memory and fits else None)
         if hint is not None:
@@ -711,6 +711,8 @@ class Supervisor:
                         why=hint.reason)
         decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
                           fit_hint=hint.micro_batch if hint else None)
+        if self.config.predict_shrink and verdict.kind.is_memory and fits:
+            decision = self._predicted(decision, failure.micro_batch, oom)
         decision = self.world.decision(self.attempt, decision)
         self.failures.append(failure)
         self._end_attempt(outcome, decision.reason, exit_code=verdict.exit_code, signal=verdict.signal,
@@ -724,6 +726,35 @@ class Supervisor:
                     cause=attribution.cause.value if attribution else None)
         self._replan(replan.after_failure(decision))
         return decision
+
+    def _figures_at_oom(self, outcome: Outcome) -> OomFigures | None:
+        """The probe's figures at a memory failure (a CUDA OOM's allocator, a host OOM's address space
+        under RLIMIT_AS), which the tuner also learns the fixed memory and the limit from."""
+        kind, allocator = outcome.verdict.kind, outcome.watch.allocator
+        if kind not in (FailureKind.CUDA_OOM, FailureKind.HOST_OOM):
+            return None
+        cuda = allocator.oom if kind is FailureKind.CUDA_OOM else None
+        progress = allocator.progress
+        if progress is not None and (progress.memory == "cuda_allocated") != (kind is FailureKind.CUDA_OOM):
+            progress = None  # a record of the other device's OOM (one the script caught): not this failure's
+        oom = figures_at_oom(cuda, self.plan.batch.micro_batch, progress)
+        self.tuner.learn(oom)
+        return oom
+
+    def _predicted(self, decision: Decision, failed_micro: int, oom: OomFigures | None) -> Decision:
+        """--predict-shrink: the decision taken down to the size the OOM's figures predict to fit, when
+        that is below what the proven path chose; journaled with the prediction's reason."""
+        prediction = extrapolate.predict_after_oom(oom, decision.plan.batch.micro_batch,
+                                                   self.plan.batch.per_process_batch, self.tuner.margin,
+                                                   self.config.min_micro_batch,
+                                                   [*self.tuner.stored_failures, *self.tuner.points])
+        jumped = extrapolate.jump(decision, failed_micro, prediction)
+        if jumped is not decision and prediction is not None:
+            self._event("memory_prediction", micro_batch=prediction.micro_batch, from_micro_batch=failed_micro,
+                        proven_micro_batch=decision.plan.batch.micro_batch, predicted_bytes=prediction.predicted_peak,
+                        why=prediction.reason)
+            log(f"--predict-shrink: {prediction.reason}")
+        return jumped
 
     def _failure(self, outcome: Outcome) -> tuple[Failure, Attribution | None]:
         """The failure as the policy sees it: kind, size, fragmentation and cause."""
