@@ -76,13 +76,14 @@ class JobKey:
         places = [w for w in (w.resolve() for w in writes) if w != here and w not in here.parents]
         tokens, files = [], []
         for token in command:
-            flag, eq, value = token.rpartition("=") if token.startswith("-") and "=" in token else ("", "", token)
-            path = _as_path(value, cwd)
-            if path is not None and any(path == w or w in path.parents for w in places):
-                value = OUTPUT
-            elif path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
-                files.append(_digest(path))
-            tokens.append(f"{flag}{eq}{value}")
+            written = _output_form(token, cwd, places)
+            if written is None:
+                written = token
+                # Only a bare token or a flag's last value names a file, as in keys made before ``key=path``.
+                path = _as_path(token.rpartition("=")[2] if token.startswith("-") else token, cwd)
+                if path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
+                    files.append(_digest(path))
+            tokens.append(written)
         return cls(tuple(tokens), gpus, world_size, None if gpus else limit, tuple(files))
 
     @property
@@ -98,10 +99,25 @@ class JobKey:
         return f"{' '.join(self.command)[:200]} | {gpus}{limit} | world {self.world_size}"
 
 
+def _output_form(token: str, cwd: Path, places: Sequence[Path]) -> str | None:
+    """``token`` with the path in it that lies in a place the run writes made ``{output}``, or None.
+
+    The path is the whole token (not a flag) or what follows one of its ``=``, the first that lies in
+    a place: ``runs/x``, ``--log=runs/x/bs{micro_batch}.txt``, Hydra's ``hydra.run.dir=runs/x``,
+    mmdetection's ``--cfg-options=work_dir=runs/x``. ``lr=3e-4`` is ``cwd/3e-4``, in no place."""
+    splits = [i + 1 for i, c in enumerate(token) if c == "="]
+    for cut in ([] if token.startswith("-") else [0]) + splits:
+        path = _as_path(token[cut:], cwd)
+        if path is not None and any(path == w or w in path.parents for w in places):
+            return token[:cut] + OUTPUT
+    return None
+
+
 def _as_path(value: str, cwd: Path) -> Path | None:
     """``value`` read as a path (existing or not: an output directory the first run has not made
-    yet must be taken out of the key as the second run's is); None for a placeholder or a flag."""
-    if not value or "{" in value or value.startswith("-"):
+    yet must be taken out of the key as the second run's is; placeholders in it are part of its
+    name); None for a flag."""
+    if not value or value.startswith("-"):
         return None
     path = Path(value) if os.path.isabs(value) else cwd / value
     try:
