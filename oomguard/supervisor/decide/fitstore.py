@@ -1,8 +1,9 @@
 """Remembering what fits across runs, so a new run of the same job starts at a size that worked.
 
 Records are keyed by a fingerprint of what decides whether a micro-batch fits: the training command
-(with the places the run writes to, its checkpoint directories and run directory, taken out: a new
-output directory is the same job), the content of the files the command names (the script and its
+(with any path that lies in a place the run writes to, its checkpoint directories and run directory,
+taken out, whether an argument, a flag's value or a ``key=value`` override: a new output directory is
+the same job), the content of the files the command names (the script and its
 configs: the model's fingerprint as far as the supervisor can see it), the GPU model and memory,
 the world size and, without a GPU, the memory limit the run fits under. The per-process batch is
 not in the key because memory depends on the micro-batch alone; a new run picks the largest divisor
