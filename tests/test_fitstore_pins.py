@@ -161,3 +161,11 @@ def test_only_a_bare_token_or_a_flags_last_value_names_a_file_to_fingerprint(tmp
     assert files("v=model.yaml")[0].startswith("v=model.yaml:")  # a bare token is read whole
     assert files("cfg=model.yaml") == files("--cfg", "{micro_batch}") == ()
     assert files("out/model.yaml") == ()  # in a place the run writes: output, not the job
+
+
+def test_a_value_that_starts_with_a_dash_is_a_flag_even_where_a_file_of_its_name_exists(tmp_path: Path) -> None:
+    (tmp_path / "--cfg.yaml").write_text("n_layer: 12\n")
+    (tmp_path / "-o").mkdir()
+    key = JobKey.for_run(["python", "--cfg.yaml", "k=-o/x", "-o/x", "--out=-o"], tmp_path, [tmp_path / "-o"],
+                         (), 1, GIB)
+    assert key.command == ("python", "--cfg.yaml", "k=-o/x", "-o/x", "--out=-o") and key.files == ()

@@ -103,11 +103,10 @@ class JobKey:
 def _output_form(token: str, cwd: Path, places: Sequence[Path]) -> str | None:
     """``token`` with the path in it that lies in a place the run writes made ``{output}``, or None.
 
-    The path is the whole token (not a flag) or what follows one of its ``=``, the first that lies in
-    a place: ``runs/x``, ``--log=runs/x/bs{micro_batch}.txt``, Hydra's ``hydra.run.dir=runs/x``,
+    The path is the whole token or what follows one of its ``=``, the first that lies in a place (a
+    flag is no path): ``runs/x``, ``--log=runs/x/bs{micro_batch}.txt``, Hydra's ``hydra.run.dir=runs/x``,
     mmdetection's ``--cfg-options=work_dir=runs/x``. ``lr=3e-4`` is ``cwd/3e-4``, in no place."""
-    splits = [i + 1 for i, c in enumerate(token) if c == "="]
-    for cut in ([] if token.startswith("-") else [0]) + splits:
+    for cut in [0, *(i + 1 for i, c in enumerate(token) if c == "=")]:
         path = _as_path(token[cut:], cwd)
         if path is not None and any(path == w or w in path.parents for w in places):
             return token[:cut] + OUTPUT
