@@ -125,3 +125,64 @@ def test_concurrent_supervisors_lose_nothing(tmp_path: Path) -> None:
     assert all(w.exitcode == 0 for w in workers)
     record = FitStore(tmp_path).load(KEY)
     assert record is not None and len(record.points) == 60 and record.micro_batch == 60
+
+
+def _rerun_keys(tmp_path: Path, template: str) -> tuple[JobKey, JobKey]:
+    """The keys of two runs of one command whose run directory is ``runs/monday``, then ``runs/tuesday``."""
+    def key(day: str) -> JobKey:
+        token = template.format(out=f"runs/{day}", abs=tmp_path / "runs" / day)
+        return JobKey.for_run(["python", "train.py", token], tmp_path, [tmp_path / "runs" / day], (), 1, GIB)
+    return key("monday"), key("tuesday")
+
+
+@pytest.mark.parametrize(
+    ("template", "written"),
+    [
+        ("{out}", "{output}"),
+        ("{abs}/log.txt", "{output}"),
+        ("--log={out}/log.txt", "--log={output}"),
+        ("--log={out}/bs{{micro_batch}}.txt", "--log={output}"),  # a placeholder in the path
+        ("{out}/bs{{micro_batch}}.txt", "{output}"),
+        ("hydra.run.dir={out}", "hydra.run.dir={output}"),  # Hydra's override
+        ("output_dir={abs}", "output_dir={output}"),
+        ("+trainer.default_root_dir={out}/lightning", "+trainer.default_root_dir={output}"),
+        ("--cfg-options=work_dir={out}", "--cfg-options=work_dir={output}"),  # mmdetection
+    ],
+)
+def test_a_new_output_directory_is_the_same_job_however_the_command_names_it(
+        tmp_path: Path, template: str, written: str) -> None:
+    monday, tuesday = _rerun_keys(tmp_path, template)
+    assert monday.command == ("python", "train.py", written)
+    assert monday.fingerprint == tuesday.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("lr=3e-4", "lr=1e-3"),
+        ("n_layer=12", "n_layer=24"),
+        ("model=gpt2-medium", "model=gpt2-large"),
+        ("--n-embd=768", "--n-embd=1024"),
+        ("data=runs/mondays", "data=runs/mondayz"),  # share a prefix with runs/monday, lie outside it
+        ("runs/monday2/x", "runs/monday3/x"),
+        ("runs/monday-old", "runs/monday-new"),
+    ],
+)
+def test_a_changed_hyperparameter_is_a_new_job_whatever_the_output_directory(
+        tmp_path: Path, one: str, other: str) -> None:
+    def key(token: str) -> JobKey:
+        return JobKey.for_run(["python", "train.py", token, "hydra.run.dir=runs/monday"], tmp_path,
+                              [tmp_path / "runs" / "monday"], (), 1, GIB)
+    first, second = key(one), key(other)
+    assert first.command[2:] == (one, "hydra.run.dir={output}")  # kept as written
+    assert first.fingerprint != second.fingerprint
+
+
+def test_a_config_files_content_is_still_the_job_next_to_an_output_override(tmp_path: Path) -> None:
+    (tmp_path / "model.yaml").write_text("n_layer: 12\n")
+    command = ["python", "train.py", "--config=model.yaml", "output_dir=runs/monday", "--bs", "{micro_batch}"]
+    before = JobKey.for_run(command, tmp_path, [tmp_path / "runs" / "monday"], (), 1, GIB)
+    assert before.command[2:] == ("--config=model.yaml", "output_dir={output}", "--bs", "{micro_batch}")
+    (tmp_path / "model.yaml").write_text("n_layer: 24\n")
+    after = JobKey.for_run(command, tmp_path, [tmp_path / "runs" / "monday"], (), 1, GIB)
+    assert before.fingerprint != after.fingerprint

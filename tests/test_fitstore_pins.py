@@ -111,3 +111,61 @@ def test_a_file_up_to_the_cut_off_is_fingerprinted_by_content(tmp_path: Path) ->
     (tmp_path / "a" / "big.json").write_bytes(content + b" ")
     past = JobKey.for_run(["python", "train.py", "a/big.json"], tmp_path, [], (), 1, GIB)
     assert past.files == (f"big.json:{_HASHED_MAX + 1}",)
+
+
+def test_keys_that_did_not_change_keep_the_fingerprint_earlier_versions_stored(tmp_path: Path) -> None:
+    # Figures computed by the version before ``key=path`` and placeholder paths were output: its stores are found.
+    (tmp_path / "train.py").write_text("print('model')\n")
+    command = ["python", "train.py", "--batch-size", "{micro_batch}", "lr=3e-4", "--output", "out",
+               "--log=out/log.txt", "data=corpus/train", "--cfg-options=work_dir=out"]
+    key = JobKey.for_run(command, tmp_path, [tmp_path / "out"], (H100,), 1, None)
+    assert key.files == ("train.py:053d6b5bb2977da4",)
+    assert key.fingerprint == "b44a2846b0aaf828df7bd4dcb22c0d15"
+    assert JobKey.for_run(command, tmp_path, [tmp_path / "out"], (), 1, 8 * GIB).fingerprint == (
+        "ae54343bfb5b62c76b4eef6f9e5b8ce1")
+    legacy = JobKey(("python", "train.py", "--batch_size={micro_batch}"), (H100,), 1)
+    assert legacy.fingerprint == "cb587c9a73c607f144d313d31c663145"
+
+
+@pytest.mark.parametrize(
+    ("token", "written"),
+    [
+        ("runs/x/a=b", OUTPUT),  # the whole token is a path in the place: not "runs/x/a={output}"
+        ("--out=runs/x/a=b", f"--out={OUTPUT}"),  # the widest value after an "=" that is in the place
+        ("k=v=runs/x", f"k=v={OUTPUT}"),
+        ("runs/x{micro_batch}", "runs/x{micro_batch}"),  # shares the place's name, lies beside it
+        ("{micro_batch}", "{micro_batch}"),
+        ("--runs/x", "--runs/x"),  # a flag is no path
+        ("-=runs/x", f"-={OUTPUT}"),
+        ("=runs/x", f"={OUTPUT}"),
+        ("runs=", "runs="),
+        ("x=", "x="),
+    ],
+)
+def test_which_part_of_a_token_is_the_output(tmp_path: Path, token: str, written: str) -> None:
+    key = JobKey.for_run(["python", token], tmp_path, [tmp_path / "runs" / "x"], (), 1, GIB)
+    assert key.command == ("python", written)
+
+
+def test_only_a_bare_token_or_a_flags_last_value_names_a_file_to_fingerprint(tmp_path: Path) -> None:
+    # As keys were made before ``key=path`` tokens were read: ``cfg=model.yaml`` adds no digest.
+    (tmp_path / "model.yaml").write_text("n_layer: 12\n")
+    (tmp_path / "v=model.yaml").write_text("n_layer: 12\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.yaml").write_text("n_layer: 12\n")
+
+    def files(*tokens: str) -> tuple[str, ...]:
+        return JobKey.for_run(["python", *tokens], tmp_path, [tmp_path / "out"], (), 1, GIB).files
+    assert len(files("model.yaml")) == 1 and files("model.yaml")[0].startswith("model.yaml:")
+    assert files("--cfg=model.yaml") == files("--opt=k=model.yaml") == files("model.yaml")
+    assert files("v=model.yaml")[0].startswith("v=model.yaml:")  # a bare token is read whole
+    assert files("cfg=model.yaml") == files("--cfg", "{micro_batch}") == ()
+    assert files("out/model.yaml") == ()  # in a place the run writes: output, not the job
+
+
+def test_a_value_that_starts_with_a_dash_is_a_flag_even_where_a_file_of_its_name_exists(tmp_path: Path) -> None:
+    (tmp_path / "--cfg.yaml").write_text("n_layer: 12\n")
+    (tmp_path / "-o").mkdir()
+    key = JobKey.for_run(["python", "--cfg.yaml", "k=-o/x", "-o/x", "--out=-o"], tmp_path, [tmp_path / "-o"],
+                         (), 1, GIB)
+    assert key.command == ("python", "--cfg.yaml", "k=-o/x", "-o/x", "--out=-o") and key.files == ()

@@ -1,8 +1,9 @@
 """Remembering what fits across runs, so a new run of the same job starts at a size that worked.
 
 Records are keyed by a fingerprint of what decides whether a micro-batch fits: the training command
-(with the places the run writes to, its checkpoint directories and run directory, taken out: a new
-output directory is the same job), the content of the files the command names (the script and its
+(with any path that lies in a place the run writes to, its checkpoint directories and run directory,
+taken out, whether an argument, a flag's value or a ``key=value`` override: a new output directory is
+the same job), the content of the files the command names (the script and its
 configs: the model's fingerprint as far as the supervisor can see it), the GPU model and memory,
 the world size and, without a GPU, the memory limit the run fits under. The per-process batch is
 not in the key because memory depends on the micro-batch alone; a new run picks the largest divisor
@@ -76,13 +77,14 @@ class JobKey:
         places = [w for w in (w.resolve() for w in writes) if w != here and w not in here.parents]
         tokens, files = [], []
         for token in command:
-            flag, eq, value = token.rpartition("=") if token.startswith("-") and "=" in token else ("", "", token)
-            path = _as_path(value, cwd)
-            if path is not None and any(path == w or w in path.parents for w in places):
-                value = OUTPUT
-            elif path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
-                files.append(_digest(path))
-            tokens.append(f"{flag}{eq}{value}")
+            written = _output_form(token, cwd, places)
+            if written is None:
+                written = token
+                # Only a bare token or a flag's last value names a file, as in keys made before ``key=path``.
+                path = _as_path(token.rpartition("=")[2] if token.startswith("-") else token, cwd)
+                if path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
+                    files.append(_digest(path))
+            tokens.append(written)
         return cls(tuple(tokens), gpus, world_size, None if gpus else limit, tuple(files))
 
     @property
@@ -98,10 +100,24 @@ class JobKey:
         return f"{' '.join(self.command)[:200]} | {gpus}{limit} | world {self.world_size}"
 
 
+def _output_form(token: str, cwd: Path, places: Sequence[Path]) -> str | None:
+    """``token`` with the path in it that lies in a place the run writes made ``{output}``, or None.
+
+    The path is the whole token or what follows one of its ``=``, the first that lies in a place (a
+    flag is no path): ``runs/x``, ``--log=runs/x/bs{micro_batch}.txt``, Hydra's ``hydra.run.dir=runs/x``,
+    mmdetection's ``--cfg-options=work_dir=runs/x``. ``lr=3e-4`` is ``cwd/3e-4``, in no place."""
+    for cut in [0, *(i + 1 for i, c in enumerate(token) if c == "=")]:
+        path = _as_path(token[cut:], cwd)
+        if path is not None and any(path == w or w in path.parents for w in places):
+            return token[:cut] + OUTPUT
+    return None
+
+
 def _as_path(value: str, cwd: Path) -> Path | None:
     """``value`` read as a path (existing or not: an output directory the first run has not made
-    yet must be taken out of the key as the second run's is); None for a placeholder or a flag."""
-    if not value or "{" in value or value.startswith("-"):
+    yet must be taken out of the key as the second run's is; placeholders in it are part of its
+    name); None for a flag."""
+    if not value or value.startswith("-"):
         return None
     path = Path(value) if os.path.isabs(value) else cwd / value
     try:
