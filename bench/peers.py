@@ -30,7 +30,15 @@ same records, so "the best that fits" is measured the way the contenders run) an
 best divisor made ``--check`` slower, which must come out slower in every round). Every figure is
 the median over the rounds with its min–max; ratios are paired within a round.
 
-    python bench/peers.py --json docs/peers.json               # CPU: a few minutes on 2 cores
+The clock: on CPU a step is timed by the training thread's own CPU time (``--clock cpu``; each
+record carries ``time.thread_time()``), because on a shared core another process's turn stretches
+a step's wall time by its whole length; and a canary (``--canary``, on by default on CPU: the
+plain script at the best divisor, training without end on the jobs' CPU through the round) is
+timed in the same seconds as each job, and ratios are taken over it, because what other processes
+do to the core's caches and the memory bandwidth still moves CPU time. On CUDA: wall clock, every
+timed record after ``torch.cuda.synchronize()``, no canary.
+
+    python bench/peers.py --json docs/peers.json               # CPU: 40-50 minutes on 2 loaded cores
     python bench/peers.py --device cuda --docs /tmp/cuda --json peers-cuda.json   # not yet run on a GPU
 
 Writes docs/peers.md (the table, the exact command and machine) and docs/peers.png (the chart; where
@@ -316,6 +324,10 @@ def command_for(job: Job, args: argparse.Namespace, work: Path, fitstore: Path |
     if job.kind == "sweep":
         assert job.micro is not None
         env = worker_env(args, records, PEERS_SLOWDOWN=str(job.slowdown))
+        if job.slowdown:
+            # The self-check is a timing check, not a fit check: uncapped, so a best divisor at the
+            # budget's edge cannot OOM it (it did once, and a round without it proves nothing).
+            env["PEERS_BUDGET_MB"] = "0"
         return plain_command(args, job.micro, args.steps, work / "ckpt"), env
     if job.kind in RUNS:
         ckpt = work / "ckpt"
@@ -602,7 +614,8 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
                   f"unslowed in the same round: {fmt(check['ratio'], 3)} (expected {1 / (1 + check['slowdown']):.3f}; "
                   f"round by round: {', '.join('–' if x is None else f'{x:.3f}' for x in check.get('ratios', []))}); "
                   + ("told apart in every round." if check["told_apart"] else
-                     f"NOT told apart in every round: the spread here is wider than {check['slowdown']:.0%}.")]
+                     "NOT told apart in every round: " + ("; ".join(check["missed"]) if check.get("missed") else
+                                                          f"the spread here is wider than {check['slowdown']:.0%}."))]
     splits = [(f"{r + 1}.{i}", s) for r, run_splits in enumerate(result["restart_splits"])
               for i, s in enumerate(run_splits, 1)]
     if splits:
@@ -620,12 +633,15 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
 
 
 CLOCK_WHY = {
-    "cpu": "Clock: on CPU every samples/s is samples over the training thread's own CPU time "
-           "(`time.thread_time()`, in each optimizer step's record; one intra-op thread, so the thread is the "
-           "training). Other processes on this shared, loaded 2-core box take turns on the core, which stretches "
-           "a step's wall time by however long they ran (by wall, the 5 % self-check came out 1.27x *faster* "
-           "here); they do not add to this thread's CPU time. The wall-clock rate is in its own column, for the "
-           "reader who wants it; settle and wall seconds are wall clock.",
+    "cpu": "Clock: on CPU every rate is samples over the training thread's own CPU time (`time.thread_time()`, "
+           "stamped in each optimizer step's record; one intra-op thread, so the thread is the training). Why: on "
+           "this shared 2-core box other processes take turns on the core, which stretches a step's wall time by "
+           "however long they ran; by wall clock the 5 % self-check came out 1.27x *faster* (the table this one "
+           "replaces), and here the wall rate of one job swung from 38 to 97 samples/s. A thread's CPU time does "
+           "not count other processes' turns, but it still grows with what they do to the core's caches and the "
+           "memory bandwidth (up to 10 % within one job here), so every rate is also paired with the canary "
+           "below. The wall-clock rate is in its own column for the reader who wants it; settle and wall seconds "
+           "are wall clock.",
     "wall": "Clock: samples/s is samples over wall time between optimizer steps; on CUDA every timed record "
             "waits for `torch.cuda.synchronize()` first, so a step is stamped when its kernels are done.",
 }
@@ -876,6 +892,12 @@ def seed_store(args: argparse.Namespace, work: Path) -> Path | None:
     return where / "fitstore" if "skipped" not in row else None
 
 
+def missed_rounds(*jobs: Sequence[dict[str, Any]]) -> list[str]:
+    """Why a round has no self-check ratio: one of its two jobs did not run through."""
+    return [f"round {i + 1}: {row['contender']} {row['skipped'].splitlines()[-1][:160]}"
+            for job in jobs for i, row in enumerate(job) if "skipped" in row]
+
+
 def told_apart(ratios: Sequence[float | None]) -> bool:
     """The self-check's verdict: the slowed variant came out slower than the same size unslowed
     in every round (each round measured both; a round that missed one fails the check)."""
@@ -903,7 +925,8 @@ def summarize_rounds(args: argparse.Namespace, fit: dict[str, Any], jobs: Sequen
         ratios = paired(results[slow.label], same_size[slow.micro], key)
         raw = paired(results[slow.label], same_size[slow.micro])
         check = {"micro": slow.micro, "slowdown": slow.slowdown, "ratio": spread(ratios), "ratios": ratios,
-                 "told_apart": told_apart(ratios), "ratios_without_canary": raw if args.canary else None}
+                 "told_apart": told_apart(ratios), "ratios_without_canary": raw if args.canary else None,
+                 "missed": missed_rounds(results[slow.label], same_size[slow.micro])}
     splits = [r.get("restart_split", []) for r in results.get("oomguard-run", [])]
     canary_cpu = args.canary_cpu if args.canary_cpu is not None else args.cpu
     return {"rounds": args.rounds, "clock": args.clock, "canary": args.canary, "canary_cpu": canary_cpu,

@@ -150,6 +150,10 @@ def test_the_self_check_must_come_out_slower_in_every_round() -> None:
     assert not peers.told_apart([0.94, 1.01, 0.95])
     assert not peers.told_apart([0.94, None, 0.95])  # a round that missed one job proves nothing
     assert not peers.told_apart([])
+    slowed = [{"contender": "sweep@16 slowed 5%", "skipped": "exited 1: Traceback\nRuntimeError: can't allocate"},
+              {"samples_per_s": 95.0}]
+    assert peers.missed_rounds(slowed, [{"samples_per_s": 100.0}] * 2) == [
+        "round 1: sweep@16 slowed 5% RuntimeError: can't allocate"]
 
 
 def test_a_contender_needing_a_flag_this_oomguard_lacks_is_skipped_with_the_reason() -> None:
@@ -195,6 +199,7 @@ def test_the_sweep_runs_the_script_oomguard_run_supervises(tmp_path: Path) -> No
     assert env["PEERS_SLOWDOWN"] == "0.0" and env["OMP_NUM_THREADS"] == "1"
     _, slow = peers.command_for(peers.sweep_job(16, 0.05), args, tmp_path)
     assert slow["PEERS_SLOWDOWN"] == "0.05"
+    assert slow["PEERS_BUDGET_MB"] == "0" and env["PEERS_BUDGET_MB"] == str(args.budget_mb)  # the check: no cap
     assert args.clock == "cpu" and peers.parse_args(["--device", "cuda"]).clock == "wall"
     grow, _ = peers.command_for(peers.Job("oomguard-run-predict", "oomguard-run-predict"), args, tmp_path)
     supervisor, worker = grow[:grow.index("--")], grow[grow.index("--"):]
