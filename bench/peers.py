@@ -261,10 +261,14 @@ def timed_steps(settled: Sequence[Step]) -> Sequence[Step]:
 
 
 def window_rate(steps: Sequence[Step], window: Sequence[float], clock: str = "cpu") -> float | None:
-    """The median step rate of the canary's steps done inside ``window`` (wall seconds, from
-    the first to the last timed step of a job): how fast the same work ran on this box then."""
-    inside = [s for s in steps if window[0] <= s.t <= window[1]]
-    rates = step_rates(inside, clock)
+    """The median rate of the canary's steps that overlap ``window`` (wall seconds, from the first
+    to the last timed step of a job: the steps inside and the one on each side of it): how fast the
+    same work ran on this box then."""
+    before = [i for i, s in enumerate(steps) if s.t < window[0]]
+    after = [i for i, s in enumerate(steps) if s.t > window[1]]
+    first = before[-1] if before else 0
+    last = after[0] if after else len(steps) - 1
+    rates = step_rates(steps[first:last + 1], clock)
     return statistics.median(rates) if rates else None
 
 

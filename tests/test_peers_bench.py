@@ -137,7 +137,8 @@ def test_the_canary_cancels_a_load_burst_within_a_round() -> None:
     canary = [peers.Step(t, 64, 16, 9, t * (0.5 if t < 10 else 0.6)) for t in range(20)]
     assert peers.window_rate(canary, [2.0, 8.0]) == pytest.approx(128.0)
     assert peers.window_rate(canary, [12.0, 18.0]) == pytest.approx(64 / 0.6)
-    assert peers.window_rate(canary, [12.0, 12.5]) is None  # one canary step inside: no interval
+    assert peers.window_rate(canary, [12.2, 12.5]) == pytest.approx(64 / 0.6)  # no step inside: the one around
+    assert peers.window_rate(canary, [25.0, 30.0]) is None  # the canary had stopped
     calm = {"samples_per_s": 128.0, "vs_canary": 128.0 / 128.0}
     slowed_in_burst = {"samples_per_s": 64 / 0.6 / 1.05, "vs_canary": (64 / 0.6 / 1.05) / (64 / 0.6)}
     raw = peers.paired([slowed_in_burst], [calm])[0]
