@@ -620,18 +620,19 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
                   + ("told apart in every round." if check["told_apart"] else
                      "NOT told apart in every round: " + ("; ".join(check["missed"]) if check.get("missed") else
                                                           f"the spread here is wider than {check['slowdown']:.0%}."))]
+    lines += [x for note in result.get("notes", []) for x in ("", note)]  # added to a saved result by hand
     splits = [(f"{r + 1}.{i}", s) for r, run_splits in enumerate(result["restart_splits"])
               for i, s in enumerate(run_splits, 1)]
     if splits:
         lines += ["", "Where an `oomguard-run` restart's time goes (seconds, from the OOM to the next attempt's first "
                   "optimizer step; the script's own records and oomguard's journal; round.restart):", "",
                   "| restart | " + " | ".join(SEGMENTS) + " | total |", "|---" * (len(SEGMENTS) + 2) + "|"]
-        for name, s in splits:
+        for label, s in splits:  # not `name`: that is the chart's file name below
             then = "" if s["then"] == "step" else " (OOM again)"
             total = sum(s[seg] for seg in SEGMENTS)
-            lines.append(f"| {name}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
+            lines.append(f"| {label}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
     lines += ["", "How each contender runs (each script in `bench/peerkit/` says what of the tool's source and "
-              "documentation it follows):", "", *(f"- `{name}`: {HOW[name]}" for name in CONTENDERS)]
+              "documentation it follows):", "", *(f"- `{c}`: {HOW[c]}" for c in CONTENDERS)]
     lines += ["", READING, ""] + ([f"![oomguard and its peers]({name}.png)", ""] if drawn else [])
     return "\n".join(lines)
 
@@ -677,7 +678,7 @@ CANARY = (
     "canary, alike for every job. The self-check without the canary, round by round: {raw}.")
 
 
-def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> bool:
+def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path, clock: str = "wall") -> bool:
     """Draw the chart; False (and a line saying so) where matplotlib is not installed."""
     if importlib.util.find_spec("matplotlib") is None:
         print(f"matplotlib is not installed: {path} not drawn (pip install -e '.[bench]')", flush=True)
@@ -693,7 +694,7 @@ def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> boo
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     asked = ran[0]["requested_global"]["median"] if ran else None
     panels = [("global batch trained (asked: dashed)", "trained_global", asked),
-              ("samples/s once settled, min–max (best that fits: dashed)", "samples_per_s", best),
+              (f"{CLOCKS[clock]} once settled, min–max (best that fits: dashed)", "samples_per_s", best),
               ("seconds to settle (dark) and wall (light)", "wall_s", None)]
     for ax, (title, key, line) in zip(axes, panels, strict=True):
         figs = [r[key] or {"median": 0.0, "min": 0.0, "max": 0.0} for r in ran]
@@ -947,7 +948,7 @@ def write(result: dict[str, Any], args: argparse.Namespace) -> None:
     if docs is not None:
         docs.mkdir(parents=True, exist_ok=True)
     name = "peers" if result.get("device", "cpu") == "cpu" else "peers-cuda"  # the CPU and the GPU table
-    drawn = docs is not None and chart(result["contenders"], best, docs / f"{name}.png")
+    drawn = docs is not None and chart(result["contenders"], best, docs / f"{name}.png", result.get("clock", "wall"))
     text = markdown(result, result["argv"], result["machine"], result["elapsed_s"], drawn, name)
     print(text)
     if args.json and args.json != args.render:
