@@ -30,7 +30,15 @@ same records, so "the best that fits" is measured the way the contenders run) an
 best divisor made ``--check`` slower, which must come out slower in every round). Every figure is
 the median over the rounds with its min–max; ratios are paired within a round.
 
-    python bench/peers.py --json docs/peers.json               # CPU: a few minutes on 2 cores
+The clock: on CPU a step is timed by the training thread's own CPU time (``--clock cpu``; each
+record carries ``time.thread_time()``), because on a shared core another process's turn stretches
+a step's wall time by its whole length; and a canary (``--canary``, on by default on CPU: the
+plain script at the best divisor, training without end on the jobs' CPU through the round) is
+timed in the same seconds as each job, and ratios are taken over it, because what other processes
+do to the core's caches and the memory bandwidth still moves CPU time. On CUDA: wall clock, every
+timed record after ``torch.cuda.synchronize()``, no canary.
+
+    python bench/peers.py --json docs/peers.json               # CPU: 40-50 minutes on 2 loaded cores
     python bench/peers.py --device cuda --docs /tmp/cuda --json peers-cuda.json   # not yet run on a GPU
 
 Writes docs/peers.md (the table, the exact command and machine) and docs/peers.png (the chart; where
@@ -47,6 +55,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import sqlite3
@@ -64,7 +73,13 @@ ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "bench" / "peerkit"
 DOCS = ROOT / "docs"
 
-OURS = ("oomguard-run", "oomguard-run-measured", "oomguard-session")
+OURS = ("oomguard-run", "oomguard-run-measured", "oomguard-run-grow", "oomguard-run-predict", "oomguard-session")
+RUNS = ("oomguard-run", "oomguard-run-measured", "oomguard-run-grow", "oomguard-run-predict")  # `oomguard run`
+FLAGS = {  # contender -> the flags it adds to oomguard-run's command (checked against `oomguard run --help`)
+    "oomguard-run-grow": ("--grow",),
+    "oomguard-run-predict": ("--grow", "--predict-shrink"),
+}
+GROW_SAVE_EVERY = 2  # --grow restarts at the next checkpoint after its stable period: the grow rows save often
 PEERS = ("hf-auto-find-batch-size", "accelerate-find-executable-batch-size", "lightning-batch-size-finder",
          "composer-auto-microbatch")
 CONTENDERS = (*OURS, *PEERS)
@@ -87,6 +102,12 @@ HOW = {
                     "fit store.",
     "oomguard-run-measured": "the same `oomguard run` again, with a copy of the fit store a first run of the same "
                              "job left (same script, device and limit): it starts at the largest size known to fit.",
+    "oomguard-run-grow": "the same `oomguard run` with `--grow --grow-after S`: it halves after each OOM as "
+                         "`oomguard-run` does, then, stable for S seconds, restarts at the next checkpoint (the script "
+                         f"saves every {GROW_SAVE_EVERY} steps) at the larger micro-batch its memory model predicts "
+                         "fits.",
+    "oomguard-run-predict": "`oomguard run --grow --predict-shrink --grow-after S`: after an OOM it restarts at the "
+                            "size its memory model predicts fits instead of halving; growth as `oomguard-run-grow`.",
     "oomguard-session": "`Session(model, optimizer, loss_fn, SessionConfig(global_batch=N, micro_batch=N))`: the "
                         "same step retried in the process at a smaller divisor.",
     "hf-auto-find-batch-size": "`Trainer` with `TrainingArguments(per_device_train_batch_size=N, "
@@ -114,10 +135,11 @@ COMPOSER_CPU = "Composer's device_train_microbatch_size='auto' only runs on a GP
 
 @dataclass
 class Step:
-    t: float
+    t: float  # wall clock when the step was done
     samples: int  # samples whose completed backward went into this optimizer step
     micro: int  # the largest micro-batch among them
     pid: int
+    cpu: float | None = None  # the training thread's CPU time then (records before it had none)
 
 
 @dataclass
@@ -170,20 +192,22 @@ def trace(records: Sequence[dict[str, Any]]) -> Trace:
         elif ev == "opt":
             pending_opt = None
             since_bwd = False
-            out.steps.append(Step(rec["t"], samples, micro, rec["pid"]))
+            out.steps.append(Step(rec["t"], samples, micro, rec["pid"], rec.get("cpu")))
     settle_pending()
     return out
 
 
 def summarize(name: str, tr: Trace, launch: float, end: float, requested: int, steps: int,
-              best: float | None) -> dict[str, Any]:
-    """The contender's row of the table (the issue's keys)."""
+              best: float | None, clock: str = "wall") -> dict[str, Any]:
+    """The contender's row of the table (the issue's keys); samples/s by ``clock`` ("cpu": the
+    training thread's CPU time; "wall"), and by wall too when that is not the table's clock."""
     if not tr.steps:
         return {"contender": name, "skipped": "no optimizer step completed (see the error above)"}
     last = tr.steps[-1]
     last_oom = max(tr.ooms) if tr.ooms else float("-inf")
     settled = [s for s in tr.steps if s.t > last_oom and s.micro == last.micro]
-    rate = steady_rate(settled)
+    rate = steady_rate(settled, clock)
+    wall = steady_rate(settled, "wall") if clock != "wall" else rate
     return {
         "contender": name,
         "requested_global": requested,
@@ -195,19 +219,56 @@ def summarize(name: str, tr: Trace, launch: float, end: float, requested: int, s
         "samples_per_s": round(rate, 1) if rate else None,
         "ratio_to_best": round(rate / best, 3) if rate and best else None,
         "steps_redone": len(tr.steps) - steps,
+        "wall_samples_per_s": round(wall, 1) if wall else None,
+        "window": [timed_steps(settled)[0].t, settled[-1].t] if len(settled) > 1 else None,
     }
 
 
 WARMUP_STEPS = 2  # settled steps left out of the timed window: allocator pools, first-touch pages, caches
 
 
-def steady_rate(settled: Sequence[Step]) -> float | None:
-    """Samples/s once settled: each step's samples over the time since the step before, median over
-    the settled steps after the first ``WARMUP_STEPS`` (the warm-up is outside the timed window;
-    with too few steps for that, whatever is left after the first interval)."""
-    rates = [b.samples / (b.t - a.t) for a, b in zip(settled, settled[1:], strict=False) if b.t > a.t]
-    skip = WARMUP_STEPS if len(rates) > WARMUP_STEPS + 1 else min(1, len(rates) - 1)
-    rates = rates[max(skip, 0):]
+def step_rates(settled: Sequence[Step], clock: str = "wall") -> list[float]:
+    """Each step's samples over the time since the step before it in the same process, by
+    ``clock``: "wall", or "cpu", the training thread's own CPU time, which another process's share
+    of a loaded core does not move (and which restarts from zero in a new process, so an interval
+    never spans two)."""
+    def at(s: Step) -> float | None:
+        return s.t if clock == "wall" else s.cpu
+
+    rates = []
+    for a, b in zip(settled, settled[1:], strict=False):
+        ta, tb = at(a), at(b)
+        if a.pid == b.pid and ta is not None and tb is not None and tb > ta:
+            rates.append(b.samples / (tb - ta))
+    return rates
+
+
+def steady_rate(settled: Sequence[Step], clock: str = "wall") -> float | None:
+    """Samples/s once settled: each step's samples over the time since the step before (by
+    ``clock``), median over the settled steps after the first ``WARMUP_STEPS`` (the warm-up is
+    outside the timed window; with too few steps for that, whatever is left after the first
+    interval)."""
+    rates = step_rates(timed_steps(settled), clock)
+    return statistics.median(rates) if rates else None
+
+
+def timed_steps(settled: Sequence[Step]) -> Sequence[Step]:
+    """The settled steps whose intervals are timed: all but the first ``WARMUP_STEPS`` intervals
+    (with too few for that, all but the first)."""
+    intervals = len(settled) - 1
+    skip = WARMUP_STEPS if intervals > WARMUP_STEPS + 1 else min(1, intervals - 1)
+    return settled[max(skip, 0):]
+
+
+def window_rate(steps: Sequence[Step], window: Sequence[float], clock: str = "cpu") -> float | None:
+    """The median rate of the canary's steps that overlap ``window`` (wall seconds, from the first
+    to the last timed step of a job: the steps inside and the one on each side of it): how fast the
+    same work ran on this box then."""
+    before = [i for i, s in enumerate(steps) if s.t < window[0]]
+    after = [i for i, s in enumerate(steps) if s.t > window[1]]
+    first = before[-1] if before else 0
+    last = after[0] if after else len(steps) - 1
+    rates = step_rates(steps[first:last + 1], clock)
     return statistics.median(rates) if rates else None
 
 
@@ -267,16 +328,23 @@ def command_for(job: Job, args: argparse.Namespace, work: Path, fitstore: Path |
     if job.kind == "sweep":
         assert job.micro is not None
         env = worker_env(args, records, PEERS_SLOWDOWN=str(job.slowdown))
+        if job.slowdown:
+            # The self-check is a timing check, not a fit check: uncapped, so a best divisor at the
+            # budget's edge cannot OOM it (it did once, and a round without it proves nothing).
+            env["PEERS_BUDGET_MB"] = "0"
         return plain_command(args, job.micro, args.steps, work / "ckpt"), env
-    if job.kind in ("oomguard-run", "oomguard-run-measured"):
+    if job.kind in RUNS:
         ckpt = work / "ckpt"
+        flags = list(FLAGS.get(job.kind, ()))
+        saves = ["--save-every", str(GROW_SAVE_EVERY)] if flags else []
         cmd = [sys.executable, "-m", "oomguard", "run", "--run-dir", str(work / "run"), "--no-web",
                "--global-batch", g, "--micro-batch", g, "--checkpoint", str(ckpt / "checkpoint-*"),
-               "--resume-args", "--resume-from {checkpoint}", "--",
+               "--resume-args", "--resume-from {checkpoint}",
+               *(flags + ["--grow-after", str(args.grow_after)] if flags else []), "--",
                # exit_stamp.py only records when the script's process is reaped (the restart split)
                sys.executable, "-I", "-S", str(KIT / "exit_stamp.py"),
                sys.executable, str(KIT / "train_plain.py"), "--batch-size", "{micro_batch}",
-               "--gradient-accumulation-steps", "{grad_accum}", "--steps", n, "--output", str(ckpt)]
+               "--gradient-accumulation-steps", "{grad_accum}", "--steps", n, "--output", str(ckpt), *saves]
         # oomguard-run: an empty fit store (a remembered size would skip the OOMs this benchmark is
         # about); oomguard-run-measured: a copy of the store a first run of the same job left.
         store = work / "fitstore"
@@ -299,7 +367,26 @@ def run(name: str, cmd: list[str], env: dict[str, str], work: Path, timeout: flo
     return Outcome(name, launch, time.time(), code, records, stderr, work)
 
 
-def skip_reason(name: str, device: str) -> str | None:
+def run_help() -> str:
+    """``oomguard run --help`` of the oomguard this benchmark runs (the tree it sits in)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "oomguard", "run", "--help"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    return proc.stdout
+
+
+def missing_flags(name: str, help_text: str) -> str | None:
+    """Why a contender whose flags this oomguard does not have is skipped (None: it has them all)."""
+    # the flag as a whole word: "--grow" must not be found in "--grow-after"
+    missing = [f for f in FLAGS.get(name, ()) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", help_text)]
+    if not missing:
+        return None
+    return f"this oomguard has no {', '.join(missing)} (`oomguard run --help` does not list it)"
+
+
+def skip_reason(name: str, device: str, help_text: str = "") -> str | None:
+    if name in FLAGS:
+        return missing_flags(name, help_text or run_help())
     module = NEEDS.get(name)
     installed = module is None or importlib.util.find_spec(module) is not None
     if name == "composer-auto-microbatch":
@@ -317,10 +404,10 @@ def run_job(job: Job, args: argparse.Namespace, work: Path, seed: Path | None) -
     cmd, env = command_for(job, args, work, seed if job.kind == "oomguard-run-measured" else None)
     out = run(job.label, cmd, env, work, args.timeout)
     row = summarize(job.label, trace(read_records(out.records)), out.launch, out.end, args.global_batch, args.steps,
-                    None)
+                    None, args.clock)
     if out.returncode != 0:
         row = {"contender": job.label, "skipped": f"exited {out.returncode}: {out.stderr.strip()[-300:]}"}
-    if job.kind in ("oomguard-run", "oomguard-run-measured") and "skipped" not in row:
+    if job.kind in RUNS and "skipped" not in row:
         row["restart_split"] = restart_split(read_records(out.records), work / "run")
     print(f"  {job.label}: {json.dumps({k: v for k, v in row.items() if k != 'restart_split'})}", flush=True)
     return row, out
@@ -383,31 +470,33 @@ def spread(values: Sequence[float | None]) -> dict[str, float] | None:
     return {"median": statistics.median(got), "min": min(got), "max": max(got), "n": len(got)}
 
 
-def paired(numer: Sequence[dict[str, Any]], denom: Sequence[dict[str, Any]]) -> list[float | None]:
+def paired(numer: Sequence[dict[str, Any]], denom: Sequence[dict[str, Any]], key: str = "samples_per_s"
+           ) -> list[float | None]:
     """Per round, one job's samples/s over another's measured in the same round (load drift between
-    rounds cancels)."""
+    rounds cancels); with ``key="vs_canary"``, each over the canary's rate while it ran (load that
+    changed within the round cancels too)."""
     out: list[float | None] = []
     for a, b in zip(numer, denom, strict=True):
-        x, y = a.get("samples_per_s"), b.get("samples_per_s")
+        x, y = a.get(key), b.get(key)
         out.append(x / y if x and y else None)
     return out
 
 
 def aggregate(label: str, per_round: Sequence[dict[str, Any]], best: Sequence[dict[str, Any]] | None,
-              same_size: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+              same_size: dict[int, list[dict[str, Any]]], key: str = "samples_per_s") -> dict[str, Any]:
     """A contender's row: each figure's median and min–max over the rounds; × best that fits and
-    × the sweep at the contender's own settled size, paired round by round."""
+    × the sweep at the contender's own settled size, paired round by round (by ``key``)."""
     ran = [r for r in per_round if "skipped" not in r]
     if not ran:
         return {"contender": label, "skipped": per_round[0]["skipped"] if per_round else "did not run"}
     row: dict[str, Any] = {"contender": label, "rounds": list(per_round)}
-    for key in ("requested_global", "trained_global", "micro_batch", "ooms", "settle_s", "wall_s", "samples_per_s",
-                "steps_redone"):
-        row[key] = spread([r.get(key) for r in ran])
-    row["ratio_to_best"] = spread(paired(per_round, best)) if best else None
+    for figure in ("requested_global", "trained_global", "micro_batch", "ooms", "settle_s", "wall_s", "samples_per_s",
+                   "wall_samples_per_s", "canary_samples_per_s", "steps_redone"):
+        row[figure] = spread([r.get(figure) for r in ran])
+    row["ratio_to_best"] = spread(paired(per_round, best, key)) if best else None
     micro = int(row["micro_batch"]["median"]) if row["micro_batch"] else None
     if micro in same_size and label not in (f"sweep@{micro}",):
-        row["ratio_to_same_size"] = spread(paired(per_round, same_size[micro]))
+        row["ratio_to_same_size"] = spread(paired(per_round, same_size[micro], key))
     return row
 
 
@@ -471,19 +560,26 @@ def _count(figure: dict[str, float] | None) -> str:
     return fmt(figure, 0)
 
 
-def table_line(r: dict[str, Any]) -> str:
+CLOCKS = {"cpu": "samples per CPU second", "wall": "samples/s"}
+
+
+def table_line(r: dict[str, Any], clock: str = "wall") -> str:
+    wall = "" if clock == "wall" else f" {fmt(r.get('wall_samples_per_s'))} |"
     if "skipped" in r:
-        return f"| `{r['contender']}` | skipped: {r['skipped']} | | | | | | | |"
+        return f"| `{r['contender']}` | skipped: {r['skipped']} | | | | | | | |" + (" |" if wall else "")
     asked, trained = r["requested_global"]["median"], r["trained_global"]
     drift = "" if trained["min"] == trained["max"] == asked else " (drifted)"
     return (f"| `{r['contender']}` | {asked:.0f} → **{_count(trained)}**{drift} | {_count(r['micro_batch'])} "
             f"| {_count(r['ooms'])} | {fmt(r['settle_s'])} | {fmt(r['wall_s'])} | {fmt(r['samples_per_s'])} "
-            f"| {fmt(r['ratio_to_best'], 3)} | {fmt(r.get('ratio_to_same_size'), 3)} | {_count(r['steps_redone'])} |")
+            f"| {fmt(r['ratio_to_best'], 3)} | {fmt(r.get('ratio_to_same_size'), 3)} |{wall} "
+            f"{_count(r['steps_redone'])} |")
 
 
 def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed: float, drawn: bool = True,
              name: str = "peers") -> str:
     rows, fit, check = result["contenders"], result["fits"], result["check"]
+    clock = result.get("clock", "wall")
+    wall_col = "" if clock == "wall" else " samples/s by wall |"
     lines = [
         "# oomguard and the tools users would pick instead",
         "",
@@ -497,57 +593,92 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
         f"whole benchmark took {elapsed:.0f} s. Each figure is the median over the rounds, with the lowest and "
         "highest in brackets when they differ.",
         "",
-        "| contender | global batch asked → trained | micro-batch | OOMs | s to settle | wall s | samples/s "
-        "| × best that fits | × sweep at its size | steps redone |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *(table_line(r) for r in rows),
+        CLOCK_WHY[clock],
+        "",
+        f"| contender | global batch asked → trained | micro-batch | OOMs | s to settle | wall s | {CLOCKS[clock]} "
+        f"| × best that fits | × sweep at its size |{wall_col} steps redone |",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if wall_col else ""),
+        *(table_line(r, clock) for r in rows),
     ]
     sweep = result["sweep"]
     if sweep:
         sizes = ", ".join(f"{s['micro']}: {fmt(s['samples_per_s'])}" for s in sweep)
         lines += ["", f"Sweep (the plain script `bench/peerkit/train_plain.py` at one fixed micro-batch per process, "
-                  f"timed by the same records as the contenders; samples/s): {sizes}. Best that fits: micro-batch "
+                  f"timed by the same records and clock as the contenders; {CLOCKS[clock]}): {sizes}. "
+                  "Best that fits: micro-batch "
                   f"{result['best_micro']}. The divisors that fit: {fit['fitting_divisors']}; the largest size that "
                   f"fits is {fit['largest_fitting']}, {fit['smallest_failing']} does not."]
+    if result.get("canary") and check:
+        raw = ", ".join("–" if x is None else f"{x:.3f}" for x in check.get("ratios_without_canary") or [])
+        where = f"CPU {result['canary_cpu']}" if result.get("canary_cpu") is not None else "not pinned"
+        lines += ["", CANARY.format(micro=check["micro"], raw=raw, where=where)]
     if check:
         lines += ["", f"Self-check: the plain script at micro-batch {check['micro']}, made "
                   f"{check['slowdown']:.0%} slower (it spins for that share of each step), against the same size "
-                  f"unslowed in the same round: {fmt(check['ratio'], 3)} (expected {1 / (1 + check['slowdown']):.3f}); "
+                  f"unslowed in the same round: {fmt(check['ratio'], 3)} (expected {1 / (1 + check['slowdown']):.3f}; "
+                  f"round by round: {', '.join('–' if x is None else f'{x:.3f}' for x in check.get('ratios', []))}); "
                   + ("told apart in every round." if check["told_apart"] else
-                     "NOT told apart in every round: the spread here is wider than 5 %.")]
+                     "NOT told apart in every round: " + ("; ".join(check["missed"]) if check.get("missed") else
+                                                          f"the spread here is wider than {check['slowdown']:.0%}."))]
+    lines += [x for note in result.get("notes", []) for x in ("", note)]  # added to a saved result by hand
     splits = [(f"{r + 1}.{i}", s) for r, run_splits in enumerate(result["restart_splits"])
               for i, s in enumerate(run_splits, 1)]
     if splits:
         lines += ["", "Where an `oomguard-run` restart's time goes (seconds, from the OOM to the next attempt's first "
                   "optimizer step; the script's own records and oomguard's journal; round.restart):", "",
                   "| restart | " + " | ".join(SEGMENTS) + " | total |", "|---" * (len(SEGMENTS) + 2) + "|"]
-        for name, s in splits:
+        for label, s in splits:  # not `name`: that is the chart's file name below
             then = "" if s["then"] == "step" else " (OOM again)"
             total = sum(s[seg] for seg in SEGMENTS)
-            lines.append(f"| {name}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
+            lines.append(f"| {label}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
     lines += ["", "How each contender runs (each script in `bench/peerkit/` says what of the tool's source and "
-              "documentation it follows):", "", *(f"- `{name}`: {HOW[name]}" for name in CONTENDERS)]
+              "documentation it follows):", "", *(f"- `{c}`: {HOW[c]}" for c in CONTENDERS)]
     lines += ["", READING, ""] + ([f"![oomguard and its peers]({name}.png)", ""] if drawn else [])
     return "\n".join(lines)
 
+
+CLOCK_WHY = {
+    "cpu": "Clock: on CPU every rate is samples over the training thread's own CPU time (`time.thread_time()`, "
+           "stamped in each optimizer step's record; one intra-op thread, so the thread is the training). Why: on "
+           "this shared 2-core box other processes take turns on the core, which stretches a step's wall time by "
+           "however long they ran; by wall clock the 5 % self-check came out 1.27x *faster* (the table this one "
+           "replaces), and here the wall rate of one job swung from 38 to 97 samples/s. A thread's CPU time does "
+           "not count other processes' turns, but it still grows with what they do to the core's caches and the "
+           "memory bandwidth (up to 10 % within one job here), so every rate is also paired with the canary "
+           "below. The wall-clock rate is in its own column for the reader who wants it; settle and wall seconds "
+           "are wall clock.",
+    "wall": "Clock: samples/s is samples over wall time between optimizer steps; on CUDA every timed record "
+            "waits for `torch.cuda.synchronize()` first, so a step is stamped when its kernels are done.",
+}
 
 READING = (
     "How to read it. Columns: the global batch asked for and the one the last optimizer step really trained on "
     "(the samples whose backward completed, from the model's own records); the micro-batch of that step; OOMs "
     "(forwards whose backward never completed); seconds from launch to the first optimizer step at the settled "
-    "size; wall seconds from launch to exit; samples/s once settled: the median of the per-step rates over the "
-    f"settled steps after the first {WARMUP_STEPS} (the warm-up is outside the timed window; on CUDA every timed "
-    "record waits for `torch.cuda.synchronize()`); × best that fits: that rate over the best sweep size's rate "
-    "measured in the same round (a paired ratio, so load that changes between rounds cancels); × sweep at its "
-    "size: the same against the sweep at the contender's own settled micro-batch (for `oomguard-run` the same "
-    "script, loop and timing, so this is the supervisor's tax plus noise); optimizer steps run beyond the asked "
-    "number (thrown away or done twice). The sweep runs the very script `oomguard-run` supervises, so "
-    "`oomguard-run`'s × best that fits is at most 1 within its spread by construction; a framework peer's loop "
-    "is its own and may be faster or slower than the plain loop at the same size. A difference is real when "
-    "it is larger than the brackets; the self-check line says whether a 5 % slower variant stood apart.")
+    "size (wall); wall seconds from launch to exit; the rate once settled, by the clock named above: the median of "
+    f"the per-step rates over the settled steps after the first {WARMUP_STEPS} (the warm-up is outside the timed "
+    "window; an interval never spans two processes); × best that fits: that rate over the best sweep size's rate "
+    "measured in the same round (a paired ratio, so load that changes between rounds cancels; with the canary, "
+    "each rate is first taken over the canary's rate in the same seconds, so load that changes within a round "
+    "cancels too); × sweep at its size: the same against the sweep at the contender's own settled micro-batch (for "
+    "`oomguard-run` the same script, loop and timing, so this is the supervisor's tax plus noise); optimizer steps "
+    "run beyond the asked number (thrown away or done twice). The sweep runs the very script `oomguard-run` "
+    "supervises, so `oomguard-run`'s × best that fits is at most 1 within its spread by construction; a framework "
+    "peer's loop is its own and may be faster or slower than the plain loop at the same size. The grow rows save "
+    "a checkpoint every few steps (growth restarts at one), which their rate pays. A difference is real when it is "
+    "larger than the brackets; the self-check line says whether a 5 % slower variant stood apart.")
+
+CANARY = (
+    "Canary: through every round the plain script at micro-batch {micro} trains without end, pinned to the same "
+    "CPU as the jobs ({where}); each job's rate is also taken over the canary's rate in the seconds the job was "
+    "timed. The thread's CPU time is not moved by other processes' turns on the core, but it is by what they do "
+    "to its caches and to the memory bandwidth (heavy imports, test suites), for as long as they run; the canary "
+    "shares the core and feels that at the same moment, so the ratio cancels it. Sharing the core, each job gets "
+    "about half of it: the wall-clock figures (settle, wall, samples/s by wall) are those of a core shared with the "
+    "canary, alike for every job. The self-check without the canary, round by round: {raw}.")
 
 
-def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> bool:
+def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path, clock: str = "wall") -> bool:
     """Draw the chart; False (and a line saying so) where matplotlib is not installed."""
     if importlib.util.find_spec("matplotlib") is None:
         print(f"matplotlib is not installed: {path} not drawn (pip install -e '.[bench]')", flush=True)
@@ -563,7 +694,7 @@ def chart(rows: Sequence[dict[str, Any]], best: float | None, path: Path) -> boo
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     asked = ran[0]["requested_global"]["median"] if ran else None
     panels = [("global batch trained (asked: dashed)", "trained_global", asked),
-              ("samples/s once settled, min–max (best that fits: dashed)", "samples_per_s", best),
+              (f"{CLOCKS[clock]} once settled, min–max (best that fits: dashed)", "samples_per_s", best),
               ("seconds to settle (dark) and wall (light)", "wall_s", None)]
     for ax, (title, key, line) in zip(axes, panels, strict=True):
         figs = [r[key] or {"median": 0.0, "min": 0.0, "max": 0.0} for r in ran]
@@ -631,6 +762,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", type=float, default=0.05, help="the self-check's slowdown (0: no self-check)")
     p.add_argument("--cpu", type=int, default=None,
                    help="pin every contender's process to this CPU (default: the last one; -1: no pinning)")
+    p.add_argument("--clock", choices=("cpu", "wall"), default=None,
+                   help="what samples/s is timed by: the training thread's CPU time (default on CPU: other "
+                   "processes on a shared core do not move it) or wall (default on CUDA, with synchronize)")
+    p.add_argument("--canary", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the plain script on the other CPU through every round and pair each job with it "
+                   "(default on CPU; never on CUDA, where it would share the GPU)")
+    p.add_argument("--canary-cpu", type=int, default=None,
+                   help="pin the canary to this CPU (default: the jobs' CPU, so it shares their core's caches)")
+    p.add_argument("--grow-after", type=float, default=5.0, metavar="S",
+                   help="--grow-after for oomguard-run-grow and -predict (oomguard's default, 600 s, is longer "
+                   "than this whole run)")
     p.add_argument("--no-bisect", dest="bisect", action="store_false",
                    help="sweep only the divisors of the global batch (no search for the largest size that fits)")
     p.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), metavar="NAME",
@@ -641,6 +783,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", type=Path, default=None, metavar="FILE",
                    help="run nothing: write peers.md (and the chart) again from a result --json saved")
     args = p.parse_args(argv)
+    if args.canary is None:
+        args.canary = args.device == "cpu"
+    if args.canary and args.device == "cuda":
+        p.error("--canary runs on CPU only (on CUDA it would share the GPU with the job it measures)")
+    if args.clock is None:
+        args.clock = "wall" if args.device == "cuda" else "cpu"
+    if args.clock == "cpu" and args.device == "cuda":
+        p.error("--clock cpu on CUDA would not count the GPU's work: use --clock wall")
     if args.budget_mb is None:
         args.budget_mb = 120 if args.device == "cuda" else 180
     if args.steps < 2:
@@ -658,8 +808,9 @@ def plan_jobs(args: argparse.Namespace, fit: dict[str, Any]) -> tuple[list[Job],
     """The jobs of every round (contenders that can run, the sweep's sizes, the self-check) and the
     contenders skipped with their reason."""
     jobs, skipped = [], []
+    help_text = run_help() if any(name in FLAGS for name in args.only) else ""
     for name in args.only:
-        why = skip_reason(name, args.device)
+        why = skip_reason(name, args.device, help_text)
         if why is None:
             jobs.append(Job(name, name))
         else:
@@ -672,16 +823,68 @@ def plan_jobs(args: argparse.Namespace, fit: dict[str, Any]) -> tuple[list[Job],
     return jobs, skipped
 
 
-def run_rounds(args: argparse.Namespace, work: Path, jobs: Sequence[Job], seed: Path | None
-               ) -> dict[str, list[dict[str, Any]]]:
+def run_rounds(args: argparse.Namespace, work: Path, jobs: Sequence[Job], seed: Path | None,
+               canary_micro: int | None = None) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {j.label: [] for j in jobs}
     for r in range(args.rounds):
         print(f"round {r + 1} of {args.rounds}", flush=True)
-        for job in rotated(jobs, r, args.rounds):
-            where = work / f"round-{r + 1}" / job.label.replace(" ", "-").replace("%", "")
-            row, _ = run_job(job, args, where, seed)
-            results[job.label].append(row)
+        with Canary(args, canary_micro, work / f"round-{r + 1}" / "canary") as canary:
+            for job in rotated(jobs, r, args.rounds):
+                where = work / f"round-{r + 1}" / job.label.replace(" ", "-").replace("%", "")
+                row, _ = run_job(job, args, where, seed)
+                canary.judge(row)
+                results[job.label].append(row)
     return results
+
+
+class Canary:
+    """The plain script at one fitting size, training without end on the jobs' CPU while a round
+    runs (``--canary``): each job's rate is also taken over the canary's rate in the same seconds
+    (``vs_canary``), so what the box's other work did to that core's caches and the memory system
+    then cancels."""
+
+    def __init__(self, args: argparse.Namespace, micro: int | None, work: Path) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.records = work / "records.jsonl"
+        if not args.canary or micro is None:
+            return
+        work.mkdir(parents=True, exist_ok=True)
+        env = {**worker_env(args, self.records), "PEERS_BUDGET_MB": "0"}  # no cap: it never OOMs
+        if args.canary_cpu is not None:
+            env["PEERS_CPU"] = str(args.canary_cpu)
+        cmd = plain_command(args, micro, 10**9, work / "ckpt")[:-2]  # no --output: no checkpoints
+        self.proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.warm_up(args.timeout)
+
+    def warm_up(self, timeout: float) -> None:
+        """Wait until the canary is past its own warm-up, so no job is paired with it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc is not None and self.proc.poll() is None:
+            if len(trace(read_records(self.records)).steps) > WARMUP_STEPS:
+                return
+            time.sleep(0.5)
+
+    def steps(self) -> list[Step]:
+        return trace(read_records(self.records)).steps[WARMUP_STEPS:]
+
+    def __enter__(self) -> Canary:
+        return self
+
+    def judge(self, row: dict[str, Any]) -> None:
+        if self.proc is None or not row.get("window") or not row.get("samples_per_s"):
+            return
+        rate = window_rate(self.steps(), row["window"])
+        row["canary_samples_per_s"] = round(rate, 1) if rate else None
+        row["vs_canary"] = row["samples_per_s"] / rate if rate else None
+
+    def __exit__(self, *_: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def seed_store(args: argparse.Namespace, work: Path) -> Path | None:
@@ -694,28 +897,46 @@ def seed_store(args: argparse.Namespace, work: Path) -> Path | None:
     return where / "fitstore" if "skipped" not in row else None
 
 
+def missed_rounds(*jobs: Sequence[dict[str, Any]]) -> list[str]:
+    """Why a round has no self-check ratio: one of its two jobs did not run through."""
+    return [f"round {i + 1}: {row['contender']} {row['skipped'].splitlines()[-1][:160]}"
+            for job in jobs for i, row in enumerate(job) if "skipped" in row]
+
+
+def told_apart(ratios: Sequence[float | None]) -> bool:
+    """The self-check's verdict: the slowed variant came out slower than the same size unslowed
+    in every round (each round measured both; a round that missed one fails the check)."""
+    return bool(ratios) and all(r is not None and r < 1.0 for r in ratios)
+
+
 def summarize_rounds(args: argparse.Namespace, fit: dict[str, Any], jobs: Sequence[Job],
                      results: dict[str, list[dict[str, Any]]], skipped: list[dict[str, Any]]) -> dict[str, Any]:
     sweep_jobs = [j for j in jobs if j.kind == "sweep" and not j.slowdown]
     same_size = {j.micro: results[j.label] for j in sweep_jobs if j.micro is not None}
     sweep: list[dict[str, Any]] = [
-        {"micro": j.micro, "samples_per_s": spread([r.get("samples_per_s") for r in results[j.label]])}
+        {"micro": j.micro, "samples_per_s": spread([r.get("samples_per_s") for r in results[j.label]]),
+         "wall_samples_per_s": spread([r.get("wall_samples_per_s") for r in results[j.label]])}
         for j in sweep_jobs]
     measured = [s for s in sweep if s["samples_per_s"]]
     best = max(measured, key=lambda s: s["samples_per_s"]["median"]) if measured else None
     best_rounds = same_size[best["micro"]] if best else None
-    rows = [aggregate(j.label, results[j.label], best_rounds, same_size) for j in jobs if j.kind != "sweep"]
+    key = "vs_canary" if args.canary else "samples_per_s"
+    rows = [aggregate(j.label, results[j.label], best_rounds, same_size, key) for j in jobs if j.kind != "sweep"]
     order = {name: i for i, name in enumerate(CONTENDERS)}
     rows = sorted([*rows, *skipped], key=lambda r: order.get(r["contender"], 99))
     check = None
     slow = next((j for j in jobs if j.slowdown), None)
     if slow is not None and slow.micro in same_size:
-        ratios = paired(results[slow.label], same_size[slow.micro])
-        got = [x for x in ratios if x is not None]
-        check = {"micro": slow.micro, "slowdown": slow.slowdown, "ratio": spread(ratios),
-                 "told_apart": bool(got) and len(got) == len(ratios) and max(got) < 1.0}
+        ratios = paired(results[slow.label], same_size[slow.micro], key)
+        raw = paired(results[slow.label], same_size[slow.micro])
+        check = {"micro": slow.micro, "slowdown": slow.slowdown, "ratio": spread(ratios), "ratios": ratios,
+                 "told_apart": told_apart(ratios), "ratios_without_canary": raw if args.canary else None,
+                 "missed": missed_rounds(results[slow.label], same_size[slow.micro])}
     splits = [r.get("restart_split", []) for r in results.get("oomguard-run", [])]
-    return {"rounds": args.rounds, "fits": fit, "sweep": sweep, "best_micro": best["micro"] if best else None,
+    canary_cpu = args.canary_cpu if args.canary_cpu is not None else args.cpu
+    return {"rounds": args.rounds, "clock": args.clock, "canary": args.canary, "canary_cpu": canary_cpu,
+            "fits": fit, "sweep": sweep,
+            "best_micro": best["micro"] if best else None,
             "best_samples_per_s": best["samples_per_s"] if best else None, "contenders": rows, "check": check,
             "restart_splits": splits}
 
@@ -727,7 +948,7 @@ def write(result: dict[str, Any], args: argparse.Namespace) -> None:
     if docs is not None:
         docs.mkdir(parents=True, exist_ok=True)
     name = "peers" if result.get("device", "cpu") == "cpu" else "peers-cuda"  # the CPU and the GPU table
-    drawn = docs is not None and chart(result["contenders"], best, docs / f"{name}.png")
+    drawn = docs is not None and chart(result["contenders"], best, docs / f"{name}.png", result.get("clock", "wall"))
     text = markdown(result, result["argv"], result["machine"], result["elapsed_s"], drawn, name)
     print(text)
     if args.json and args.json != args.render:
@@ -751,7 +972,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fit = find_fits(args, work / "fits")
         jobs, skipped = plan_jobs(args, fit)
         seed = seed_store(args, work)
-        result = summarize_rounds(args, fit, jobs, run_rounds(args, work, jobs, seed), skipped)
+        canary_micro = max(fit["fitting_divisors"]) if fit["fitting_divisors"] else None
+        result = summarize_rounds(args, fit, jobs, run_rounds(args, work, jobs, seed, canary_micro), skipped)
     elapsed = time.time() - began
     result["elapsed_s"] = round(elapsed, 1)
     result["machine"] = machine_line(args.device, load, args.cpu)

@@ -1,10 +1,13 @@
-"""The restart path of a plain torch script under ``oomguard run``, cold against a spare interpreter.
+"""The restart path of a training script under ``oomguard run``, cold against a spare interpreter.
 
-The script is bench/peerkit/train_plain.py (argparse, AdamW, the small GPT of peerkit/workload.py)
-asked for a global batch of 64 at micro-batch 64 under a real memory cap (``PEERS_BUDGET_MB``,
-RLIMIT_AS at the first forward): it OOMs at 64 and 32 and trains at 16, so each run has two
-restarts. The script writes its own records (process start before its imports, imports done,
-model built, first batch, each optimizer step, the uncaught OOM and its atexit), so each restart
+Three scripts train the small GPT of peerkit/workload.py with AdamW: a plain torch script
+(bench/peerkit/train_plain.py, argparse), a Hugging Face ``Trainer`` script
+(peerkit/restart_hf.py) and a Lightning script (peerkit/restart_lightning.py), each taking the
+micro-batch and accumulation oomguard passes. Each is asked for a global batch of 64 at
+micro-batch 64 under a real memory cap (``PEERS_BUDGET_MB``, RLIMIT_AS at the first forward): it
+OOMs at 64 and 32 and trains at 16, so each run has two restarts. The script writes its own
+records (process start before its imports, imports done, model built, first batch, each optimizer
+step, the uncaught OOM and its atexit), so each restart
 splits into: the OOM to the script's atexit; its exit to the next script's first line (the
 interpreter's teardown, oomguard noticing and deciding, the spawn and the interpreter start, or
 the handover to a spare); the next script's imports; model build; data; first optimizer step.
@@ -12,8 +15,8 @@ the handover to a spare); the next script's imports; model build; data; first op
 Runs with ``--no-spare`` (cold) and with the spare alternate, the order rotated each round, so
 both see the same load; medians with the min-max spread over every restart of each mode.
 
-    python bench/restart_path.py --rounds 3            # about 4 minutes on 2 loaded cores
-    python bench/restart_path.py --rounds 5 --json out.json
+    python bench/restart_path.py --rounds 3            # the plain script: about 4 minutes on 2 loaded cores
+    python bench/restart_path.py --rounds 3 --scripts plain hf lightning --json out.json
     python bench/restart_path.py --imports 3          # what a spare takes off an HF Trainer and a Lightning script
 
 ``--imports N``: for examples/train_hf_trainer.py and examples/train_lightning_cli.py (and the plain
@@ -39,10 +42,23 @@ ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "bench" / "peerkit"
 SEGMENTS = ("oom to atexit", "exit to next script start", "imports", "model build", "data", "first step")
 MODES = ("cold", "spare")
+SCRIPTS = {  # name -> (script, its flags for the micro-batch, the accumulation and the steps)
+    "plain": ("train_plain.py", "--batch-size", "--gradient-accumulation-steps", "--steps"),
+    "hf": ("restart_hf.py", "--per_device_train_batch_size", "--gradient_accumulation_steps", "--max_steps"),
+    "lightning": ("restart_lightning.py", "--batch-size", "--accumulate-grad-batches", "--max-steps"),
+}
+TITLES = {"plain": "plain torch", "hf": "HF Trainer", "lightning": "Lightning"}
 
 
-def one_run(work: Path, mode: str, steps: int, budget_mb: int, device: str = "cpu") -> list[dict[str, float]]:
-    """One ``oomguard run`` of the plain script; the split of each of its restarts."""
+def script_command(script: str, steps: int) -> list[str]:
+    """The worker command oomguard runs for one of the scripts, with its own flags' names."""
+    path, micro, accum, steps_flag = SCRIPTS[script]
+    return [sys.executable, str(KIT / path), micro, "{micro_batch}", accum, "{grad_accum}", steps_flag, str(steps)]
+
+
+def one_run(work: Path, mode: str, steps: int, budget_mb: int, device: str = "cpu",
+            script: str = "plain") -> list[dict[str, float]]:
+    """One ``oomguard run`` of the script; the split of each of its restarts."""
     run = work / f"{mode}-{time.monotonic_ns()}"
     records = run / "records.jsonl"
     run.mkdir(parents=True)
@@ -51,9 +67,10 @@ def one_run(work: Path, mode: str, steps: int, budget_mb: int, device: str = "cp
                PEERS_DEVICE=device, OOMGUARD_CACHE_DIR=str(run / "fitstore"))  # an empty fit store: the OOMs happen
     cmd = [sys.executable, "-m", "oomguard", "run", "--run-dir", str(run / "run"), "--no-web", "--backoff", "0",
            "--global-batch", "64", "--micro-batch", "64", *(["--no-spare"] if mode == "cold" else []), "--",
-           sys.executable, str(KIT / "train_plain.py"), "--batch-size", "{micro_batch}",
-           "--gradient-accumulation-steps", "{grad_accum}", "--steps", str(steps)]
-    subprocess.run(cmd, env=env, cwd=run, check=True, capture_output=True, timeout=900)
+           *script_command(script, steps)]
+    proc = subprocess.run(cmd, env=env, cwd=run, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"oomguard run of {script} ({mode}) exited {proc.returncode}: {proc.stderr[-1500:]}")
     return split(records)
 
 
@@ -83,14 +100,18 @@ def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = "| mode | restarts | " + " | ".join(SEGMENTS) + " | total (min–max) |"
-    lines = [head, "|" + "---|" * (len(SEGMENTS) + 3)]
-    for mode in MODES:
-        s = result[mode]
-        cells = " | ".join(f"{s[seg]['median']:.2f}" for seg in SEGMENTS)
-        t = s["total"]
-        lines.append(f"| {mode} | {result['restarts'][mode]} | {cells} | **{t['median']:.2f}** "
-                     f"({t['min']:.2f}–{t['max']:.2f}) |")
+    """One table: a line per script and mode, each segment's median over every restart."""
+    head = "| script | mode | restarts | " + " | ".join(SEGMENTS) + " | total (min–max) |"
+    lines = [head, "|" + "---|" * (len(SEGMENTS) + 4)]
+    for script, by_mode in result["scripts"].items():
+        for mode in MODES:
+            s = by_mode.get(mode)
+            if s is None:
+                continue
+            cells = " | ".join(f"{s[seg]['median']:.2f}" for seg in SEGMENTS)
+            t = s["total"]
+            lines.append(f"| {TITLES[script]} | {mode} | {by_mode['restarts'][mode]} | {cells} | "
+                         f"**{t['median']:.2f}** ({t['min']:.2f}–{t['max']:.2f}) |")
     return "\n".join(lines)
 
 
@@ -128,27 +149,41 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: untested here (no GPU was lent)")
     p.add_argument("--imports", type=int, default=0, metavar="N", help="time the imports of three scripts instead")
+    p.add_argument("--scripts", nargs="+", choices=tuple(SCRIPTS), default=["plain"],
+                   help="which scripts' restart paths to split (plain torch, HF Trainer, Lightning)")
     args = p.parse_args()
     if args.imports:
         print(json.dumps(import_times(args.imports)))
         return
-    rows: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-    load = os.getloadavg()[0]
+    rows = {script: {m: list[dict[str, float]]() for m in MODES} for script in args.scripts}
+    load, began = os.getloadavg()[0], time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                got = one_run(Path(tmp), mode, args.steps, args.budget_mb, args.device)
-                rows[mode] += got
-                print(f"round {r + 1} {mode}: " + ", ".join(f"{g['total']:.2f} s" for g in got), flush=True)
-    result: dict[str, Any] = {m: summary(rows[m]) for m in MODES}
-    result["restarts"] = {m: len(rows[m]) for m in MODES}
-    result["spare_over_cold"] = round(result["spare"]["total"]["median"] / result["cold"]["total"]["median"], 3)
+            for script in args.scripts:  # cold and spare back to back, their order alternating by round
+                for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+                    got = one_run(Path(tmp), mode, args.steps, args.budget_mb, args.device, script)
+                    rows[script][mode] += got
+                    print(f"round {r + 1} {script} {mode}: " + ", ".join(f"{g['total']:.2f} s" for g in got),
+                          flush=True)
+    result: dict[str, Any] = {"scripts": {script: by_script(rows[script]) for script in args.scripts}}
     result["load"] = [round(load, 1), round(os.getloadavg()[0], 1)]
     result["cpus"] = os.cpu_count()
+    result["elapsed_s"] = round(time.monotonic() - began, 1)
     print(markdown(result))
-    print(json.dumps({k: result[k] for k in ("restarts", "spare_over_cold", "load", "cpus")}))
+    print(json.dumps({k: result[k] for k in ("load", "cpus", "elapsed_s")}
+                     | {s: r["spare_over_cold"] for s, r in result["scripts"].items()}))
     if args.json:
         args.json.write_text(json.dumps({**result, "rows": rows}, indent=1))
+
+
+def by_script(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Each mode's summary, how many restarts it had and spare over cold (the medians' ratio)."""
+    out: dict[str, Any] = {m: summary(rows[m]) for m in MODES if rows[m]}
+    out["restarts"] = {m: len(rows[m]) for m in MODES}
+    both = all(m in out for m in MODES)
+    out["spare_over_cold"] = (round(out["spare"]["total"]["median"] / out["cold"]["total"]["median"], 3)
+                              if both else None)
+    return out
 
 
 if __name__ == "__main__":

@@ -95,6 +95,79 @@ def test_the_warm_up_is_outside_the_timed_window() -> None:
     assert peers.steady_rate(steps[:3]) == pytest.approx(32.0)  # too few steps: only the first interval goes
 
 
+def test_cpu_clock_rates_ignore_time_the_core_spent_on_other_processes() -> None:
+    # Each step costs the thread 0.5 s of CPU; another process held the core for 1.5 s during step 4
+    # (wall 2 s) and the restart to pid 2 starts the CPU clock again.
+    walls = [0.0, 0.5, 1.0, 1.5, 3.5, 4.0, 4.5, 5.0]
+    cpus = [10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5]
+    steps = [peers.Step(w, 64, 16, 1, c) for w, c in zip(walls, cpus, strict=True)]
+    assert peers.step_rates(steps, "cpu") == [pytest.approx(128.0)] * 7
+    assert peers.step_rates(steps, "wall")[3] == pytest.approx(32.0)
+    restarted = [*steps[:3], peers.Step(6.0, 64, 16, 2, 0.4), peers.Step(6.5, 64, 16, 2, 0.9)]
+    assert peers.step_rates(restarted, "cpu") == [pytest.approx(128.0)] * 3  # no interval spans two processes
+    assert peers.step_rates([peers.Step(0.0, 64, 16, 1), peers.Step(1.0, 64, 16, 1)], "cpu") == []  # no cpu stamp
+    row = peers.summarize("sweep@16", peers.trace([*step(1.0, [16] * 4), *step(2.0, [16] * 4), *step(5.0, [16] * 4)]),
+                          0.0, 6.0, 64, 3, best=None, clock="cpu")
+    assert row["samples_per_s"] is None and row["wall_samples_per_s"] == pytest.approx(21.3)  # records without cpu
+
+
+def test_records_carry_the_threads_cpu_time_and_the_pace_spins_on_it(tmp_path: Path, monkeypatch: Any) -> None:
+    sys.path.insert(0, str(peers.KIT))
+    try:
+        import workload
+    finally:
+        sys.path.remove(str(peers.KIT))
+    monkeypatch.setattr(workload, "RECORDS", workload.Records(str(tmp_path / "r.jsonl")))
+    workload.mark("opt")
+    (line,) = peers.read_records(tmp_path / "r.jsonl")
+    assert 0 < line["cpu"] <= __import__("time").thread_time()
+    monkeypatch.setenv("PEERS_SLOWDOWN", "0.5")
+    monkeypatch.setenv("PEERS_DEVICE", "cpu")
+    pace = workload.Pace()
+    assert pace.clock is __import__("time").thread_time
+    start = pace.clock()
+    while pace.clock() - start < 0.05:  # a step's own work
+        pass
+    pace.step_done()
+    assert pace.clock() - start >= 0.075  # the spin added half the step's CPU time
+
+
+def test_the_canary_cancels_a_load_burst_within_a_round() -> None:
+    # The box's memory got busy from wall second 10 on: the canary and the job slowed alike there.
+    canary = [peers.Step(t, 64, 16, 9, t * (0.5 if t < 10 else 0.6)) for t in range(20)]
+    assert peers.window_rate(canary, [2.0, 8.0]) == pytest.approx(128.0)
+    assert peers.window_rate(canary, [12.0, 18.0]) == pytest.approx(64 / 0.6)
+    assert peers.window_rate(canary, [12.2, 12.5]) == pytest.approx(64 / 0.6)  # no step inside: the one around
+    assert peers.window_rate(canary, [25.0, 30.0]) is None  # the canary had stopped
+    calm = {"samples_per_s": 128.0, "vs_canary": 128.0 / 128.0}
+    slowed_in_burst = {"samples_per_s": 64 / 0.6 / 1.05, "vs_canary": (64 / 0.6 / 1.05) / (64 / 0.6)}
+    raw = peers.paired([slowed_in_burst], [calm])[0]
+    assert raw is not None and raw < 0.8  # the burst, not the 5 %, dominates the raw ratio
+    assert peers.paired([slowed_in_burst], [calm], "vs_canary")[0] == pytest.approx(1 / 1.05)
+
+
+def test_the_self_check_must_come_out_slower_in_every_round() -> None:
+    assert peers.told_apart([0.94, 0.96, 0.95])
+    assert not peers.told_apart([0.94, 1.01, 0.95])
+    assert not peers.told_apart([0.94, None, 0.95])  # a round that missed one job proves nothing
+    assert not peers.told_apart([])
+    slowed = [{"contender": "sweep@16 slowed 5%", "skipped": "exited 1: Traceback\nRuntimeError: can't allocate"},
+              {"samples_per_s": 95.0}]
+    assert peers.missed_rounds(slowed, [{"samples_per_s": 100.0}] * 2) == [
+        "round 1: sweep@16 slowed 5% RuntimeError: can't allocate"]
+
+
+def test_a_contender_needing_a_flag_this_oomguard_lacks_is_skipped_with_the_reason() -> None:
+    help_text = "usage: oomguard run [--grow] [--grow-after SECONDS]\n  --grow   after a stable period\n"
+    assert peers.missing_flags("oomguard-run-grow", help_text) is None
+    why = peers.missing_flags("oomguard-run-predict", help_text)
+    assert why is not None and "--predict-shrink" in why and "--grow," not in why
+    assert peers.missing_flags("oomguard-run-predict", help_text + "  --predict-shrink  jump\n") is None
+    assert peers.missing_flags("oomguard-run-grow", "  --grow-after SECONDS\n") is not None  # not a prefix match
+    assert peers.skip_reason("oomguard-run-predict", "cpu", help_text) == why
+    assert peers.skip_reason("oomguard-run", "cpu", help_text) is None
+
+
 def test_rounds_rotate_and_figures_carry_their_spread() -> None:
     jobs = [peers.Job(n, n) for n in "abcdef"]
     orders = [[j.label for j in peers.rotated(jobs, r, 3)] for r in range(3)]
@@ -127,6 +200,12 @@ def test_the_sweep_runs_the_script_oomguard_run_supervises(tmp_path: Path) -> No
     assert env["PEERS_SLOWDOWN"] == "0.0" and env["OMP_NUM_THREADS"] == "1"
     _, slow = peers.command_for(peers.sweep_job(16, 0.05), args, tmp_path)
     assert slow["PEERS_SLOWDOWN"] == "0.05"
+    assert slow["PEERS_BUDGET_MB"] == "0" and env["PEERS_BUDGET_MB"] == str(args.budget_mb)  # the check: no cap
+    assert args.clock == "cpu" and peers.parse_args(["--device", "cuda"]).clock == "wall"
+    grow, _ = peers.command_for(peers.Job("oomguard-run-predict", "oomguard-run-predict"), args, tmp_path)
+    supervisor, worker = grow[:grow.index("--")], grow[grow.index("--"):]
+    assert {"--grow", "--predict-shrink", "--grow-after"} <= set(supervisor) and "--grow" not in run_cmd
+    assert worker[-2:] == ["--save-every", str(peers.GROW_SAVE_EVERY)]  # grow restarts at a checkpoint
 
 
 bench_extra = pytest.mark.skipif(

@@ -17,11 +17,16 @@ stay the plain scripts users write:
 - ``PEERS_DEVICE``: ``cpu`` or ``cuda``.
 - ``PEERS_CPU``: the one CPU every contender's process is pinned to (none: not pinned).
 - ``PEERS_SLOWDOWN``: a fraction; the plain script then spins for that share of each step's time
-  after the step (the benchmark's self-check: a 5 %-slower variant must be told apart).
+  after the step (the benchmark's self-check: a 5 %-slower variant must be told apart). The share
+  is of the clock the benchmark times that device by: the thread's CPU time on CPU, wall on CUDA.
 
-Timing: every record that times something (``opt``, ``model``, ``data``) waits for the device
-first (``torch.cuda.synchronize`` on CUDA), so a step's record is stamped when its kernels are done,
-not when they were queued. ``fwd`` and ``bwd`` only count samples and are not synchronized.
+Timing: every record carries two clocks, ``t`` (wall, ``time.time()``) and ``cpu`` (this thread's
+CPU time, ``time.thread_time()``). On CPU the training runs in this one thread (one intra-op thread,
+no inter-op work), so ``cpu`` counts the training's own work and nothing another process does on a
+shared core: the benchmark times CPU steps by it. Every record that times something (``opt``,
+``model``, ``data``) waits for the device first (``torch.cuda.synchronize`` on CUDA), so a step's
+record is stamped when its kernels are done, not when they were queued. ``fwd`` and ``bwd`` only
+count samples and are not synchronized.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +104,8 @@ class Records:
 
     def write(self, event: str, t: float | None = None, **fields: Any) -> None:
         if self.fd is not None:
-            line = json.dumps({"ev": event, "t": time.time() if t is None else t, "pid": os.getpid(), **fields})
+            line = json.dumps({"ev": event, "t": time.time() if t is None else t, "cpu": time.thread_time(),
+                               "pid": os.getpid(), **fields})
             os.write(self.fd, (line + "\n").encode())
 
 
@@ -121,22 +127,31 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def step_clock() -> Callable[[], float]:
+    """The clock a step is timed by on this device: the thread's CPU time on CPU (another
+    process's share of a loaded core does not move it), wall on CUDA (the GPU's work is not
+    this thread's CPU time; every timed record synchronizes first)."""
+    return time.perf_counter if device().type == "cuda" else time.thread_time
+
+
 class Pace:
-    """``PEERS_SLOWDOWN``: after each step, wait that share of the step's own time (0: never)."""
+    """``PEERS_SLOWDOWN``: after each step, spin for that share of the step's own time (0: never)."""
 
     def __init__(self) -> None:
         self.share = float(os.environ.get("PEERS_SLOWDOWN", "0") or 0)
-        self.last = time.perf_counter()
+        self.clock = step_clock()
+        self.last = self.clock()
 
     def step_done(self) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         if self.share > 0:
-            # Spin, not sleep: on a contended CPU a sleeping task is scheduled back with the sleeper's
-            # credit, which made a "slower" variant that slept come out faster than the real one.
+            # Spin, not sleep: a sleep costs no CPU time. On the CPU clock the spin is this thread's
+            # own work, so it adds the share whatever else runs on the core; timed by wall, a spin
+            # that is preempted ends early and a loaded core hid the 5 % (1.27x the unslowed rate).
             until = now + self.share * (now - self.last)
-            while time.perf_counter() < until:
+            while self.clock() < until:
                 pass
-        self.last = time.perf_counter()
+        self.last = self.clock()
 
 
 # ----- the memory cap
