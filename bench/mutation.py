@@ -41,7 +41,7 @@ MODULES = (
     "decide.policy", "decide.classify", "observe.output", "observe.progress", "observe.liveness",
     "decide.attribution", "observe.checkpoints", "observe.resume", "decide.batch", "decide.replan",
     "observe.steps", "decide.fragmentation", "decide.tuning", "decide.forecast", "decide.trend",
-    "decide.memmodel", "decide.fitstore", "decide.unfixable",
+    "decide.memmodel", "decide.fitstore", "decide.unfixable", "decide.extrapolate",
 )
 # mutmut's exit codes of a mutant's test run (mutmut/stats.py), folded into what the table shows
 KILLED = {1: "killed", 3: "killed", 36: "killed", -24: "killed", 24: "killed", 152: "killed", 255: "killed",
