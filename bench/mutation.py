@@ -14,8 +14,8 @@ minutes per module on a loaded 2-core machine.
     python bench/mutation.py --survivors decide.policy   # each survivor's diff
     python bench/mutation.py --again decide.policy       # only the last run's survivors, after new tests
 
-Naming modules runs only their mutants: mutmut's progress line counts every module's mutants (3,932
-in all), the ones not run included, so ``300/3932`` does not mean all are being run.
+Naming modules runs only their mutants: mutmut's progress line counts every module's mutants (4,166
+in all), the ones not run included, so ``300/4166`` does not mean all are being run.
 
 Results persist in ``mutants/``: naming a module runs all its mutants again; ``--report`` only reads
 them. ``--again`` tests only the survivors and keeps every other verdict: a test added cannot make a
@@ -41,7 +41,7 @@ MODULES = (
     "decide.policy", "decide.classify", "observe.output", "observe.progress", "observe.liveness",
     "decide.attribution", "observe.checkpoints", "observe.resume", "decide.batch", "decide.replan",
     "observe.steps", "decide.fragmentation", "decide.tuning", "decide.forecast", "decide.trend",
-    "decide.memmodel", "decide.fitstore", "decide.unfixable",
+    "decide.memmodel", "decide.fitstore", "decide.unfixable", "decide.extrapolate",
 )
 # mutmut's exit codes of a mutant's test run (mutmut/stats.py), folded into what the table shows
 KILLED = {1: "killed", 3: "killed", 36: "killed", -24: "killed", 24: "killed", 152: "killed", 255: "killed",

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.decide.memmodel import Point, Prediction, propose_growth, shrink_after_oom
+from oomguard.supervisor.decide.memmodel import (
+    Fit,
+    OomFigures,
+    Point,
+    Prediction,
+    budget,
+    fit,
+    propose_growth,
+    shrink_after_oom,
+    unfit,
+)
 
 GIB = 2**30
 TWO_SIZES = [Point(8, 6 * GIB, True), Point(16, 10 * GIB, True)]  # 2 GiB fixed + 0.5 GiB a sample
@@ -66,3 +76,59 @@ def test_growth_takes_the_next_divisor_up() -> None:
     """From 8 with a per-process batch of 72, only 9 fits (1 GiB a sample, 9.5 GiB of budget)."""
     assert propose_growth([Point(8, 8 * GIB, True)], 8, 72, 10 * GIB, 0.05) == Prediction(
         9, 9 * GIB, "model: 1.07e+09 B/sample from one size, no fixed memory assumed; budget 1.02e+10 B")
+
+
+# --predict-shrink's changes: a measured fixed memory and, under RLIMIT_AS, a floor the margin leaves alone.
+
+def test_the_budget_takes_the_margin_of_the_room_above_the_floor() -> None:
+    assert budget(100, 0.5) == 50  # no floor: the capacity less its margin
+    assert budget(100, 0.5, 60) == 80
+
+
+def test_a_measured_fixed_memory_counts_only_below_the_smallest_peak() -> None:
+    one = [Point(4, 100, True)]
+    assert fit(one, 1) == Fit(1, 24.75, 1)  # a byte is a measurement
+    assert fit(one, 100) == Fit(0.0, 25.0, 1)  # all of the peak: no per-sample memory left, so not believed
+    assert fit(one, 150) == Fit(0.0, 25.0, 1)
+    # A falling line is replaced by the safe line through the fixed memory: (10 - 2) GiB over 8 at most.
+    assert fit([Point(8, 10 * GIB, True), Point(16, 9 * GIB, True)], 2 * GIB) == Fit(2 * GIB, GIB, 2)
+
+
+def test_the_shrink_uses_the_fixed_memory_and_names_it() -> None:
+    # 10 GiB at 8 with 6 GiB fixed: 0.5 GiB a sample, so 32 (22 GiB) fits the 32 GiB; without it 16.
+    # The reason says the probe measured it, not when: the tuner takes what the worker held before
+    # its first forward, or after its first optimizer step once the probe read that.
+    one = [Point(8, 10 * GIB, True)]
+    assert shrink_after_oom(one, 64, 64, 32 * GIB, 0.0, 1, fixed_bytes=6 * GIB) == Prediction(
+        32, 22 * GIB, "model: 5.37e+08 B/sample from one size, fixed 6.44e+09 B measured by the probe; "
+        "budget 3.44e+10 B, at most 64/2")
+    assert shrink_after_oom(one, 64, 64, 32 * GIB, 0.0, 1).micro_batch == 16  # type: ignore[union-attr]
+
+
+def test_under_a_floor_the_shrink_and_the_growth_keep_the_margin_off_it() -> None:
+    # 40 GiB with 6 GiB mapped below the forward: half the room above it is 23 GiB, enough for 32
+    # (22 GiB); half of the whole 40 GiB (20 GiB) is not.
+    one = [Point(8, 10 * GIB, True)]
+    with_floor = shrink_after_oom(one, 64, 64, 40 * GIB, 0.5, 1, fixed_bytes=6 * GIB, floor=6 * GIB)
+    assert with_floor is not None and with_floor.micro_batch == 32 and "budget 2.47e+10 B" in with_floor.reason
+    assert shrink_after_oom(one, 64, 64, 40 * GIB, 0.5, 1, fixed_bytes=6 * GIB).micro_batch == 16  # type: ignore[union-attr]
+    grow = propose_growth(one, 8, 64, 40 * GIB, 0.5, fixed_bytes=6 * GIB, floor=6 * GIB)
+    assert grow is not None and grow.micro_batch == 32
+    assert propose_growth(one, 8, 64, 40 * GIB, 0.5, fixed_bytes=6 * GIB).micro_batch == 16  # type: ignore[union-attr]
+
+
+def test_a_bound_exactly_at_the_limit_proves_nothing() -> None:
+    # 64 GiB held and asked at 64 scale to exactly the 32 GiB limit at 32: it may still fit.
+    oom = OomFigures(64, 32 * GIB, 32 * GIB, 32 * GIB)
+    assert oom.need_at(32) == 32 * GIB and not oom.proves_unfit(32) and unfit(32, [], oom) is None
+    assert oom.proves_unfit(33)
+
+
+def test_the_safe_line_replaces_a_fit_only_past_its_edges() -> None:
+    # A line through the origin is believed, even with a measured fixed memory below it: it is the
+    # larger prediction (32 GiB at 32, where the safe line through 1 GiB says 28.1 GiB).
+    assert fit([Point(8, 8 * GIB, True), Point(16, 16 * GIB, True)], GIB) == Fit(0.0, GIB, 2)
+    # A flat line is not (it would predict that any size fits): the safe line through 0 instead.
+    assert fit([Point(8, 10 * GIB, True), Point(16, 10 * GIB, True)]) == Fit(0.0, 10 * GIB / 8, 2)
+    # One byte a sample is a rise.
+    assert fit([Point(8, 10 * GIB, True), Point(16, 10 * GIB + 8, True)]) == Fit(10 * GIB - 8, 1.0, 2)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from oomguard.supervisor.decide.fitstore import JobKey
-from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.decide.memmodel import OomFigures, Point
 from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
-from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
+from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.gpu import GpuReading
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
@@ -122,3 +122,43 @@ def test_the_probes_figures_at_an_oom_need_the_allocation_and_name_its_own_micro
     assert figures_at_oom(AllocatorOom("cuda:0", GIB, None, None, None, 80 * GIB), 64) is None
     own = figures_at_oom(AllocatorOom("cuda:0", GIB, 70 * GIB, 74 * GIB, None, 80 * GIB, micro_batch=32), 64)
     assert own is not None and own.micro_batch == 32
+
+
+# --predict-shrink's bookkeeping: the fixed memory and the address-space floor the tuner learns.
+
+def test_the_probes_progress_at_an_oom_gives_its_figures_and_its_own_micro_batch() -> None:
+    progress = OomProgress("address_space", None, 20, 160, 180, None, 0.5)
+    assert figures_at_oom(None, 8, progress) == OomFigures(8, 20, 160, 180, 0, 0.5, True)
+    named = OomProgress("cuda_allocated", 16, 20, 160, 180, 100, 1.0)
+    assert figures_at_oom(None, 8, named) == OomFigures(16, 20, 160, 180, 100, 1.0, False)
+
+
+def test_what_a_gpu_worker_held_after_its_first_step_becomes_the_fixed_memory() -> None:
+    tuner = SizeTuner(64, 1, 0.1)
+    report = AllocatorReport()
+    report.take({"type": "step", "step": 1, "devices": {"0": {"allocated_peak": 10 * GIB, "limit_bytes": 80 * GIB}},
+                 "held_after_first_step": {"cuda_allocated": 10 * GIB}})
+    assert tuner.peak_bytes(None, None, report) == 10 * GIB and tuner.fixed_bytes == 0  # all of the peak: not fixed
+    report.take({"type": "step", "step": 2, "devices": {"0": {"allocated_peak": 12 * GIB, "limit_bytes": 80 * GIB}},
+                 "held_after_first_step": {"cuda_allocated": 4 * GIB}})
+    assert tuner.peak_bytes(None, None, report) == 12 * GIB and tuner.fixed_bytes == 10 * GIB
+    assert not tuner.address_space and tuner.allocator_limit == 80 * GIB
+
+
+def test_an_address_space_step_makes_the_tuner_count_address_space() -> None:
+    tuner = SizeTuner(64, 1, 0.1)
+    report = AllocatorReport()
+    report.take({"type": "step", "step": 1, "vm_limit_bytes": 40 * GIB, "vm_peak_bytes": 10 * GIB, "devices": {}})
+    assert tuner.peak_bytes(None, None, report) == 10 * GIB
+    assert (tuner.address_space, tuner.allocator_limit) == (True, 40 * GIB)
+
+
+def test_the_shrink_hint_passes_the_fixed_memory_and_the_floor() -> None:
+    # 10 GiB at 8 with 6 GiB fixed under a 40 GiB address-space limit: half the room above the 6 GiB
+    # is 23 GiB, enough for 32 (22 GiB); without the floor 20 GiB, without the fixed memory 1.25 GiB a sample.
+    tuner = SizeTuner(64, 1, 0.5, points=[Point(8, 10 * GIB, True)], allocator_limit=40 * GIB,
+                      fixed_bytes=6 * GIB, address_space=True)
+    hint = tuner.shrink_hint(64, None)
+    assert hint is not None and hint.micro_batch == 32
+    tuner.address_space = False  # the same figures of allocated memory: the margin is of all of it
+    assert tuner.shrink_hint(64, None).micro_batch == 16  # type: ignore[union-attr]

@@ -12,10 +12,10 @@ questions, both restricted to divisors of the per-process batch so the global ba
   ever failed.
 
 With a single successful point the model assumes no fixed memory (peak scales with the
-micro-batch), or, where the probe measured what the process held before its first forward
-(``fixed_bytes``), that much. Both under-state the real fixed memory (the measured one lacks the
-gradients and the optimizer state a first step allocates), which over-estimates the per-sample cost,
-so predictions from one point err on the safe side.
+micro-batch), or, where the probe measured what the process held before its first forward or right
+after its first optimizer step (``fixed_bytes``), that much. Neither over-states the real fixed memory
+(the one before the first forward lacks the gradients and the optimizer state a first step allocates),
+so the per-sample cost is not under-estimated and predictions from one point err on the safe side.
 
 The budget is ``capacity * (1 - margin)``; where a ``floor`` is given (under ``RLIMIT_AS``: the address
 space mapped before the first forward, libraries mostly, which no margin needs to protect) the
@@ -238,7 +238,7 @@ def propose_growth(
 
 
 def _why(model: Fit, room: float, trusted: bool, failed_micro: int | None) -> str:
-    fixed = (f"fixed {model.fixed_bytes:.3g} B measured before the first forward" if model.fixed_bytes
+    fixed = (f"fixed {model.fixed_bytes:.3g} B measured by the probe" if model.fixed_bytes
              else "no fixed memory assumed")
     shape = (
         f"fixed {model.fixed_bytes:.3g} B + {model.per_sample_bytes:.3g} B/sample from {model.points} sizes"
