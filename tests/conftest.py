@@ -6,49 +6,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from containers import XDIST_GROUP as CONTAINERS
 from support import MemoryCgroups
 
 from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 
-# Under pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`) a test goes to whichever process is free,
-# except that the tests of one xdist_group run on one process, one after another.
-_WIDER = {"module": 1, "package": 2, "session": 3}
+# Under pytest-xdist scripts/test.sh runs `-n 2 --dist loadfile --no-loadscope-reorder`: the tests of one file run
+# on one process (a module-scoped fixture, such as a finished run or a zygote, is made once), and the files go out
+# in the order collected. Not loadgroup: pytest 9.2 ignores the test ids it rewrites to carry the groups
+# (pytest-dev/pytest-xdist#1386), and every test then goes out on its own.
+FIRST = "tests/test_docker.py"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that share an expensive fixture (module or session scope: a finished run, a live dashboard, a
-    zygote) run on one process, so it is made once, not once per process. The container tests go first: on a
-    fresh machine their images take minutes to build, mostly waiting on the network, while the other
-    process runs the rest; last, they would be the run's tail."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            shared = _widest_shared_fixture(item)
-            if shared is not None:
-                item.add_marker(pytest.mark.xdist_group(shared))
-    items.sort(key=_order)  # stable: the groups' tests, and the others, stay in the order they were collected
-
-
-def _order(item: pytest.Item) -> int:
-    """The container tests first, then the other groups (their costly fixtures early, short tests last to fill
-    in), then the rest; scripts/test.sh keeps this order (--no-loadscope-reorder)."""
-    groups = [mark.args[0] for mark in item.iter_markers("xdist_group") if mark.args]
-    return 0 if CONTAINERS in groups else 1 if groups else 2
-
-
-def _widest_shared_fixture(item: pytest.Item) -> str | None:
-    """``where::name`` of the widest-scoped fixture of the tests' own that the test uses, if any is wider than
-    the test (pytest's own, such as tmp_path_factory, have no ``baseid`` and are cheap)."""
-    info = getattr(item, "_fixtureinfo", None)
-    found: tuple[int, str] | None = None
-    for name in getattr(item, "fixturenames", ()):
-        defs = info.name2fixturedefs.get(name) if info is not None else None
-        if not defs or not defs[-1].baseid or defs[-1].scope not in _WIDER:
-            continue
-        wide = (_WIDER[defs[-1].scope], f"{defs[-1].baseid}::{name}")
-        found = wide if found is None or wide[0] > found[0] else found
-    return None if found is None else found[1]
+    """tests/test_docker.py first: on a fresh machine its image (and the Debian base that
+    tests/test_systemd_pid1.py builds on too) takes minutes, mostly waiting on the network, while the other
+    process runs the rest; collected in its place, it could run beside the systemd file on the other process,
+    both then waiting on one build lock, or come last and be the run's tail."""
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] != FIRST)  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)

@@ -50,9 +50,6 @@ GLOBAL = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 # asks for RLIMIT_NOFILE 1048576: a container may not be given more than either.
 PODMAN_NPROC = 32768
 PODMAN_NOFILE = 1048576
-# The tests that build or run an image are one pytest-xdist group: they run on one process, first
-# (tests/conftest.py), and one build waits on another's lock anyway.
-XDIST_GROUP = "containers"
 
 
 def unavailable() -> str | None:

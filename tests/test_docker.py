@@ -247,7 +247,6 @@ def image() -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xdist_group(containers.XDIST_GROUP)
 def test_the_image_says_its_version(image: str) -> None:
     started = time.monotonic()
     out = containers.podman("run", "--rm", "--network", "none", *containers.ulimits(), image, "--version")
@@ -258,7 +257,6 @@ def test_the_image_says_its_version(image: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xdist_group(containers.XDIST_GROUP)
 def test_a_job_recovers_in_the_container_while_its_healthcheck_passes(image: str) -> None:
     name = f"oomguard-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()

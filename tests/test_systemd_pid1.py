@@ -33,7 +33,6 @@ import pytest
 from oomguard.supervisor.lifecycle import exits
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group(containers.XDIST_GROUP)
 JOBS = "/srv/jobs"  # the test's tmp directory, mounted read-write: the host reads the checkpoints there
 JOB = """\
 import argparse, os, signal, sys, time
