@@ -34,7 +34,7 @@ def test_accelerate_launch_recovers_an_oom_on_one_process(tmp_path: Path) -> Non
             "--resume-args", "--resume_from_checkpoint {checkpoint}", "--",
             ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", EXAMPLE,
             "--batch_size", "{micro_batch}", "--gradient_accumulation_steps", "{grad_accum}",
-            "--memory_budget_mb", "185"]
+            "--memory_budget_mb", "340"]  # fails at 16 and fits at 8 by 100 MB or more (the example says why)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ACCELERATE_USE_CPU": "1", "HF_HOME": str(tmp_path / "hf")}
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -6,6 +6,7 @@ overwrote), then the wheel built from this tree. Both programs must work afterwa
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -21,9 +22,12 @@ pytestmark = pytest.mark.slow
 
 def _sh(*argv: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     # Not from the checkout: `python -c` puts the working directory first on sys.path, and the
-    # checkout's own oomguard/ folder would then stand in for the installed wheel.
+    # checkout's own oomguard/ folder would then stand in for the installed wheel. Nor with a PYTHONPATH
+    # naming the checkout: pip would take its oomguard.egg-info (an editable install's) for oomguard
+    # installed already and leave the wheel out.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False,
-                          cwd=Path(argv[0]).anchor)
+                          cwd=Path(argv[0]).anchor, env=env)
 
 
 @pytest.fixture(scope="module")

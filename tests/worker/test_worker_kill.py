@@ -56,12 +56,17 @@ def reference(zygote: Zygote, out: Path, extra: list[str]) -> tuple[Path, Path]:
     return out / "w.pt", out / "samples.jsonl"
 
 
-def writing(ckpt: Path) -> bool:
-    """A checkpoint is being written right now (its temp directory exists)."""
+def writing(ckpt: Path, pid: int) -> bool:
+    """Process ``pid`` is writing a checkpoint right now (its temp directory, ``.checkpoint-N.tmp-PID-THREAD``,
+    exists; one a process killed earlier left behind is not this one's)."""
     try:
-        return any(name.startswith(".checkpoint-") for name in os.listdir(ckpt))
+        return any(name.startswith(".checkpoint-") and f".tmp-{pid}-" in name for name in os.listdir(ckpt))
     except FileNotFoundError:
         return False
+
+
+def progress(out: Path) -> int:
+    return sum(e["type"] == "progress" for e in events(out / "events.jsonl"))
 
 
 def campaign(zygote: Zygote, out: Path, argv: list[str], kills: int, seed: int) -> dict[str, int]:
@@ -71,13 +76,17 @@ def campaign(zygote: Zygote, out: Path, argv: list[str], kills: int, seed: int) 
     env = {"OOMGUARD_EVENTS": str(out / "events.jsonl")}
     seen = {"killed": 0, "mid_write": 0, "finished_early": 0}
     while seen["killed"] < kills:
+        steps = progress(out)
         pid = zygote.spawn(argv, out / "log.txt", env)
+        # The kill lands in training, after the first step (its progress record): on a loaded machine the start
+        # alone can outlast the random delay, and no kill would then come after a checkpoint or a resume.
+        wait_for(lambda n=steps: progress(out) > n, timeout=60, interval=0.01)
         if seen["killed"] % 2:  # every other kill aims at a checkpoint write in progress
-            wait_for(lambda: writing(ckpt), timeout=2.0)
+            wait_for(lambda p=pid: writing(ckpt, p), timeout=10)
         else:
             time.sleep(rnd.uniform(0.0, 0.25))
         os.kill(pid, signal.SIGKILL)
-        mid_write = writing(ckpt)
+        mid_write = writing(ckpt, pid)
         status = zygote.wait(pid)
         if status == 0:
             seen["finished_early"] += 1
