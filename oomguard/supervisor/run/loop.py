@@ -704,7 +704,10 @@ class Supervisor:
         if fits:
             self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
         oom = self._figures_at_oom(outcome)
-        hint = (self.tuner.shrink_hint(failure.micro_batch, self.last_sample, oom)
+        # Address space under RLIMIT_AS proves nothing: threads' stacks and malloc arenas mapped after the
+        # first forward are counted as if they followed the batch. Only the prediction may use it.
+        proof = oom if oom is not None and not oom.address_space else None
+        hint = (self.tuner.shrink_hint(failure.micro_batch, self.last_sample, proof)
                 if verdict.kind.is_memory and fits else None)
         if hint is not None:
             self._event("memory_model", micro_batch=hint.micro_batch, predicted_bytes=hint.predicted_peak,
@@ -738,7 +741,8 @@ class Supervisor:
         if progress is not None and (progress.memory == "cuda_allocated") != (kind is FailureKind.CUDA_OOM):
             progress = None  # a record of the other device's OOM (one the script caught): not this failure's
         oom = figures_at_oom(cuda, self.plan.batch.micro_batch, progress)
-        self.tuner.learn(oom)
+        if oom is not None and (self.config.predict_shrink or not oom.address_space):
+            self.tuner.learn(oom)  # the address-space model serves the prediction and the growth after it only
         return oom
 
     def _predicted(self, decision: Decision, failed_micro: int, oom: OomFigures | None) -> Decision:
