@@ -150,3 +150,46 @@ def test_an_uncaught_cpu_out_of_memory_is_reported_then_raised_as_before(tmp_pat
     [oom] = records(tmp_path, "oom")
     assert (oom["device"], oom["requested_bytes"], oom["step"], oom["micro_batch"]) == ("cpu", 2**50, 9, 8)
     assert last_step(tmp_path) == 9  # the steps since the last record were written at exit
+
+
+NANOGPT_SAVES = """
+import io, os, sys, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+os.makedirs("out", exist_ok=True)
+torch.save(model.state_dict(), "out/init.pt")  # before the first step: a resumed count is not known yet
+for it in range(8):
+    if it == 3:  # nanoGPT: torch.save to a temp name, then os.replace onto out/ckpt.pt
+        torch.save({"model": model.state_dict(), "iter_num": it}, "out/ckpt.pt.tmp")
+        os.replace("out/ckpt.pt.tmp", "out/ckpt.pt")
+        print("mtime", os.stat("out/ckpt.pt").st_mtime)
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+torch.save(model.state_dict(), io.BytesIO())  # into a buffer: no path to report
+try:
+    torch.save(model.state_dict(), "no/such/dir/x.pt")
+except Exception as exc:  # the save's own error reaches the program unchanged
+    print("save failed:", type(exc).__name__)
+from torch import save
+print("wrapped once:", save is torch.save, save.__wrapped__ is torch.serialization.save)
+"""
+
+
+def test_a_checkpoint_save_is_reported_with_the_step_it_was_written_at(tmp_path: Path) -> None:
+    """nanoGPT's ``ckpt.pt`` has no step in its name, and step records come at most every half second
+    (here likely steps 1 and 8 only, around a save made after three). The probe's ``save`` record
+    brackets the file's mtime (renamed from its temp name) with the step counted at the save."""
+    from oomguard.supervisor.observe.progress import AttemptWatch
+
+    out = run_script(tmp_path, NANOGPT_SAVES)
+    assert "save failed: RuntimeError" in out.stdout and "wrapped once: True True" in out.stdout
+    mtime = float(out.stdout.split("mtime ")[1].split()[0])
+    first, saved, buffer = records(tmp_path, "save")  # the failed save wrote no record
+    assert first["path"] == str(tmp_path / "out" / "init.pt") and first["step"] is None
+    assert saved["path"] == str(tmp_path / "out" / "ckpt.pt.tmp") and saved["step"] == 3
+    assert saved["started"] - 0.05 <= mtime <= saved["t"] + 0.05
+    assert buffer["path"] is None and buffer["step"] == 8
+    watch = AttemptWatch()
+    for record in records(tmp_path):
+        watch.take(record, 0.0)
+    # The mtime is the kernel's coarse clock's, a tick before the save began by time.time(): the window's slack.
+    assert watch.step_at(mtime) == 3

@@ -296,3 +296,31 @@ def test_a_checkpoint_rewritten_or_rotated_away_later_counts_for_the_attempt_tha
     assert failure["resumed_from"] == {"path": ckpt, "step": 4} and failure["steps_lost"] == 0
     assert [(w["mtime"], w["attempt"]) for w in journal.checkpoint_writes() if w["path"] == ckpt] == [
         (1030.0, 1), (1045.0, 2)]
+
+
+def test_a_same_name_rewrite_of_unknown_step_is_reported_as_unknown_not_as_the_old_step(
+        scripted: tuple[Journal, Clock]) -> None:
+    """nanoGPT rewrites ``out/ckpt.pt``: attempt 1 saved it at step 3, then again just before it died,
+    a write first seen at the restart, when no step can be told for it. The next attempt resumed
+    from that write: its step is unknown, not the 3 the file held before (a supervisor that reports
+    a step it did not see is worse than none)."""
+    journal, clock = scripted
+    ckpt = "out/ckpt.pt"
+    journal.start_attempt(1, 11, plan(16, 2), None, ["train"], "logs/attempt-1.log")
+    at(clock, 1031)
+    assert journal.checkpoint_seen(ckpt, 3, 1030.0, 1)
+    fail(journal, clock, 1, 1040, "host_oom", "restart", (8, 4), last_step=7)
+    at(clock, 1041)
+    assert journal.checkpoint_seen(ckpt, None, 1039.0, None)  # rewritten at 1039, seen at the restart
+    assert [(c["step"], c["mtime"], c["attempt"]) for c in journal.checkpoints()] == [(None, 1039.0, None)]
+    journal.start_attempt(2, 12, plan(8, 4), ckpt, ["train"], "logs/attempt-2.log")
+    at(clock, 1060)
+    journal.end_attempt(2, returncode=0, exit_code=0, decision="finished", last_step=9)
+    journal.transition("running", "succeeded", "worker finished (attempt 2)", 2)
+    journal.set_meta(state="succeeded")
+
+    doc = build_report(journal)
+    (failure,) = doc["failures"]
+    assert failure["resumed_from"] == {"path": ckpt, "step": None} and failure["steps_lost"] is None
+    assert not doc["steps_lost_exact"]
+    assert "a checkpoint of unknown step" in "\n".join(format_report(doc).splitlines())

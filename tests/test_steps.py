@@ -95,6 +95,12 @@ def test_a_checkpoint_rewritten_at_a_later_step_is_progress_the_same_step_is_not
     assert not journal.checkpoint_seen(ckpt, 3, 110.0, 2)  # nanoGPT re-saves at once after resuming
     assert journal.checkpoint_seen(ckpt, 6, 120.0, 2)  # a later step: progress
     assert [(c["step"], c["mtime"]) for c in journal.checkpoints()] == [(6, 120.0)]
+    # Rewritten again, and seen only once its step can no longer be told (at the restart): the file's
+    # step is unknown now, not the 6 it held before.
+    assert journal.checkpoint_seen(ckpt, None, 130.0, None)
+    assert [(c["step"], c["mtime"], c["attempt"]) for c in journal.checkpoints()] == [(None, 130.0, None)]
+    assert [(w["step"], w["mtime"]) for w in journal.checkpoint_writes()] == [
+        (3, 100.0), (3, 110.0), (6, 120.0), (None, 130.0)]
     journal.close()
 
 
@@ -140,3 +146,22 @@ def test_a_bar_glued_to_a_checkpoint_message_still_gives_its_step() -> None:
 ])
 def test_lightning_bars_in_optimizer_steps(line: str, per_step: int, expected: StepSeen) -> None:
     assert StepMatcher(batches_per_step=per_step).match(line) == expected
+
+
+def test_a_checkpoint_takes_the_step_of_the_probes_save_not_the_last_step_record() -> None:
+    """The failure seen end to end: step records come at most every half second, so the last one
+    before nanoGPT's ckpt.pt was written said step 1 while the save was made after step 3 (the
+    report said it resumed from step 1). The probe's ``save`` record brackets the file's mtime."""
+    watch = AttemptWatch()
+    watch.take({"type": "step", "t": 100.0, "step": 1, "steps": 1, "pid": 7}, 0.0)
+    assert watch.step_at(100.3) == 1  # without the save record: only the lower bound
+    assert not watch.take({"type": "save", "t": 100.32, "started": 100.3, "step": 3, "path": None, "pid": 7}, 0.0)
+    watch.take({"type": "step", "t": 100.5, "step": 4, "steps": 3, "pid": 7}, 0.0)
+    watch.take({"type": "save", "t": 100.35, "started": 100.34, "step": 4, "path": None, "pid": 7}, 0.0)
+    assert watch.step_at(100.31) == 3 and watch.step_at(100.28) == 3  # the mtime's coarse clock lags a tick
+    assert watch.step_at(100.34) == 4  # two saves near: the one running at the mtime
+    assert watch.step_at(100.2) == 1 and watch.step_at(100.6) == 4  # no save then: the step records
+    # nanoGPT re-saves right after resuming, before the first step reads the resumed count: no step
+    # from the save (its count would say 0), the output's or step records' stand.
+    watch.take({"type": "save", "t": 100.61, "started": 100.6, "step": None, "path": None, "pid": 7}, 0.0)
+    assert watch.step_at(100.6) == 4

@@ -1,4 +1,4 @@
-"""Start the probe: wait for torch, then hook its optimizer steps, its allocator and OOMs.
+"""Start the probe: wait for torch, then hook its optimizer steps, its allocator, its saves and OOMs.
 
 ``sitecustomize`` calls ``start()`` in every Python process of the worker. Until the program
 imports torch the probe is one finder on ``sys.meta_path``; a program that never does pays one
@@ -53,6 +53,12 @@ def _attach(torch: ModuleType) -> None:
             os.register_at_fork(after_in_child=tracker.forget)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
+    try:
+        from . import saves
+
+        saves.install(torch, lambda: counter.known)  # a checkpoint's step, where its name has none
+    except Exception as exc:
+        channel.failed(f"save reporting not installed: {type(exc).__name__}: {exc}")
     try:
         oom.OomReporter(torch, lambda: counter.step, tracker).attach()
     except Exception as exc:

@@ -56,6 +56,12 @@ class StepCounter:
         self._next = 0.0
         self._said: set[str] = set()
 
+    @property
+    def known(self) -> int | None:
+        """The step reached, or None before this process's first optimizer step: a resumed count is
+        read at that step (``resumed_step``), so before it the count says 0 after a resume."""
+        return self.step if self._local > 0 else None
+
     def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """torch's global optimizer post hook: one step of ``optimizer``. Never raises into it."""
         try:

@@ -47,6 +47,10 @@ STEP = "step"  # step (the optimizer step reached, resumed count included), step
 #                vm_limit_bytes (RLIMIT_AS, or None) and, under it, vm_peak_bytes (the address space's peak);
 #                held_after_first_step: {"address_space"|"rss"|"cuda_allocated": bytes} read right after the
 #                process's first optimizer step (weights, gradients, optimizer state), once it is known
+SAVE = "save"  # path (the file torch.save was given, absolute; None for a file object), step (the optimizer
+#                step reached when the save began; None before the process's first optimizer step),
+#                started (Unix time it began; ``t`` is when it returned): a checkpoint file whose mtime
+#                lies between was written at that step
 OOM = "oom"  # device ("cuda:N" | "cpu"), step, requested_bytes, allocated_bytes, reserved_bytes, free_bytes,
 #              total_bytes, fraction (set_per_process_memory_fraction, or None), micro_batch: at a CUDA OOM,
 #              from torch's OOM observer; at an uncaught out-of-memory exception, what is known.
@@ -64,6 +68,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     BATCH: ("micro_batch", "grad_accum", "reason"),
     PROBE: ("state", "pid"),
     STEP: ("step", "steps", "pid"),
+    SAVE: ("step", "started", "pid"),
     OOM: ("device", "pid"),
 }
 

@@ -29,6 +29,7 @@ from oomguard.worker import protocol
 
 PROGRESS_EVENT_EVERY = 10.0  # progress records are journaled as events at most this often
 STAMP_SLACK = 0.25  # seconds: see AttemptWatch.step_at
+MTIME_SLACK = 0.05  # seconds: a file's mtime comes from the kernel's coarse clock, a tick behind time.time()
 REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH, protocol.STEP)
 
@@ -55,6 +56,7 @@ class AttemptWatch:
     first_step: int = 0
     total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
+    saves: list[tuple[float, float, int]] = field(default_factory=list)  # probe torch.save: (began, returned, step)
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
     allocator: AllocatorReport = field(default_factory=AllocatorReport)  # the probe's steps and allocator figures
     liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
@@ -106,8 +108,14 @@ class AttemptWatch:
                          "t": wall, "source": "output"}
 
     def step_at(self, wall: float) -> int | None:
-        """The last step the output showed at or before ``wall`` (a checkpoint file's mtime): the
-        step of a checkpoint whose name carries none, such as nanoGPT's ``ckpt.pt``."""
+        """The step of a checkpoint whose name carries none (nanoGPT's ``ckpt.pt``) written at
+        ``wall`` (its mtime): the step of the probe's ``torch.save`` that was writing then; else
+        the last step the output (or the probe's step records) showed at or before it."""
+        # The save whose run is nearest the mtime (inside it, or a coarse clock's tick before it).
+        nearest = min(((max(began - wall, wall - returned, 0.0), -i, step)
+                       for i, (began, returned, step) in enumerate(self.saves)), default=None)
+        if nearest is not None and nearest[0] <= MTIME_SLACK:
+            return nearest[2]
         # A line is stamped when read, a beat after it was printed (and a file's mtime comes from
         # the kernel's coarse clock), so a step printed just before the save can be stamped after
         # it: allow a quarter second, less than the two iterations a later step would take.
@@ -151,6 +159,9 @@ class AttemptWatch:
             self.last_progress = now
         if kind in (protocol.STEP, protocol.OOM):
             return self._take_probe(record, now)
+        if kind == protocol.SAVE:
+            self._take_save(record)
+            return False  # the checkpoint, once it settles, is the event
         if kind == protocol.PROGRESS:
             if self.resume is not None and isinstance(record.get("step"), int):
                 self.resume.see(record["step"], record.get("total_steps"))
@@ -172,6 +183,13 @@ class AttemptWatch:
             return False
         self.last_progress_event = now
         return True
+
+    def _take_save(self, record: dict[str, Any]) -> None:
+        """The probe's record of one ``torch.save``: when it ran and at which step (see step_at). A
+        save before the process's first step says no step: the output's, if any, stands for it."""
+        began, returned, step = record.get("started"), record.get("t"), record.get("step")
+        if isinstance(began, (int, float)) and isinstance(returned, (int, float)) and isinstance(step, int):
+            self.saves = (self.saves + [(float(began), float(returned), step)])[-64:]
 
     def _take_probe(self, record: dict[str, Any], now: float) -> bool:
         """A probe record: a step record is progress (journaled as an event at most every

@@ -183,8 +183,10 @@ class Journal:
             old_step, old_mtime = db.execute("SELECT step, mtime FROM checkpoints WHERE path = ?", (path,)).fetchone()
             if mtime <= old_mtime:
                 return False
-            db.execute("UPDATE checkpoints SET mtime = ?, step = coalesce(?, step), attempt = coalesce(?, attempt) "
-                       "WHERE path = ?", (mtime, step, attempt, path))
+            # A new write under the same name: its step and writer are this write's, unknown when
+            # unknown. The old write's step would claim work this file may no longer hold.
+            db.execute("UPDATE checkpoints SET mtime = ?, step = ?, attempt = ? WHERE path = ?",
+                       (mtime, step, attempt, path))
             return step is None or old_step is None or step > old_step
 
     def mark_bad(self, path: str, reason: str) -> None:

@@ -156,8 +156,8 @@ def _resume_point(nxt: dict[str, Any] | None, by_path: dict[str, dict[str, Any]]
     known = by_path.get(nxt["checkpoint"], {})
     found = [w for w in writes if w["path"] == nxt["checkpoint"] and w["mtime"] <= nxt["started"]]
     if found:
-        known = {**known, "step": found[-1]["step"] if found[-1]["step"] is not None else known.get("step"),
-                 "mtime": found[-1]["mtime"]}
+        # That write's step, unknown when it was unknown: the file's step now may be a later write's.
+        known = {**known, "step": found[-1]["step"], "mtime": found[-1]["mtime"]}
     return {"path": nxt["checkpoint"], "step": known.get("step"), "mtime": known.get("mtime"),
             "bad": bool(known.get("bad"))}
 
