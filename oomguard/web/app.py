@@ -36,6 +36,7 @@ from oomguard.web.timeline import chart_point, downsample
 STATIC = Path(__file__).parent / "static"
 MAX_ATTEMPT = 1_000_000
 MAX_ID = 2**62
+FINAL_CHECKPOINTS = 20  # in a stream's `end` event: as many as /api/checkpoints gives by default
 MAX_TIME = 1e11  # year 5138: any larger "time" is a client error, not a query
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
@@ -64,8 +65,9 @@ def create_app(run_dir: Path, control: Control | None, token: str | None, *,
     if allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     _add_error_handlers(app)
-    _add_read_routes(app, pool, Path(run_dir), getattr(control, "degradations", None))
-    _add_live_routes(app, pool, broker)
+    markers = MarkerScan()
+    _add_read_routes(app, pool, markers, Path(run_dir), getattr(control, "degradations", None))
+    _add_live_routes(app, pool, markers, broker)
     _add_control_routes(app, control, token)
     _add_page(app)
     return app
@@ -85,8 +87,14 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {"model": models.ProblemVi
                                                        "description": "no journal yet, or it is busy"}}
 
 
-def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any = None) -> None:
-    markers = MarkerScan()
+def _attempts(pool: JournalPool) -> list[dict[str, Any]]:
+    return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"]),
+             "exit": exit_text(row["exit_code"], row["signal"], row["returncode"]) if row["ended"] else None}
+            for row in pool.get().attempts()]
+
+
+def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_dir: Path,
+                     live: Any = None) -> None:
     status = StatusCache(pool)
 
     @app.get("/api/status", response_model=models.Status, responses=_UNAVAILABLE, tags=["read"])
@@ -100,9 +108,7 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any =
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])
     def get_attempts() -> list[dict[str, Any]]:
         """Every attempt: its batch, how it ended (kind, evidence) and what was decided."""
-        return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"]),
-                 "exit": exit_text(row["exit_code"], row["signal"], row["returncode"]) if row["ended"] else None}
-                for row in pool.get().attempts()]
+        return _attempts(pool)
 
     @app.get("/api/events", response_model=list[models.Event], responses=_UNAVAILABLE, tags=["read"])
     def get_events(since: Annotated[int, Query(ge=0, le=MAX_ID, description="events after this id")] = 0,
@@ -155,8 +161,12 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, run_dir: Path, live: Any =
         return {"ok": True, "state": state, "supervisor_alive": supervisor_alive(meta)}
 
 
-def _add_live_routes(app: FastAPI, pool: JournalPool, broker: ChangeBroker) -> None:
+def _add_live_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, broker: ChangeBroker) -> None:
     registry = make_registry(pool.get)
+
+    def tables() -> dict[str, Any]:  # what /api/attempts, /api/markers and /api/checkpoints answer
+        return {"attempts": _attempts(pool), "markers": markers.markers(pool.get()),
+                "checkpoints": pool.get().checkpoints()[:FINAL_CHECKPOINTS]}
 
     @app.get("/metrics", response_class=Response, tags=["read"],
              responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text"}})
@@ -166,14 +176,16 @@ def _add_live_routes(app: FastAPI, pool: JournalPool, broker: ChangeBroker) -> N
 
     @app.get("/api/stream", response_class=StreamingResponse, tags=["read"],
              responses={200: {"content": {"text/event-stream": {}},
-                              "description": "events `status`, `journal` (with ids) and `sample`"},
+                              "description": "events `status`, `journal` (with ids) and `sample`; "
+                                             "when the server stops, `end` (why, and the final "
+                                             "attempts, markers and checkpoints)"},
                         503: {"model": models.ProblemView, "description": "too many live streams"}})
     async def live(since: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
                    last_event_id: Annotated[int | None, Header(ge=0, le=MAX_ID)] = None) -> Response:
         """Server-sent events of changes; reconnecting clients resume after ``Last-Event-ID``."""
         start = last_event_id if last_event_id is not None else since
         try:
-            body = stream(pool, broker, start)
+            body = stream(pool, broker, start, tables)
             first = await anext(body)  # subscribes now, so "too many" is an error, not a broken stream
         except TooManyStreams as exc:
             return JSONResponse({"detail": str(exc)}, status_code=503)

@@ -37,6 +37,7 @@ DEFAULT_PORT = 8765
 TOKEN_NAME = "token"
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
+DRAIN_TIMEOUT = 1.0  # at most this long, open pages are sent the final state before the server goes
 RESTART_FIRST = 2.0  # seconds before a crashed dashboard is started again; doubled on each failure
 RESTART_MAX = 300.0
 
@@ -72,9 +73,12 @@ class WebServer:
         """The thread ended without being asked to."""
         return not self.thread.is_alive() and not self.server.should_exit
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Close live streams, let requests finish, then give up waiting (the thread is a daemon)."""
-        self.broker.close()
+    def stop(self, timeout: float = STOP_TIMEOUT, why: str | None = None) -> None:
+        """Close live streams (each sends the final state and ``why``), stop accepting once they
+        have, let requests finish, then give up waiting (the thread is a daemon)."""
+        self.broker.close(why)
+        if not self.crashed:  # a dead server's streams have gone with it
+            self.broker.wait_drained(DRAIN_TIMEOUT)
         self.server.should_exit = True
         self.thread.join(timeout / 2)
         if self.thread.is_alive():
@@ -213,7 +217,7 @@ class Dashboard:
 
     def stop(self) -> None:
         self._detach()
-        self.web.stop()
+        self.web.stop(why="The supervisor has exited.")
 
 
 def start_dashboard(supervisor: Supervisor) -> Dashboard:

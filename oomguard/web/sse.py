@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from anyio import to_thread
 
 from oomguard.supervisor.record.status import status_document
 from oomguard.web import redact
-from oomguard.web.journals import JournalPool, last_event_id
+from oomguard.web.journals import JournalPool, JournalUnavailable, last_event_id
 from oomguard.web.timeline import chart_point
 
 POLL_S = 1.0  # samples are not announced by the loop; look for them this often
@@ -47,8 +48,10 @@ class ChangeBroker:
     def __init__(self, max_streams: int = MAX_STREAMS) -> None:
         self.max_streams = max_streams
         self.closed = False
+        self.why = "The dashboard server stopped."  # what the streams' last event tells the pages
         self._subs: set[Subscription] = set()
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
 
     def __call__(self, name: str, data: dict[str, Any]) -> None:
         self.notify()
@@ -74,11 +77,21 @@ class ChangeBroker:
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
             self._subs.discard(sub)
+            self._drained.notify_all()
 
-    def close(self) -> None:
-        """End every stream (server shutdown), so uvicorn's graceful stop does not wait on them."""
+    def close(self, why: str | None = None) -> None:
+        """End every stream (server shutdown), so uvicorn's graceful stop does not wait on them.
+        Each sends the final state and an ``end`` event saying ``why`` first."""
+        if why is not None and not self.closed:
+            self.why = why
         self.closed = True
         self.notify()
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait until every stream has sent its ``end`` (or ``timeout`` passed): the server keeps
+        accepting requests until then, so a page never asks a server that is already gone."""
+        with self._drained:
+            return self._drained.wait_for(lambda: not self._subs, timeout)
 
 
 def sse_message(event: str, data: Any, event_id: int | None = None) -> bytes:
@@ -114,8 +127,23 @@ def read_changes(pool: JournalPool, cursor: Cursor) -> list[bytes]:
     return out
 
 
-async def stream(pool: JournalPool, broker: ChangeBroker, since: int | None) -> AsyncIterator[bytes]:
-    """The body of ``GET /api/stream``: a status snapshot, then changes as they happen."""
+Tables = Callable[[], dict[str, Any]]
+
+
+def _end(broker: ChangeBroker, tables: Tables | None) -> bytes:
+    """The last event of a stream whose server is stopping: why, and the tables the page shows (it
+    cannot ask for them once the server has gone)."""
+    final: dict[str, Any] = {}
+    if tables is not None:
+        with contextlib.suppress(JournalUnavailable, sqlite3.Error):  # then the page keeps what it has
+            final = tables()
+    return sse_message("end", {"why": broker.why, **final})
+
+
+async def stream(pool: JournalPool, broker: ChangeBroker, since: int | None,
+                 tables: Tables | None = None) -> AsyncIterator[bytes]:
+    """The body of ``GET /api/stream``: a status snapshot, then changes as they happen; when the
+    server stops, the final changes and an ``end`` event carrying ``tables()``."""
     sub = broker.subscribe()
     try:
         cursor = await to_thread.run_sync(_open_cursor, pool, since)
@@ -128,6 +156,7 @@ async def stream(pool: JournalPool, broker: ChangeBroker, since: int | None) -> 
             for message in messages:
                 yield message
             if closing:
+                yield await to_thread.run_sync(_end, broker, tables)
                 return
             quiet = 0.0 if messages else quiet + POLL_S
             if quiet >= KEEPALIVE_S:

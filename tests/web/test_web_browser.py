@@ -14,8 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from harness import WORKER, Run, start_fleet, start_run
+
+from oomguard.supervisor.record.journal import Journal
+from oomguard.web.server import start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -116,8 +120,50 @@ def _follows_a_restart_and_a_stop(page: Any, run: Run) -> None:
     expect(page.locator("#state")).to_have_text("stopped", timeout=15_000)
     expect(page.locator("#reason")).to_have_text("The run was stopped on request.")
     expect(page.locator("#live")).to_have_text("ended", timeout=15_000)  # no reconnecting to a server that is gone
-    time.sleep(2.5)  # past the stream's retry interval: nothing tried again
+    expect(page.locator("#ended")).to_have_text("The supervisor has exited. This page no longer updates.")
+    expect(page.locator("#attempts tbody tr").nth(0).locator("td.kind")).not_to_have_text("running")
+    page.wait_for_timeout(2500)  # past the stream's retry interval: nothing tried again (and the console heard)
     assert len(page.context.pages) == before
+
+
+def test_dashboard_shows_the_final_state_when_the_server_goes_right_after_the_run_ends(
+        page: Any, tmp_path: Path) -> None:
+    """The race a full run once hit, made certain: the run's last journal records, then at once the
+    supervisor's exit and its server's. A page refreshing its tables 250 ms after those records would
+    find no server (ERR_CONNECTION_REFUSED in the console); the stream's ``end`` event brings the
+    final tables instead, the page says the supervisor has exited, and asks nothing more."""
+    journal = Journal(tmp_path)
+    journal.set_meta(supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time())
+    plan = {"micro_batch": 4, "grad_accum": 16, "global_batch": 64, "world_size": 1}
+    log = tmp_path / "logs" / "attempt-1.log"
+    log.parent.mkdir()
+    log.write_text("step 1\n")
+    journal.start_attempt(1, os.getpid(), plan, None, ["python", "train.py"], str(log))
+    journal.transition("starting", "running", "attempt 1 started", 1)
+    web = start_server(tmp_path, None, "127.0.0.1", 0)
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    expect = sync_api.expect
+    rows = page.locator("#attempts tbody tr")
+    try:
+        page.goto(web.url)
+        expect(page.locator("#live")).to_have_text("live")
+        expect(rows.nth(0).locator("td.kind")).to_have_text("running")
+        journal.end_attempt(1, returncode=0, exit_code=0)
+        journal.transition("running", "succeeded", "training finished", 1)
+        web.broker.notify()
+        web.stop(why="The supervisor has exited.")  # as the supervisor does once its loop is over
+        expect(page.locator("#state")).to_have_text("succeeded")
+        expect(page.locator("#reason")).to_have_text("Training finished successfully.")
+        expect(rows.nth(0).locator("td.kind")).to_have_text("ok")  # the final table, not a request's
+        expect(page.locator("#ended")).to_have_text("The supervisor has exited. This page no longer updates.")
+        expect(page.locator("#live")).to_have_text("ended")
+        page.wait_for_timeout(1000)  # past the page's 250 ms refresh (time.sleep would not deliver its console)
+        assert errors == []
+    finally:
+        web.stop()
+        journal.close()
 
 
 @pytest.fixture()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import stat
@@ -91,6 +92,41 @@ def test_stop_is_quick_with_a_live_stream_open(run_dir: Path) -> None:
     assert not web.thread.is_alive()
     reader.join(5)
     assert not reader.is_alive()
+
+
+def test_a_stream_ends_with_the_final_tables_and_why_before_the_server_goes(run_dir: Path) -> None:
+    """Pages cannot ask a stopped server for anything: its streams' last event carries what they show."""
+    journal = Journal(run_dir)
+    journal.start_attempt(1, 4242, {"micro_batch": 4, "grad_accum": 2, "global_batch": 8, "world_size": 1},
+                          None, ["python", "train.py"], str(run_dir / "logs" / "attempt-1.log"))
+    web = start_server(run_dir, None, "127.0.0.1", 0)
+    lines: list[str] = []
+    opened = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("GET", web.url + "api/stream", timeout=10) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                opened.set()
+
+    reader = threading.Thread(target=listen, daemon=True)
+    reader.start()
+    try:
+        assert opened.wait(5)
+        journal.end_attempt(1, returncode=0, exit_code=0)
+        journal.transition("running", "succeeded", "training finished", 1)
+        web.stop(why="The supervisor has exited.")
+        reader.join(5)
+        assert not reader.is_alive()
+    finally:
+        web.stop()
+        journal.close()
+    end = lines.index("event: end")
+    assert '"to": "succeeded"' in "".join(lines[:end])  # the final records first
+    final = json.loads(lines[end + 1].removeprefix("data: "))
+    assert final["why"] == "The supervisor has exited."
+    assert [(a["attempt"], a["exit"]) for a in final["attempts"]] == [(1, "exit 0")]
+    assert final["markers"] == [] and final["checkpoints"] == []  # one clean attempt: nothing to mark
 
 
 def test_port_in_use_is_a_clear_error(run_dir: Path, busy_port: int) -> None:

@@ -10,7 +10,9 @@ const MARKER_COLORS = { oom: "#c62828", failure: "#b35900", restart: "#f0a030", 
   checkpoint: "#2e7d32" };
 const TERMINAL = new Set(["succeeded", "failed", "stopped"]);
 
-const view = { status: null, attempts: [], points: [], markers: [], checkpoints: [], logAttempt: null, limitShown: null };
+// ended: the server said it is stopping (its stream's `end` event); nothing is asked of it after that.
+const view = { status: null, attempts: [], points: [], markers: [], checkpoints: [], logAttempt: null, limitShown: null,
+  ended: false };
 
 // --- small helpers -----------------------------------------------------------------------------
 
@@ -169,7 +171,7 @@ function peakAllocated(a) {
 async function refreshLog() {
   const select = $("log-attempt");
   const attempt = select.value || (view.attempts.length ? view.attempts[view.attempts.length - 1].attempt : null);
-  if (!attempt) return;
+  if (!attempt || view.ended) return;
   try {
     const tail = await api(`api/attempts/${attempt}/log?lines=200`);
     const box = $("log");
@@ -314,16 +316,22 @@ function scheduleChart() {
 // --- loading and live updates ----------------------------------------------------------------------
 
 async function refreshTables() {
+  if (view.ended) return;
   const [attempts, markers, checkpoints] = await Promise.all([api("api/attempts"), api("api/markers"),
     api("api/checkpoints?limit=5")]);
-  view.attempts = attempts;
-  view.markers = markers;
-  view.checkpoints = checkpoints;
+  if (view.ended) return;  // the end event's tables are newer
+  renderTables({ attempts, markers, checkpoints });
+  await refreshLog();
+}
+
+function renderTables(tables) {
+  view.attempts = tables.attempts;
+  view.markers = tables.markers;
+  view.checkpoints = tables.checkpoints;
   renderAttempts();
   renderBatchHistory();
   renderCheckpoints();
   scheduleChart();
-  await refreshLog();
 }
 
 async function load() {
@@ -352,6 +360,21 @@ function connect() {
   source.addEventListener("journal", (e) => {
     const kind = JSON.parse(e.data).kind;
     if (kind !== "worker_progress" && kind !== "worker_heartbeat") throttle(() => refreshTables().catch(showError), 250);
+  });
+  // The server is stopping (the supervisor exited): the stream's last event carries the final tables,
+  // because a request sent from now on would find no server.
+  source.addEventListener("end", (e) => {
+    const end = JSON.parse(e.data);
+    view.ended = true;
+    clearTimeout(pending);
+    pending = null;
+    source.close();
+    if (end.attempts) renderTables(end);
+    live.textContent = "ended";
+    live.className = "live";
+    live.title = end.why;
+    $("ended").textContent = `${end.why} This page no longer updates.`;
+    $("ended").hidden = false;
   });
   source.addEventListener("sample", (e) => {
     view.points.push(JSON.parse(e.data));
