@@ -930,7 +930,8 @@ class Canary:
         steps = self.steps()
         rate = window_rate(steps, row["window"], stat=self.stat)
         row["canary_samples_per_s"] = round(rate, 1) if rate else None
-        row["vs_canary"] = row["samples_per_s"] / rate if rate else None
+        own = (row.get("by_stat") or {}).get(self.stat) or row["samples_per_s"]  # unrounded where recorded
+        row["vs_canary"] = own / rate if rate else None
         row["vs_canary_by_stat"] = {}
         for k, own in (row.get("by_stat") or {}).items():
             theirs = window_rate(steps, row["window"], stat=k)

@@ -223,6 +223,7 @@ def test_the_workload_records_why_a_step_cost_what_it_did() -> None:
     settings = got["settings"]
     assert {"nice", "threads", "interop", "cpus", "rlimit_as", "pythonpath", "probe"} <= set(settings)
     assert settings["env"] == {"MALLOC_ARENA_MAX": "2", "OOMGUARD_ATTEMPT": "3"}  # only what could change speed
+    assert settings["probe"] is False  # no oomguard probe in a plain process (an editable install's finder is not one)
 
 
 def test_a_contender_needing_a_flag_this_oomguard_lacks_is_skipped_with_the_reason() -> None:
