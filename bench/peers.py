@@ -35,7 +35,9 @@ record carries ``time.thread_time()``), because on a shared core another process
 a step's wall time by its whole length; and a canary (``--canary``, on by default on CPU: the
 plain script at the best divisor, training without end on the jobs' CPU through the round) is
 timed in the same seconds as each job, and ratios are taken over it, because what other processes
-do to the core's caches and the memory bandwidth still moves CPU time. On CUDA: wall clock, every
+do to the core's caches and the memory bandwidth still moves CPU time. A run's rate is made from its
+per-step rates by ``--stat``: ``q1`` (default), one over the lower quartile of the per-step seconds per
+sample, since that interference only ever adds time; or the median. On CUDA: wall clock, every
 timed record after ``torch.cuda.synchronize()``, no canary.
 
     python bench/peers.py --json docs/peers.json               # CPU: 40-50 minutes on 2 loaded cores
