@@ -35,7 +35,9 @@ record carries ``time.thread_time()``), because on a shared core another process
 a step's wall time by its whole length; and a canary (``--canary``, on by default on CPU: the
 plain script at the best divisor, training without end on the jobs' CPU through the round) is
 timed in the same seconds as each job, and ratios are taken over it, because what other processes
-do to the core's caches and the memory bandwidth still moves CPU time. On CUDA: wall clock, every
+do to the core's caches and the memory bandwidth still moves CPU time. A run's rate is made from its
+per-step rates by ``--stat``: ``q1`` (default), one over the lower quartile of the per-step seconds per
+sample, since that interference only ever adds time; or the median. On CUDA: wall clock, every
 timed record after ``torch.cuda.synchronize()``, no canary.
 
     python bench/peers.py --json docs/peers.json               # CPU: 40-50 minutes on 2 loaded cores
@@ -140,6 +142,7 @@ class Step:
     micro: int  # the largest micro-batch among them
     pid: int
     cpu: float | None = None  # the training thread's CPU time then (records before it had none)
+    usage: dict[str, float] | None = None  # the thread's getrusage figures then (workload.thread_usage)
 
 
 @dataclass
@@ -192,22 +195,24 @@ def trace(records: Sequence[dict[str, Any]]) -> Trace:
         elif ev == "opt":
             pending_opt = None
             since_bwd = False
-            out.steps.append(Step(rec["t"], samples, micro, rec["pid"], rec.get("cpu")))
+            usage = {k: rec[k] for k in ("minflt", "utime", "stime")} if "minflt" in rec else None
+            out.steps.append(Step(rec["t"], samples, micro, rec["pid"], rec.get("cpu"), usage))
     settle_pending()
     return out
 
 
 def summarize(name: str, tr: Trace, launch: float, end: float, requested: int, steps: int,
-              best: float | None, clock: str = "wall") -> dict[str, Any]:
+              best: float | None, clock: str = "wall", stat: str = "median") -> dict[str, Any]:
     """The contender's row of the table (the issue's keys); samples/s by ``clock`` ("cpu": the
-    training thread's CPU time; "wall"), and by wall too when that is not the table's clock."""
+    training thread's CPU time; "wall") and ``stat`` (see STATS), and by wall too when that is not
+    the table's clock; ``by_stat``: the rate by every statistic, to compare them on the same steps."""
     if not tr.steps:
         return {"contender": name, "skipped": "no optimizer step completed (see the error above)"}
     last = tr.steps[-1]
     last_oom = max(tr.ooms) if tr.ooms else float("-inf")
     settled = [s for s in tr.steps if s.t > last_oom and s.micro == last.micro]
-    rate = steady_rate(settled, clock)
-    wall = steady_rate(settled, "wall") if clock != "wall" else rate
+    rate = steady_rate(settled, clock, stat)
+    wall = steady_rate(settled, "wall", stat) if clock != "wall" else rate
     return {
         "contender": name,
         "requested_global": requested,
@@ -221,7 +226,20 @@ def summarize(name: str, tr: Trace, launch: float, end: float, requested: int, s
         "steps_redone": len(tr.steps) - steps,
         "wall_samples_per_s": round(wall, 1) if wall else None,
         "window": [timed_steps(settled)[0].t, settled[-1].t] if len(settled) > 1 else None,
+        "by_stat": {k: steady_rate(settled, clock, k) for k in STATS},
+        "usage": step_usage(timed_steps(settled)),
     }
+
+
+def step_usage(steps: Sequence[Step]) -> dict[str, float] | None:
+    """Per timed step (median over the intervals within one process): the thread's minor page
+    faults and its user and system CPU seconds (``getrusage``, stamped in each step's record)."""
+    per: dict[str, list[float]] = {"minflt": [], "utime": [], "stime": []}
+    for a, b in zip(steps, steps[1:], strict=False):
+        if a.pid == b.pid and a.usage and b.usage:
+            for k, values in per.items():
+                values.append(b.usage[k] - a.usage[k])
+    return {k: statistics.median(v) for k, v in per.items()} if per["minflt"] else None
 
 
 WARMUP_STEPS = 2  # settled steps left out of the timed window: allocator pools, first-touch pages, caches
@@ -243,13 +261,31 @@ def step_rates(settled: Sequence[Step], clock: str = "wall") -> list[float]:
     return rates
 
 
-def steady_rate(settled: Sequence[Step], clock: str = "wall") -> float | None:
+# How a run's per-step rates make its one rate. "q1": one over the lower quartile of the seconds per
+# sample. Chosen before the self-check run it is judged by (docs/peers.md, notes): what other
+# processes do to the core (its caches, the memory bandwidth) only ever adds CPU time to a step, never
+# takes any away, so the least disturbed steps are the closest to the step's own cost, and a quartile
+# is not one lucky step. "median": the median of the per-step rates (the table before).
+STATS = ("q1", "median")
+
+
+def typical(rates: Sequence[float], stat: str = "median") -> float | None:
+    """One rate from per-step rates by ``stat`` (see STATS)."""
+    if not rates:
+        return None
+    if stat == "median":
+        return statistics.median(rates)
+    seconds = [1.0 / r for r in rates]
+    q1 = statistics.quantiles(seconds, n=4, method="inclusive")[0] if len(seconds) > 1 else seconds[0]
+    return 1.0 / q1
+
+
+def steady_rate(settled: Sequence[Step], clock: str = "wall", stat: str = "median") -> float | None:
     """Samples/s once settled: each step's samples over the time since the step before (by
-    ``clock``), median over the settled steps after the first ``WARMUP_STEPS`` (the warm-up is
-    outside the timed window; with too few steps for that, whatever is left after the first
-    interval)."""
-    rates = step_rates(timed_steps(settled), clock)
-    return statistics.median(rates) if rates else None
+    ``clock``), over the settled steps after the first ``WARMUP_STEPS`` (the warm-up is outside the
+    timed window; with too few steps for that, whatever is left after the first interval), made one
+    by ``stat``."""
+    return typical(step_rates(timed_steps(settled), clock), stat)
 
 
 def timed_steps(settled: Sequence[Step]) -> Sequence[Step]:
@@ -260,7 +296,8 @@ def timed_steps(settled: Sequence[Step]) -> Sequence[Step]:
     return settled[max(skip, 0):]
 
 
-def window_rate(steps: Sequence[Step], window: Sequence[float], clock: str = "cpu") -> float | None:
+def window_rate(steps: Sequence[Step], window: Sequence[float], clock: str = "cpu", stat: str = "median"
+                ) -> float | None:
     """The median rate of the canary's steps that overlap ``window`` (wall seconds, from the first
     to the last timed step of a job: the steps inside and the one on each side of it): how fast the
     same work ran on this box then."""
@@ -268,8 +305,7 @@ def window_rate(steps: Sequence[Step], window: Sequence[float], clock: str = "cp
     after = [i for i, s in enumerate(steps) if s.t > window[1]]
     first = before[-1] if before else 0
     last = after[0] if after else len(steps) - 1
-    rates = step_rates(steps[first:last + 1], clock)
-    return statistics.median(rates) if rates else None
+    return typical(step_rates(steps[first:last + 1], clock), stat)
 
 
 # ----- what runs: contenders, the sweep's fixed sizes and the self-check, each a job
@@ -404,7 +440,7 @@ def run_job(job: Job, args: argparse.Namespace, work: Path, seed: Path | None) -
     cmd, env = command_for(job, args, work, seed if job.kind == "oomguard-run-measured" else None)
     out = run(job.label, cmd, env, work, args.timeout)
     row = summarize(job.label, trace(read_records(out.records)), out.launch, out.end, args.global_batch, args.steps,
-                    None, args.clock)
+                    None, args.clock, args.stat)
     if out.returncode != 0:
         row = {"contender": job.label, "skipped": f"exited {out.returncode}: {out.stderr.strip()[-300:]}"}
     if job.kind in RUNS and "skipped" not in row:
@@ -560,6 +596,15 @@ def _count(figure: dict[str, float] | None) -> str:
     return fmt(figure, 0)
 
 
+def other_stats(check: dict[str, Any], stat: str) -> str:
+    """The self-check's rounds by the statistics the table does not use (same steps, for comparison)."""
+    others = {k: v for k, v in (check.get("ratios_by_stat") or {}).items() if k != stat}
+    return "".join(f" By the {k} instead (not the table's statistic), round by round: "
+                   + ", ".join("–" if x is None else f"{x:.3f}" for x in v)
+                   + (" (told apart in every round)." if told_apart(v) else " (NOT told apart in every round).")
+                   for k, v in others.items())
+
+
 CLOCKS = {"cpu": "samples per CPU second", "wall": "samples/s"}
 
 
@@ -619,7 +664,8 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
                   f"round by round: {', '.join('–' if x is None else f'{x:.3f}' for x in check.get('ratios', []))}); "
                   + ("told apart in every round." if check["told_apart"] else
                      "NOT told apart in every round: " + ("; ".join(check["missed"]) if check.get("missed") else
-                                                          f"the spread here is wider than {check['slowdown']:.0%}."))]
+                                                          f"the spread here is wider than {check['slowdown']:.0%}."))
+                  + other_stats(check, result.get("stat", "median"))]
     lines += [x for note in result.get("notes", []) for x in ("", note)]  # added to a saved result by hand
     splits = [(f"{r + 1}.{i}", s) for r, run_splits in enumerate(result["restart_splits"])
               for i, s in enumerate(run_splits, 1)]
@@ -633,7 +679,8 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
             lines.append(f"| {label}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
     lines += ["", "How each contender runs (each script in `bench/peerkit/` says what of the tool's source and "
               "documentation it follows):", "", *(f"- `{c}`: {HOW[c]}" for c in CONTENDERS)]
-    lines += ["", READING, ""] + ([f"![oomguard and its peers]({name}.png)", ""] if drawn else [])
+    reading = READING.format(how=STAT_HOW[result.get("stat", "median")])
+    lines += ["", reading, ""] + ([f"![oomguard and its peers]({name}.png)", ""] if drawn else [])
     return "\n".join(lines)
 
 
@@ -651,12 +698,16 @@ CLOCK_WHY = {
             "waits for `torch.cuda.synchronize()` first, so a step is stamped when its kernels are done.",
 }
 
+STAT_HOW = {"median": "the median of the per-step rates",
+            "q1": "one over the lower quartile of the per-step seconds per sample (what other processes do to the "
+                  "core only adds time, so the least disturbed steps are the closest to the step's own cost)"}
+
 READING = (
     "How to read it. Columns: the global batch asked for and the one the last optimizer step really trained on "
     "(the samples whose backward completed, from the model's own records); the micro-batch of that step; OOMs "
     "(forwards whose backward never completed); seconds from launch to the first optimizer step at the settled "
-    "size (wall); wall seconds from launch to exit; the rate once settled, by the clock named above: the median of "
-    f"the per-step rates over the settled steps after the first {WARMUP_STEPS} (the warm-up is outside the timed "
+    "size (wall); wall seconds from launch to exit; the rate once settled, by the clock named above: {how} "
+    f"over the settled steps after the first {WARMUP_STEPS} (the warm-up is outside the timed "
     "window; an interval never spans two processes); × best that fits: that rate over the best sweep size's rate "
     "measured in the same round (a paired ratio, so load that changes between rounds cancels; with the canary, "
     "each rate is first taken over the canary's rate in the same seconds, so load that changes within a round "
@@ -775,8 +826,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "than this whole run)")
     p.add_argument("--no-bisect", dest="bisect", action="store_false",
                    help="sweep only the divisors of the global batch (no search for the largest size that fits)")
-    p.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), metavar="NAME",
-                   help=f"run only these contenders (the sweep always runs): {', '.join(CONTENDERS)}")
+    p.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS), metavar="NAME",
+                   help=f"run only these contenders (the sweep always runs; none: only the sweep, the self-check "
+                   f"and the canary): {', '.join(CONTENDERS)}")
+    p.add_argument("--stat", choices=STATS, default="q1",
+                   help="how a run's per-step rates make its rate: q1, one over the lower quartile of the seconds "
+                   "per sample (interference only adds time: the least disturbed steps; the default), or median")
     p.add_argument("--docs", type=Path, default=DOCS, help="where peers.md and peers.png go ('-': nowhere)")
     p.add_argument("--work", type=Path, default=None, help="keep the records and run directories here")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
@@ -846,6 +901,7 @@ class Canary:
     def __init__(self, args: argparse.Namespace, micro: int | None, work: Path) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.records = work / "records.jsonl"
+        self.stat = args.stat
         if not args.canary or micro is None:
             return
         work.mkdir(parents=True, exist_ok=True)
@@ -873,9 +929,15 @@ class Canary:
     def judge(self, row: dict[str, Any]) -> None:
         if self.proc is None or not row.get("window") or not row.get("samples_per_s"):
             return
-        rate = window_rate(self.steps(), row["window"])
+        steps = self.steps()
+        rate = window_rate(steps, row["window"], stat=self.stat)
         row["canary_samples_per_s"] = round(rate, 1) if rate else None
-        row["vs_canary"] = row["samples_per_s"] / rate if rate else None
+        own = (row.get("by_stat") or {}).get(self.stat) or row["samples_per_s"]  # unrounded where recorded
+        row["vs_canary"] = own / rate if rate else None
+        row["vs_canary_by_stat"] = {}
+        for k, own in (row.get("by_stat") or {}).items():
+            theirs = window_rate(steps, row["window"], stat=k)
+            row["vs_canary_by_stat"][k] = own / theirs if own and theirs else None
 
     def __exit__(self, *_: object) -> None:
         if self.proc is not None:
@@ -901,6 +963,13 @@ def missed_rounds(*jobs: Sequence[dict[str, Any]]) -> list[str]:
     """Why a round has no self-check ratio: one of its two jobs did not run through."""
     return [f"round {i + 1}: {row['contender']} {row['skipped'].splitlines()[-1][:160]}"
             for job in jobs for i, row in enumerate(job) if "skipped" in row]
+
+
+def _ratio(numer: dict[str, Any], denom: dict[str, Any], stat: str, key: str) -> float | None:
+    """One round's ratio of two jobs by the statistic ``stat`` (over the canary when ``key`` says so)."""
+    field_ = "vs_canary_by_stat" if key == "vs_canary" else "by_stat"
+    x, y = (numer.get(field_) or {}).get(stat), (denom.get(field_) or {}).get(stat)
+    return x / y if x and y else None
 
 
 def told_apart(ratios: Sequence[float | None]) -> bool:
@@ -929,12 +998,16 @@ def summarize_rounds(args: argparse.Namespace, fit: dict[str, Any], jobs: Sequen
     if slow is not None and slow.micro in same_size:
         ratios = paired(results[slow.label], same_size[slow.micro], key)
         raw = paired(results[slow.label], same_size[slow.micro])
-        check = {"micro": slow.micro, "slowdown": slow.slowdown, "ratio": spread(ratios), "ratios": ratios,
+        by_stat = {k: [_ratio(a, b, k, key) for a, b in zip(results[slow.label], same_size[slow.micro], strict=True)]
+                   for k in STATS}
+        check = {"ratios_by_stat": by_stat,
+                 "micro": slow.micro, "slowdown": slow.slowdown, "ratio": spread(ratios), "ratios": ratios,
                  "told_apart": told_apart(ratios), "ratios_without_canary": raw if args.canary else None,
                  "missed": missed_rounds(results[slow.label], same_size[slow.micro])}
     splits = [r.get("restart_split", []) for r in results.get("oomguard-run", [])]
     canary_cpu = args.canary_cpu if args.canary_cpu is not None else args.cpu
-    return {"rounds": args.rounds, "clock": args.clock, "canary": args.canary, "canary_cpu": canary_cpu,
+    return {"rounds": args.rounds, "clock": args.clock, "stat": args.stat, "canary": args.canary,
+            "canary_cpu": canary_cpu,
             "fits": fit, "sweep": sweep,
             "best_micro": best["micro"] if best else None,
             "best_samples_per_s": best["samples_per_s"] if best else None, "contenders": rows, "check": check,

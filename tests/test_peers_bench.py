@@ -157,6 +157,75 @@ def test_the_self_check_must_come_out_slower_in_every_round() -> None:
         "round 1: sweep@16 slowed 5% RuntimeError: can't allocate"]
 
 
+def test_the_q1_statistic_takes_the_least_disturbed_steps() -> None:
+    # Nine steps of 64 samples: six undisturbed at 0.5 s of CPU, three slowed by other work on the core.
+    seconds = [0.5, 0.5, 0.62, 0.5, 0.5, 0.58, 0.5, 0.71, 0.5]
+    rates = [64 / s for s in seconds]
+    assert peers.typical(rates, "median") == pytest.approx(128.0)
+    assert peers.typical(rates, "q1") == pytest.approx(128.0)
+    # q1 is one over the lower quartile of the seconds per sample (not the fastest single step)
+    spread_out = [64 / s for s in (0.40, 0.50, 0.52, 0.60, 0.70)]
+    assert peers.typical(spread_out, "q1") == pytest.approx(1 / (0.50 / 64))
+    assert peers.typical(spread_out, "median") == pytest.approx(64 / 0.52)
+    assert peers.typical([100.0], "q1") == pytest.approx(100.0) and peers.typical([], "q1") is None
+    steps = [peers.Step(float(i), 64, 16, 1, c) for i, c in enumerate([0.0, 3.0, 5.0, 5.5, 6.2, 6.7, 7.2, 7.9, 8.4])]
+    assert peers.steady_rate(steps, "cpu", "q1") == pytest.approx(128.0)  # the warm-up stays out of it
+    assert peers.steady_rate(steps, "cpu", "median") == pytest.approx(128.0)
+    row = peers.summarize("sweep@16", peers.Trace(steps), 0.0, 9.0, 64, 9, best=None, clock="cpu", stat="q1")
+    assert set(row["by_stat"]) == set(peers.STATS) and row["samples_per_s"] == pytest.approx(128.0)
+    assert peers.parse_args([]).stat == "q1" and peers.parse_args(["--stat", "median"]).stat == "median"
+
+
+def test_the_self_check_reports_the_other_statistic_of_the_same_steps() -> None:
+    slowed = {"by_stat": {"q1": 95.0, "median": 99.0}, "vs_canary_by_stat": {"q1": 0.95, "median": 1.01}}
+    plain = {"by_stat": {"q1": 100.0, "median": 98.0}, "vs_canary_by_stat": {"q1": 1.0, "median": 1.0}}
+    assert peers._ratio(slowed, plain, "q1", "vs_canary") == pytest.approx(0.95)
+    assert peers._ratio(slowed, plain, "median", "samples_per_s") == pytest.approx(99 / 98)
+    assert peers._ratio({}, plain, "q1", "vs_canary") is None
+    text = peers.other_stats({"ratios_by_stat": {"q1": [0.95, 0.96], "median": [0.97, 1.01]}}, "q1")
+    assert "By the median instead" in text and "0.970, 1.010" in text and "NOT told apart" in text
+    assert "q1" not in text
+
+
+def test_getrusage_per_step_comes_from_the_records() -> None:
+    records = [rec("proc", 0.0)]
+    for i in range(5):
+        records += step(1.0 + i, [16] * 4)
+        records[-1].update(cpu=0.5 * i, minflt=1000 * i * i, utime=0.45 * i, stime=0.05 * i)
+    tr = peers.trace(records)
+    assert tr.steps[2].usage == {"minflt": 4000, "utime": pytest.approx(0.9), "stime": pytest.approx(0.1)}
+    usage = peers.step_usage(tr.steps[2:])  # intervals 2-3, 3-4: 5000 and 7000 faults
+    assert usage == {"minflt": 6000, "utime": pytest.approx(0.45), "stime": pytest.approx(0.05)}
+    assert peers.step_usage([peers.Step(0.0, 64, 16, 1), peers.Step(1.0, 64, 16, 1)]) is None  # older records
+
+
+def test_only_with_no_contender_runs_the_self_check_and_the_sweep() -> None:
+    args = peers.parse_args(["--only", "--sweep-min", "16", "--no-bisect"])
+    assert args.only == []
+    fit = {"fitting_divisors": [1, 2, 4, 8, 16], "largest_fitting": 16, "smallest_failing": 32}
+    jobs, skipped = peers.plan_jobs(args, fit)
+    assert [j.label for j in jobs] == ["sweep@16", "sweep@16 slowed 5%"] and skipped == []
+
+
+def test_the_workload_records_why_a_step_cost_what_it_did() -> None:
+    # In a process of its own: importing the workload hooks every optimizer step of the process.
+    code = ("import json, workload\n"
+            "before = workload.thread_usage(); sum(range(300_000)); after = workload.thread_usage()\n"
+            "print(json.dumps({'before': before, 'after': after, 'settings': workload.settings(),"
+            " 'prefixes': list(workload.SETTINGS_ENV)}))")
+    env = {"PATH": "/usr/bin:/bin", "MALLOC_ARENA_MAX": "2", "OOMGUARD_ATTEMPT": "3", "SECRET_THING": "x"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT / "bench" / "peerkit", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(got["before"]) == {"minflt", "majflt", "utime", "stime"}
+    assert got["after"]["utime"] + got["after"]["stime"] > got["before"]["utime"] + got["before"]["stime"]
+    settings = got["settings"]
+    assert {"nice", "threads", "interop", "cpus", "rlimit_as", "pythonpath", "probe"} <= set(settings)
+    assert settings["env"] == {"MALLOC_ARENA_MAX": "2", "OOMGUARD_ATTEMPT": "3"}  # only what could change speed
+    assert settings["probe"] is False  # no oomguard probe in a plain process (an editable install's finder is not one)
+
+
 def test_a_contender_needing_a_flag_this_oomguard_lacks_is_skipped_with_the_reason() -> None:
     help_text = "usage: oomguard run [--grow] [--grow-after SECONDS]\n  --grow   after a stable period\n"
     assert peers.missing_flags("oomguard-run-grow", help_text) is None
