@@ -19,24 +19,11 @@ STARTED = time.time()  # before the imports: the restart split counts the interp
 import argparse  # noqa: E402
 import tempfile  # noqa: E402
 
-import torch  # noqa: E402
 import workload  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 workload.mark("proc", STARTED)
 workload.mark("imported")
-
-
-class MarkedDataset(workload.TokenDataset):
-    """The corpus, with a ``data`` record when the Trainer's loader draws its first sample."""
-
-    drawn = False
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not MarkedDataset.drawn:
-            MarkedDataset.drawn = True
-            workload.mark("data")
-        return super().__getitem__(index)
 
 
 def main() -> None:
@@ -56,7 +43,7 @@ def main() -> None:
             report_to="none", disable_tqdm=True, dataloader_num_workers=0,
             use_cpu=workload.device().type == "cpu", seed=workload.SEED)
         trainer = Trainer(model=workload.TinyGPT(), args=training_args,
-                          train_dataset=MarkedDataset(args.max_steps * global_batch))
+                          train_dataset=workload.MarkedDataset(args.max_steps * global_batch))
         workload.mark("model")
         trainer.train()
 

@@ -28,18 +28,6 @@ workload.mark("proc", STARTED)
 workload.mark("imported")
 
 
-class MarkedDataset(workload.TokenDataset):
-    """The corpus, with a ``data`` record when the loader draws its first sample."""
-
-    drawn = False
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not MarkedDataset.drawn:
-            MarkedDataset.drawn = True
-            workload.mark("data")
-        return super().__getitem__(index)
-
-
 class LitGPT(L.LightningModule):
     def __init__(self, batch_size: int, dataset_size: int) -> None:
         super().__init__()
@@ -54,7 +42,7 @@ class LitGPT(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=3e-4)
 
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
-        return DataLoader(MarkedDataset(self.dataset_size), batch_size=self.batch_size)
+        return DataLoader(workload.MarkedDataset(self.dataset_size), batch_size=self.batch_size)
 
 
 def main() -> None:

@@ -336,5 +336,18 @@ class TokenDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": sample(index)}
 
 
+class MarkedDataset(TokenDataset):
+    """The corpus, with a ``data`` record when a framework's loader draws its first sample (the
+    restart split's "data" phase; bench/peerkit/restart_hf.py, restart_lightning.py)."""
+
+    drawn = False
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not MarkedDataset.drawn:
+            MarkedDataset.drawn = True
+            mark("data")
+        return super().__getitem__(index)
+
+
 def micro_batches(batch: torch.Tensor, micro: int) -> Iterator[torch.Tensor]:
     yield from batch.split(micro)
