@@ -84,7 +84,11 @@ def campaign(zygote: Zygote, out: Path, argv: list[str], kills: int, seed: int) 
         if seen["killed"] % 2:  # every other kill aims at a checkpoint write in progress
             wait_for(lambda p=pid: writing(ckpt, p), timeout=10)
         else:
-            time.sleep(rnd.uniform(0.0, 0.25))
+            # A random moment counted in steps, then a few ms into the next: a wall-clock delay lets an idle
+            # machine run so many steps that the run ends before the last kill, and a loaded one none.
+            more = progress(out) + rnd.randint(0, 2)
+            wait_for(lambda n=more: progress(out) >= n, timeout=60, interval=0.002)
+            time.sleep(rnd.uniform(0.0, 0.01))
         os.kill(pid, signal.SIGKILL)
         mid_write = writing(ckpt, pid)
         status = zygote.wait(pid)
