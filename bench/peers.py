@@ -42,6 +42,7 @@ timed record after ``torch.cuda.synchronize()``, no canary.
 
     python bench/peers.py --json docs/peers.json               # CPU: 40-50 minutes on 2 loaded cores
     python bench/peers.py --device cuda --docs /tmp/cuda --json peers-cuda.json   # not yet run on a GPU
+    bash scripts/gpu_check_peers.sh     # the same, sized for a lent GPU machine's 10-minute command
 
 Writes docs/peers.md (the table, the exact command and machine) and docs/peers.png (the chart; where
 matplotlib is installed); with ``--device cuda``, docs/peers-cuda.md and docs/peers-cuda.png.

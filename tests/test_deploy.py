@@ -4,8 +4,10 @@ the JobSet's Job template and the dashboard Service pass the Kubernetes JSON sch
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,12 +27,26 @@ def test_sbatch_script_parses() -> None:
 
 
 @pytest.mark.parametrize("script", [DEPLOY / "oomguard.sbatch",
-                                    DEPLOY.parent.parent / "scripts" / "gpu_check_torchrun.sh"])
+                                    DEPLOY.parent.parent / "scripts" / "gpu_check_torchrun.sh",
+                                    DEPLOY.parent.parent / "scripts" / "gpu_check_peers.sh"])
 def test_scripts_pass_shellcheck(script: Path) -> None:
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (Debian: apt-get install shellcheck)")
     out = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+def test_gpu_check_peers_refuses_without_cuda(tmp_path: Path) -> None:
+    """The prepared GPU check stops at once, exit 2 and one line, where torch sees no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the check would really run")
+    script = DEPLOY.parent.parent / "scripts" / "gpu_check_peers.sh"
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+    assert out.returncode == 2, out.stderr
+    assert "no CUDA device" in out.stderr and list(tmp_path.iterdir()) == []
 
 
 def test_sbatch_requeues_only_what_can_go_on() -> None:
