@@ -37,8 +37,10 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
+from oomguard.supervisor.observe import ckptstep
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
+from oomguard.supervisor.observe.ckptstep import StepEvidence
 from oomguard.supervisor.observe.memory import MemorySample, Sampler
 from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.progress import AttemptWatch
@@ -649,16 +651,26 @@ class Supervisor:
         found = self.index.settled(bad) if worker_alive else [
             c for c in self.index.refresh(force=True) if c.path not in bad]
         for ckpt in found:
-            step = ckpt.step if ckpt.step is not None else watch.step_at(ckpt.mtime)
+            evidence = self._checkpoint_step(ckpt, watch)
+            step = evidence.step
             if self.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.attempt):
                 watch.checkpoint_landed(step, time.monotonic(), time.time())
-                self._event("checkpoint", path=ckpt.path, step=step)
+                self._event("checkpoint", path=ckpt.path, step=step, step_from=evidence.source)
                 current.trend.checkpoint_seen(time.monotonic())
                 if current.trend.restart_reason and worker_alive:
                     self._restart_now(current)
                 if watch.grow_to is not None:
                     self._stop_worker(StopReason.GROW, f"--grow: micro-batch {watch.grow_to} after {ckpt.path}",
                                       grow_to=watch.grow_to)
+
+    def _checkpoint_step(self, ckpt: Checkpoint, watch: AttemptWatch) -> StepEvidence:
+        """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
+        so that the choice of the newest one to resume from goes by it too."""
+        saved = watch.saved_step(ckpt.path, ckpt.mtime, os.path.isdir(ckpt.path))
+        by_time = watch.step_at(ckpt.mtime) if saved is None and ckpt.step is None else None
+        evidence = ckptstep.resolve(saved, StepEvidence(ckpt.step, ckpt.step_from), by_time)
+        self.index.learn(ckpt, evidence)
+        return evidence
 
     def _ask_for_checkpoint(self, current: Current, why: str) -> None:
         """The request file is always written (scripts poll it); the signal only goes to a worker
