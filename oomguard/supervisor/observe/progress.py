@@ -38,20 +38,19 @@ _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.B
 @dataclass(frozen=True)
 class Save:
     """One ``torch.save`` the probe saw: when it began and returned, the optimizer step at its start,
-    and the file it wrote (None for a file object or a buffer)."""
+    and the file it wrote, made real (a symlinked run directory compares equal; None for a file
+    object or a buffer)."""
 
     began: float
     returned: float
     step: int
     path: str | None = None
 
-    def wrote(self, path: str, directory: bool) -> bool:
-        """It wrote ``path``, or with ``directory`` a file inside it (both made real, so a symlinked
-        run directory compares equal)."""
+    def wrote(self, real: str, directory: bool) -> bool:
+        """It wrote the file at the real path ``real``, or with ``directory`` a file inside it."""
         if self.path is None:
             return False
-        mine, theirs = os.path.realpath(self.path), os.path.realpath(path)
-        return mine == theirs or (directory and mine.startswith(theirs + os.sep))
+        return self.path == real or (directory and self.path.startswith(real + os.sep))
 
 
 @dataclass
@@ -148,7 +147,8 @@ class AttemptWatch:
         either side), so a rewrite of the same name takes its own save's step; a directory's mtime is
         its last file's, which may be no save of torch's (HF writes ``trainer_state.json`` after
         ``optimizer.pt``): the newest save into it that began by then."""
-        mine = [s for s in self.saves if s.wrote(path, directory) and s.began <= mtime + MTIME_SLACK]
+        real = os.path.realpath(path)
+        mine = [s for s in self.saves if s.wrote(real, directory) and s.began <= mtime + MTIME_SLACK]
         if not directory:
             mine = [s for s in mine if s.returned >= mtime - MTIME_SLACK]
         return mine[-1].step if mine else None
@@ -220,7 +220,7 @@ class AttemptWatch:
         save before the process's first step says no step: the output's, if any, stands for it."""
         began, returned, step, path = record.get("started"), record.get("t"), record.get("step"), record.get("path")
         if isinstance(began, (int, float)) and isinstance(returned, (int, float)) and isinstance(step, int):
-            save = Save(float(began), float(returned), step, path if isinstance(path, str) else None)
+            save = Save(float(began), float(returned), step, os.path.realpath(path) if isinstance(path, str) else None)
             self.saves = (self.saves + [save])[-64:]
 
     def _take_probe(self, record: dict[str, Any], now: float) -> bool:

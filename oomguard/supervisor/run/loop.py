@@ -666,6 +666,8 @@ class Supervisor:
     def _checkpoint_step(self, ckpt: Checkpoint, watch: AttemptWatch) -> StepEvidence:
         """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
         so that the choice of the newest one to resume from goes by it too."""
+        if ckpt.step_from == ckptstep.SAVE:  # learned from this write's save record already
+            return StepEvidence(ckpt.step, ckpt.step_from)
         saved = watch.saved_step(ckpt.path, ckpt.mtime, os.path.isdir(ckpt.path))
         by_time = watch.step_at(ckpt.mtime) if saved is None and ckpt.step is None else None
         evidence = ckptstep.resolve(saved, StepEvidence(ckpt.step, ckpt.step_from), by_time)
