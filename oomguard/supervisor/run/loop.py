@@ -411,7 +411,7 @@ class Supervisor:
         self.journal.start_attempt(self.attempt, worker.pgid, self.plan.as_dict(),
                                    checkpoint.path if checkpoint else None, argv, str(files.log))
         if checkpoint is not None:
-            self._event("resume_point", path=checkpoint.path, step=checkpoint.step)
+            self._event("resume_point", path=checkpoint.path, step=checkpoint.step, step_from=checkpoint.step_from)
         b = self.plan.batch
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {b.micro_batch}"
                          f" × accumulation {b.grad_accum} × world {b.world_size} = {b.global_text}"
