@@ -26,6 +26,7 @@ SAVE = "save"  # the probe's save record
 OWN_RECORD = "trainer_state"  # HF's trainer_state.json in the checkpoint directory
 NAME = "name"
 OUTPUT = "output"  # the step reported when the file was written
+JOURNAL = "journal"  # the step the journal kept for it, resolved by an earlier supervisor on the run
 _STATE_MAX_BYTES = 16 * 2**20  # its log history grows with the run; a larger file is not read
 
 

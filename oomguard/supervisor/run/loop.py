@@ -433,8 +433,9 @@ class Supervisor:
         node0_plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
         self._replan(replan.agreed(self.plan, node0_plan))
         checkpoint = self._still_there(checkpoint)
-        if checkpoint is not None and checkpoint.step is None:  # nanoGPT's ckpt.pt: {checkpoint_step} from the output
-            checkpoint = replace(checkpoint, step=self._step_from_output(checkpoint))
+        if checkpoint is not None and checkpoint.step is None:  # one an earlier supervisor on this run saw written
+            step = self._step_from_output(checkpoint)
+            checkpoint = replace(checkpoint, step=step, step_from=ckptstep.JOURNAL if step is not None else None)
         if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
         return checkpoint
@@ -480,7 +481,8 @@ class Supervisor:
         return bad
 
     def _step_from_output(self, checkpoint: Checkpoint) -> int | None:
-        """The step the output showed when a checkpoint without a step in its name was written."""
+        """The step journaled for a checkpoint the index knows none for (its evidence was seen by an
+        earlier supervisor on this run directory: a save record, the output when it was written)."""
         return next((c["step"] for c in self.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], current: Current) -> Containment:
