@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.supervisor.observe import ckptstep
+from oomguard.supervisor.observe.ckptstep import StepEvidence
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher, StepSeen, compile_pattern
 
@@ -165,3 +167,40 @@ def test_a_checkpoint_takes_the_step_of_the_probes_save_not_the_last_step_record
     # from the save (its count would say 0), the output's or step records' stand.
     watch.take({"type": "save", "t": 100.61, "started": 100.6, "step": None, "path": None, "pid": 7}, 0.0)
     assert watch.step_at(100.6) == 4
+
+
+def save(path: str | None, began: float, returned: float, step: int | None) -> dict:  # type: ignore[type-arg]
+    return {"type": "save", "t": returned, "started": began, "step": step, "path": path, "pid": 7}
+
+
+def test_a_checkpoints_step_is_its_own_saves_the_file_or_a_file_inside_its_directory(tmp_path: Path) -> None:
+    """The probe's save record names the file: a file takes the save whose run holds its mtime (a
+    rewrite of nanoGPT's ckpt.pt takes its own), a directory the newest save into it by its mtime
+    (HF writes trainer_state.json after optimizer.pt, so the directory's mtime is later)."""
+    watch = AttemptWatch()
+    ckpt, hf = str(tmp_path / "ckpt.pt"), tmp_path / "checkpoint-500"
+    watch.take(save(ckpt, 100.0, 100.2, 40), 0.0)
+    watch.take(save(str(hf / "optimizer.pt"), 101.0, 101.5, 500), 0.0)
+    watch.take(save(str(tmp_path / "checkpoint-5000" / "optimizer.pt"), 101.6, 101.7, 5000), 0.0)
+    watch.take(save(ckpt, 102.0, 102.2, 80), 0.0)
+    watch.take(save(ckpt, 103.0, 103.2, None), 0.0)  # before this process's first step: no step
+    assert watch.saved_step(ckpt, 100.1, directory=False) == 40
+    assert watch.saved_step(ckpt, 102.23, directory=False) == 80  # a coarse clock's tick after it returned
+    assert watch.saved_step(ckpt, 103.1, directory=False) is None  # the save that wrote it said no step
+    assert watch.saved_step(str(hf), 101.9, directory=True) == 500  # not checkpoint-5000's, a longer name
+    assert watch.saved_step(str(hf), 100.5, directory=True) is None  # written before any save into it
+    assert watch.saved_step(str(hf / "optimizer.pt"), 101.2, directory=False) == 500
+    assert watch.saved_step(str(tmp_path / "other.pt"), 100.1, directory=False) is None
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path, target_is_directory=True)
+    assert watch.saved_step(str(link / "ckpt.pt"), 100.1, directory=False) == 40  # the same file by another path
+
+
+def test_the_save_record_beats_the_name_and_the_name_beats_the_step_at_its_mtime() -> None:
+    """accelerate's ``step_{overall_step}`` counts micro-batches: with accumulation 4 its step_800
+    holds optimizer step 200, the count every other step oomguard reports is in."""
+    named = StepEvidence(800, ckptstep.NAME)
+    assert ckptstep.resolve(200, named, 199) == StepEvidence(200, ckptstep.SAVE)
+    assert ckptstep.resolve(None, named, 199) == named
+    assert ckptstep.resolve(None, StepEvidence(None, None), 199) == StepEvidence(199, ckptstep.OUTPUT)
+    assert ckptstep.resolve(None, StepEvidence(None, None), None) == StepEvidence(None, None)

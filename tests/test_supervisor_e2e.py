@@ -157,6 +157,13 @@ def test_checkpoint_step_of_a_name_without_a_step_comes_from_the_output(run_dir:
               "--resume-args", "--resume-step {checkpoint_step}", worker=["stepless_checkpoint", "--ckpt-dir", str(ck)])
     assert out.returncode == 0, out.stderr
     assert "resume step given '4', in the file '4'" in out.stdout
+    # A new supervisor on the run directory knows the step from the journal, and says so.
+    again = run(run_dir, "--micro-batch", "8", "--grad-accum", "2", "--checkpoint", f"{ck}/ckpt.txt",
+                "--resume-args", "--resume-step {checkpoint_step}",
+                worker=["stepless_checkpoint", "--ckpt-dir", str(ck)])
+    assert again.returncode == 0 and "resume step given '4', in the file '4'" in again.stdout, again.stderr
+    resumed = [e["data"] for e in Journal(run_dir, readonly=True).events() if e["kind"] == "resume_point"]
+    assert [(r["step"], r["step_from"]) for r in resumed] == [(4, "output"), (4, "journal")]
 
 
 def test_second_supervisor_refused_and_sigterm_stops_the_group(run_dir: Path, tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def _attach(torch: ModuleType) -> None:
     try:
         from . import saves
 
-        saves.install(torch, lambda: counter.known)  # a checkpoint's step, where its name has none
+        saves.install(torch, lambda: counter.known)  # a checkpoint's step, measured, before its name's
     except Exception as exc:
         channel.failed(f"save reporting not installed: {type(exc).__name__}: {exc}")
     try:

@@ -1,7 +1,10 @@
 """Finding the newest valid checkpoint among the files or directories the worker writes.
 
-The newest is the one with the highest step number in its name (``checkpoint-2000``,
-``model_000250.pt``), else the newest modification time. A checkpoint still being written is never
+The newest is the one holding the highest step, where its step is known (``observe/ckptstep.py``:
+the probe's save record, learned from the loop; HF's ``trainer_state.json``; a number its name labels
+as a step, ``observe/ckptname.py``); else the highest epoch or save count its name gives; else the
+newest modification time. A number the name does not label as a step (a batch size, a version, a
+rank) never orders them. A checkpoint still being written is never
 chosen: temp names are skipped, and while the worker runs a candidate must keep the same size and
 mtime for ``settle`` seconds. The ``watchdog`` package tells us when something changed, so the
 directory is rescanned only then (with a polling observer where inotify is unavailable).
@@ -16,7 +19,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +28,11 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
+from oomguard.supervisor.observe.ckptname import read_name
+from oomguard.supervisor.observe.ckptstep import NAME, OWN_RECORD, StepEvidence, recorded_step
+
 # Names that writers use while a checkpoint is incomplete (torch.save to a temp, HF/our own temp dirs).
 _TEMP = re.compile(r"(^\.|\.tmp|tmp[-_.]|[-_.]tmp|\.partial$|\.part$|\.incomplete$|~$|\.lock$)", re.I)
-_STEP = re.compile(r"(\d+)")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Checkpoint:
     step: int | None
     mtime: float
     size: int
+    ordinal: int | None = None  # an epoch or save count from the name: orders, is never a step
+    step_from: str | None = None  # which evidence gave the step (observe/ckptstep.py); None if unknown
 
     @property
     def signature(self) -> tuple[float, int]:
@@ -65,9 +72,18 @@ def quiet_stop_race() -> None:
 
 
 def step_of(path: str) -> int | None:
-    """The step number in a checkpoint's name: the last number in its base name."""
-    numbers = _STEP.findall(Path(path).name)
-    return int(numbers[-1]) if numbers else None
+    """The step a checkpoint's name labels as one, if any (``observe/ckptname.py``)."""
+    return read_name(Path(path).name).step
+
+
+def own_step(path: str) -> StepEvidence:
+    """The step a checkpoint says itself: its own record (a directory's ``trainer_state.json``), else
+    its name. The probe's save record, stronger than both, is the loop's to add (``learn``)."""
+    recorded = recorded_step(path) if os.path.isdir(path) else None
+    if recorded is not None:
+        return StepEvidence(recorded, OWN_RECORD)
+    named = step_of(path)
+    return StepEvidence(named, NAME if named is not None else None)
 
 
 def _stat(path: str) -> tuple[float, int] | None:
@@ -86,20 +102,26 @@ def _stat(path: str) -> tuple[float, int] | None:
         return None
 
 
-def scan(patterns: Iterable[str], cwd: Path) -> list[Checkpoint]:
-    """Every checkpoint the globs match now, temp names excluded, newest first."""
+def scan(patterns: Iterable[str], cwd: Path, learned: Mapping[str, tuple[float, StepEvidence]] | None = None
+         ) -> list[Checkpoint]:
+    """Every checkpoint the globs match now, temp names excluded, newest first. ``learned``: the
+    step the loop resolved for a path, kept while the file has the mtime it had then."""
     found: dict[str, Checkpoint] = {}
     for pattern in patterns:
         full = pattern if os.path.isabs(pattern) else str(cwd / pattern)
         for path in glob.glob(full, recursive=True):
             if _TEMP.search(Path(path).name) or (stat := _stat(path)) is None:
                 continue
-            found[os.path.abspath(path)] = Checkpoint(os.path.abspath(path), step_of(path), *stat)
+            path = os.path.abspath(path)
+            known = learned.get(path) if learned else None
+            step = known[1] if known is not None and known[0] == stat[0] else own_step(path)
+            found[path] = Checkpoint(path, step.step, *stat, read_name(Path(path).name).ordinal, step.source)
     return sorted(found.values(), key=_newness, reverse=True)
 
 
-def _newness(c: Checkpoint) -> tuple[int, float]:
-    return (c.step if c.step is not None else -1, c.mtime)
+def _newness(c: Checkpoint) -> tuple[int, int, float]:
+    """A known step first (any step outranks none), then an epoch or save count, then the mtime."""
+    return (c.step if c.step is not None else -1, c.ordinal if c.ordinal is not None else -1, c.mtime)
 
 
 class _Dirty(FileSystemEventHandler):
@@ -141,6 +163,7 @@ class CheckpointIndex:
         self._observer: BaseObserver | None = None
         self._seen: dict[str, tuple[tuple[float, int], float]] = {}  # path -> (signature, since)
         self._current: list[Checkpoint] = []
+        self._learned: dict[str, tuple[float, StepEvidence]] = {}  # path -> (mtime, step the loop resolved)
 
     def directories(self) -> list[Path]:
         """The directories the checkpoints are written in: each glob's path above its first
@@ -188,7 +211,8 @@ class CheckpointIndex:
         settling = any(since > self.clock() - self.settle for _, since in self._seen.values())
         if force or self._dirty.is_set() or settling or self._observer is None:
             self._dirty.clear()
-            self._current = scan(self.patterns, self.cwd)
+            self._current = scan(self.patterns, self.cwd, self._learned)
+            self._learned = {c.path: self._learned[c.path] for c in self._current if c.path in self._learned}
             now = self.clock()
             seen = {}
             for c in self._current:
@@ -196,6 +220,13 @@ class CheckpointIndex:
                 seen[c.path] = old if old and old[0] == c.signature else (c.signature, now)
             self._seen = seen
         return self._current
+
+    def learn(self, checkpoint: Checkpoint, step: StepEvidence) -> None:
+        """The step the loop resolved for ``checkpoint`` (the probe's save record outranks the name):
+        it orders the checkpoints from the next scan on, until the file is written again."""
+        if step.step is not None and step != StepEvidence(checkpoint.step, checkpoint.step_from):
+            self._learned[checkpoint.path] = (checkpoint.mtime, step)
+            self._dirty.set()
 
     def settled(self, exclude: set[str] = frozenset()) -> list[Checkpoint]:  # type: ignore[assignment]
         """Checkpoints whose size and mtime have not changed for ``settle`` seconds, newest first."""

@@ -14,6 +14,7 @@ read from the output no longer moves the count (a progress bar's total still giv
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,24 @@ STAMP_SLACK = 0.25  # seconds: see AttemptWatch.step_at
 MTIME_SLACK = 0.05  # seconds: a file's mtime comes from the kernel's coarse clock, a tick behind time.time()
 REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH, protocol.STEP)
+
+
+@dataclass(frozen=True)
+class Save:
+    """One ``torch.save`` the probe saw: when it began and returned, the optimizer step at its start,
+    and the file it wrote, made real (a symlinked run directory compares equal; None for a file
+    object or a buffer)."""
+
+    began: float
+    returned: float
+    step: int
+    path: str | None = None
+
+    def wrote(self, real: str, directory: bool) -> bool:
+        """It wrote the file at the real path ``real``, or with ``directory`` a file inside it."""
+        if self.path is None:
+            return False
+        return self.path == real or (directory and self.path.startswith(real + os.sep))
 
 
 @dataclass
@@ -56,7 +75,7 @@ class AttemptWatch:
     first_step: int = 0
     total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
-    saves: list[tuple[float, float, int]] = field(default_factory=list)  # probe torch.save: (began, returned, step)
+    saves: list[Save] = field(default_factory=list)  # the probe's torch.save records, the newest 64
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
     allocator: AllocatorReport = field(default_factory=AllocatorReport)  # the probe's steps and allocator figures
     liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
@@ -112,8 +131,8 @@ class AttemptWatch:
         ``wall`` (its mtime): the step of the probe's ``torch.save`` that was writing then; else
         the last step the output (or the probe's step records) showed at or before it."""
         # The save whose run is nearest the mtime (inside it, or a coarse clock's tick before it).
-        nearest = min(((max(began - wall, wall - returned, 0.0), -i, step)
-                       for i, (began, returned, step) in enumerate(self.saves)), default=None)
+        nearest = min(((max(s.began - wall, wall - s.returned, 0.0), -i, s.step)
+                       for i, s in enumerate(self.saves)), default=None)
         if nearest is not None and nearest[0] <= MTIME_SLACK:
             return nearest[2]
         # A line is stamped when read, a beat after it was printed (and a file's mtime comes from
@@ -121,6 +140,18 @@ class AttemptWatch:
         # it: allow a quarter second, less than the two iterations a later step would take.
         before = [step for t, step in self.steps_at if t <= wall + STAMP_SLACK]
         return before[-1] if before else None
+
+    def saved_step(self, path: str, mtime: float, directory: bool) -> int | None:
+        """The step of the probe's save of ``path`` (of a file inside it, for a directory), measured
+        where the save ran. A file's mtime lies inside the save that wrote it (a coarse clock's tick
+        either side), so a rewrite of the same name takes its own save's step; a directory's mtime is
+        its last file's, which may be no save of torch's (HF writes ``trainer_state.json`` after
+        ``optimizer.pt``): the newest save into it that began by then."""
+        real = os.path.realpath(path)
+        mine = [s for s in self.saves if s.wrote(real, directory) and s.began <= mtime + MTIME_SLACK]
+        if not directory:
+            mine = [s for s in mine if s.returned >= mtime - MTIME_SLACK]
+        return mine[-1].step if mine else None
 
     @property
     def progressed(self) -> bool:
@@ -187,9 +218,10 @@ class AttemptWatch:
     def _take_save(self, record: dict[str, Any]) -> None:
         """The probe's record of one ``torch.save``: when it ran and at which step (see step_at). A
         save before the process's first step says no step: the output's, if any, stands for it."""
-        began, returned, step = record.get("started"), record.get("t"), record.get("step")
+        began, returned, step, path = record.get("started"), record.get("t"), record.get("step"), record.get("path")
         if isinstance(began, (int, float)) and isinstance(returned, (int, float)) and isinstance(step, int):
-            self.saves = (self.saves + [(float(began), float(returned), step)])[-64:]
+            save = Save(float(began), float(returned), step, os.path.realpath(path) if isinstance(path, str) else None)
+            self.saves = (self.saves + [save])[-64:]
 
     def _take_probe(self, record: dict[str, Any], now: float) -> bool:
         """A probe record: a step record is progress (journaled as an event at most every

@@ -37,8 +37,10 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
+from oomguard.supervisor.observe import ckptstep
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
+from oomguard.supervisor.observe.ckptstep import StepEvidence
 from oomguard.supervisor.observe.memory import MemorySample, Sampler
 from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.progress import AttemptWatch
@@ -409,7 +411,7 @@ class Supervisor:
         self.journal.start_attempt(self.attempt, worker.pgid, self.plan.as_dict(),
                                    checkpoint.path if checkpoint else None, argv, str(files.log))
         if checkpoint is not None:
-            self._event("resume_point", path=checkpoint.path, step=checkpoint.step)
+            self._event("resume_point", path=checkpoint.path, step=checkpoint.step, step_from=checkpoint.step_from)
         b = self.plan.batch
         self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {b.micro_batch}"
                          f" × accumulation {b.grad_accum} × world {b.world_size} = {b.global_text}"
@@ -431,8 +433,9 @@ class Supervisor:
         node0_plan, checkpoint, agreed = self.world.start_round(self.attempt, self.plan, checkpoint)
         self._replan(replan.agreed(self.plan, node0_plan))
         checkpoint = self._still_there(checkpoint)
-        if checkpoint is not None and checkpoint.step is None:  # nanoGPT's ckpt.pt: {checkpoint_step} from the output
-            checkpoint = replace(checkpoint, step=self._step_from_output(checkpoint))
+        if checkpoint is not None and checkpoint.step is None:  # one an earlier supervisor on this run saw written
+            step = self._step_from_output(checkpoint)
+            checkpoint = replace(checkpoint, step=step, step_from=ckptstep.JOURNAL if step is not None else None)
         if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
         return checkpoint
@@ -478,7 +481,8 @@ class Supervisor:
         return bad
 
     def _step_from_output(self, checkpoint: Checkpoint) -> int | None:
-        """The step the output showed when a checkpoint without a step in its name was written."""
+        """The step journaled for a checkpoint the index knows none for (its evidence was seen by an
+        earlier supervisor on this run directory: a save record, the output when it was written)."""
         return next((c["step"] for c in self.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], current: Current) -> Containment:
@@ -649,16 +653,28 @@ class Supervisor:
         found = self.index.settled(bad) if worker_alive else [
             c for c in self.index.refresh(force=True) if c.path not in bad]
         for ckpt in found:
-            step = ckpt.step if ckpt.step is not None else watch.step_at(ckpt.mtime)
+            evidence = self._checkpoint_step(ckpt, watch)
+            step = evidence.step
             if self.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.attempt):
                 watch.checkpoint_landed(step, time.monotonic(), time.time())
-                self._event("checkpoint", path=ckpt.path, step=step)
+                self._event("checkpoint", path=ckpt.path, step=step, step_from=evidence.source)
                 current.trend.checkpoint_seen(time.monotonic())
                 if current.trend.restart_reason and worker_alive:
                     self._restart_now(current)
                 if watch.grow_to is not None:
                     self._stop_worker(StopReason.GROW, f"--grow: micro-batch {watch.grow_to} after {ckpt.path}",
                                       grow_to=watch.grow_to)
+
+    def _checkpoint_step(self, ckpt: Checkpoint, watch: AttemptWatch) -> StepEvidence:
+        """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
+        so that the choice of the newest one to resume from goes by it too."""
+        if ckpt.step_from == ckptstep.SAVE:  # learned from this write's save record already
+            return StepEvidence(ckpt.step, ckpt.step_from)
+        saved = watch.saved_step(ckpt.path, ckpt.mtime, os.path.isdir(ckpt.path))
+        by_time = watch.step_at(ckpt.mtime) if saved is None and ckpt.step is None else None
+        evidence = ckptstep.resolve(saved, StepEvidence(ckpt.step, ckpt.step_from), by_time)
+        self.index.learn(ckpt, evidence)
+        return evidence
 
     def _ask_for_checkpoint(self, current: Current, why: str) -> None:
         """The request file is always written (scripts poll it); the signal only goes to a worker
