@@ -575,9 +575,9 @@ class Supervisor:
             if record["type"] == "checkpoint" and current.trend.restart_reason:
                 self._restart_now(current)  # the worker says it saved: sooner than the file settling
             if record["type"] == protocol.MODEL and (model := ModelPrint.from_record(record)) is not None:
-                self._model_seen(model)
+                self._model_seen(current, model)
 
-    def _model_seen(self, model: ModelPrint) -> None:
+    def _model_seen(self, current: Current, model: ModelPrint) -> None:
         """The probe's model against the fit store's record (``SizeTuner.model_seen``): another model
         is said once, journaled with both parameter counts, and where the record made this run start
         below the size asked for, the worker is restarted there now (a larger micro-batch, the global
@@ -586,7 +586,9 @@ class Supervisor:
         change = self.tuner.model_seen(model, self.plan.batch.micro_batch)
         if change is None:
             return
-        restart_at = change.restart_at if self.world.nodes is None else None
+        # A record read after the worker exited, or while it is being stopped for another reason: no restart.
+        running = current.worker is not None and not current.worker.exited.is_set() and current.stop is None
+        restart_at = change.restart_at if self.world.nodes is None and running else None
         self._event("model_changed", params=change.now.params, measured_params=change.then.params,
                     digest=change.now.digest, measured_digest=change.then.digest, restart_at=restart_at)
         log(replace(change, restart_at=restart_at).text)
