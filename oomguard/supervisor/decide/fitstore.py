@@ -184,7 +184,7 @@ class ModelPrint:
         return cls(digest, params, tensors if isinstance(tensors, int) and not isinstance(tensors, bool) else 0)
 
 
-def union(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
+def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
     """Both lists' models, each digest once, by digest (ranks of one job may train different
     stages, each a model of its own)."""
     seen = {m.digest: m for m in new}
@@ -276,7 +276,7 @@ class FitStore:
             base = _decode(row) if row else None
             if base is None or (models and base.models and not any(base.measured(m) for m in models)):
                 base = FitRecord(key.fingerprint, key.describe(), None, None, (), 0.0)
-            new = replace(merge_point(base, point, time.time()), models=union(base.models, models))
+            new = replace(merge_point(base, point, time.time()), models=merge_models(base.models, models))
             _write(db, new)
             db.execute("COMMIT")
         return new

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint, union
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint, merge_models
 from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction, fit, propose_growth, shrink_after_oom
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
@@ -135,7 +135,7 @@ class SizeTuner:
         once at the size asked for, as a job never measured would have started: this first step
         is the cheapest moment (a step lost), and running on would cost throughput for the whole
         run (without --grow it never climbs back), for a size measured on a model it is not."""
-        self.models = union(self.models, [model])
+        self.models = merge_models(self.models, [model])
         if self.model_checked:
             return None
         self.model_checked = True
