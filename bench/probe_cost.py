@@ -15,7 +15,10 @@ process's first optimizer step) is timed the same way: a module call with the ho
 one without (what the slow path of ``Module.__call__`` and the two hooks add), times the module calls
 of one step, as a share of the step it is armed for (the first), and amortized over ``--run-steps``.
 Also the interpreter's start-up with and without the probe's sitecustomize
-(``python -c pass``): the price paid by a process that never imports torch.
+(``python -c pass``): the price paid by a process that never imports torch. And the model record
+(probe/model.py), written once per process at its first optimizer step: the digest of the
+optimizer's parameters and the record's write, timed per call for a GPT-2-small-shaped model
+(124M parameters in nanoGPT's two AdamW groups) on CPU (``--model-only``).
 
     .venv/bin/python bench/probe_cost.py --rounds 30
 """
@@ -39,6 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from oomguard.probe import SITE_DIR  # noqa: E402
+from oomguard.probe import model as model_record  # noqa: E402
 from oomguard.probe.forward import ForwardTracker  # noqa: E402
 from oomguard.probe.steps import StepCounter  # noqa: E402
 
@@ -157,6 +161,41 @@ def forward_tracker(make: Any, step_us: float, rounds: int, run_steps: int, call
             "amortized_share_pct": round(100 * per_step / step_us / run_steps, 6), "run_steps": run_steps}
 
 
+def gpt2_small_optimizer() -> torch.optim.Optimizer:
+    """GPT-2 small's parameters (nanoGPT's ``GPT``: 12 layers, 768 wide, 1024 positions, the head tied
+    to the token embedding) in nanoGPT's ``configure_optimizers`` groups: matrices decayed, the rest not."""
+    def param(*shape: int) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.empty(*shape))  # the values do not matter, only what the digest reads
+
+    d = 768
+    params = [param(50257, d), param(1024, d)]
+    for _ in range(12):
+        params += [param(d), param(d), param(3 * d, d), param(3 * d), param(d, d), param(d),
+                   param(d), param(d), param(4 * d, d), param(4 * d), param(d, 4 * d), param(d)]
+    params += [param(d), param(d)]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=6e-4)
+
+
+def model_fingerprint(rounds: int) -> dict[str, Any]:
+    """CPU time of the model record at a process's first step: the digest alone, and with the record's write."""
+    opt = gpt2_small_optimizer()
+    fields = model_record.fingerprint(opt)
+    results: dict[str, Any] = {"params": fields["params"], "tensors": fields["tensors"], "rounds": rounds}
+    for name, call in (("digest", model_record.fingerprint), ("record", model_record.report)):
+        call(opt)  # warm up
+        times = []
+        for _ in range(rounds):
+            start = time.process_time()
+            call(opt)
+            times.append(time.process_time() - start)
+        median, q1, q3 = spread(times)
+        results[f"{name}_us"] = round(median * 1e6, 1)
+        results[f"{name}_iqr_us"] = [round(q1 * 1e6, 1), round(q3 * 1e6, 1)]
+    return results
+
+
 def startup(rounds: int, events: str) -> dict[str, Any]:
     # Bytecode as an installed package has it (a first run writes it): not a compile in every start.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
@@ -190,6 +229,7 @@ def main() -> None:
     p.add_argument("--startup-rounds", type=int, default=20)
     p.add_argument("--startup-only", action="store_true", help="only the interpreter's start-up")
     p.add_argument("--forward-only", action="store_true", help="only the forward tracker")
+    p.add_argument("--model-only", action="store_true", help="only the model record (GPT-2 small's parameters)")
     p.add_argument("--run-steps", type=int, default=1000,
                    help="optimizer steps of a run, to amortize the tracker's first step over")
     args = p.parse_args()
@@ -197,6 +237,9 @@ def main() -> None:
         os.environ["OOMGUARD_EVENTS"] = str(Path(tmp) / "events.jsonl")  # the records are written, as in a run
         torch.set_num_threads(1)
         result: dict[str, Any] = {}
+        if args.model_only:
+            print(json.dumps({"model_record_gpt2_small": model_fingerprint(args.rounds)}, indent=2))
+            return
         if args.forward_only:
             step_us = step_time(*nanogpt_style(), args.example_steps) * 1e6
             result["forward_tracker_smallest_example"] = forward_tracker(nanogpt_style, step_us, args.rounds,
@@ -209,6 +252,7 @@ def main() -> None:
             for name, make in (("smallest_example", nanogpt_style), ("tiny_linear", tiny_linear)):
                 step_us = result[f"{name}_step"]["step_us"]
                 result[f"forward_tracker_{name}"] = forward_tracker(make, step_us, args.rounds, args.run_steps)
+            result["model_record_gpt2_small"] = model_fingerprint(args.rounds)
         result["interpreter_startup"] = startup(args.startup_rounds, os.environ["OOMGUARD_EVENTS"])
     print(json.dumps(result, indent=2))
 

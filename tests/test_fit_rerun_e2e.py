@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, oomguard, status
 
+from oomguard.supervisor.record.journal import Journal
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
 PLAIN = str(ROOT / "bench" / "peerkit" / "train_plain.py")
@@ -49,3 +51,82 @@ def test_a_measured_job_starts_where_it_fits(tmp_path: Path, monkeypatch: pytest
     again = run(tmp_path, "again")
     assert again["failures"] == [], again["failures"]
     assert (again["micro_batch"], again["grad_accum"], again["global_batch"]) == (8, 2, 16)
+
+
+# A plain script that imports its model from a module the command does not name (nanoGPT's train.py and
+# model.py): the benchmark's model and memory cap (workload.py, copied beside it), a step that takes a
+# while as real ones do (so the supervisor reads the first step's records while the worker still runs).
+TRAIN = """
+import argparse
+import time
+
+import torch
+import workload
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch-size", type=int, required=True)
+p.add_argument("--gradient-accumulation-steps", type=int, default=1)
+p.add_argument("--steps", type=int, default=4)
+args = p.parse_args()
+workload.setup()
+model = workload.TinyGPT()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+size = args.batch_size * args.gradient_accumulation_steps
+for step in range(args.steps):
+    opt.zero_grad(set_to_none=True)
+    for chunk in workload.global_batch(step, size).split(args.batch_size):
+        (model(chunk)["loss"] * (chunk.shape[0] / size)).backward()
+    opt.step()
+    print(f"step {step + 1}/{args.steps}", flush=True)
+    time.sleep(0.25)
+"""
+
+
+def run_job(job: Path, run_dir: Path) -> tuple[dict[str, object], str]:
+    """The run's status, and what the supervisor said."""
+    out = oomguard("run", "--run-dir", str(run_dir), "--no-web", "--backoff", "0.05",
+                   "--global-batch", "16", "--micro-batch", "16", "--",
+                   sys.executable, "train.py", "--batch-size", "{micro_batch}", "--gradient-accumulation-steps",
+                   "{grad_accum}", timeout=300, cwd=job)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return status(run_dir), out.stdout + out.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_changed_model_in_an_imported_module_is_noticed_and_measured_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fit_store_per_test: Path) -> None:
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # as above: 55 MB fails 16, fits 8
+    monkeypatch.setenv("PEERS_BUDGET_MB", "55")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(TRAIN)
+    workload = (ROOT / "bench" / "peerkit" / "workload.py").read_text()
+    (job / "workload.py").write_text(workload)
+
+    first, _ = run_job(job, tmp_path / "first")
+    assert [f["kind"] for f in first["failures"]] == ["host_oom"], first["failures"]
+    assert (first["micro_batch"], first["grad_accum"]) == (8, 2)
+    models = Journal(tmp_path / "first", readonly=True).event_data("worker_model")
+    assert models and all(m["optimizer"] == "AdamW" for m in models.values())
+
+    same, said_same = run_job(job, tmp_path / "same")  # the same model: starts where it fits, nothing said
+    assert same["failures"] == [] and (same["micro_batch"], same["grad_accum"]) == (8, 2)
+    assert Journal(tmp_path / "same", readonly=True).event_data("model_changed") == {}
+    assert "fitted micro-batch 8" in said_same and "model differs" not in said_same
+
+    # The model changes in the imported module only (a shorter context: the position table and every
+    # activation halve): the command and its files are the same, so the key is, and the record says 8.
+    assert "    seq: int = 128\n" in workload
+    (job / "workload.py").write_text(workload.replace("    seq: int = 128\n", "    seq: int = 64\n"))
+    changed, said = run_job(job, tmp_path / "changed")
+    journal = Journal(tmp_path / "changed", readonly=True)
+    events = list(journal.event_data("model_changed").items())
+    assert len(events) == 1 and said.count("the model differs from the one the fit store measured") == 1, said
+    attempt, data = events[0]
+    assert attempt == 1 and data["restart_at"] == 16
+    assert data["measured_params"] - data["params"] == 64 * 128  # the position table's rows, both counts named
+    # Restarted at once at the size asked for, which fits the shorter model: no OOM, the full micro-batch.
+    assert changed["failures"] == [], changed["failures"]
+    assert [a["micro_batch"] for a in journal.attempts()] == [8, 16]
+    assert (changed["micro_batch"], changed["grad_accum"], changed["global_batch"]) == (16, 1, 16)
+

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.decide.fitstore import FitRecord, FitStore, JobKey, default_cache_dir, merge_point
+from oomguard.supervisor.decide.fitstore import (
+    FitRecord,
+    FitStore,
+    JobKey,
+    ModelPrint,
+    default_cache_dir,
+    merge_point,
+)
 from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.decide.tuning import SizeTuner
 
 GIB = 1024**3
 H100 = ("NVIDIA H100 80GB HBM3", 80 * GIB)
@@ -186,3 +197,120 @@ def test_a_config_files_content_is_still_the_job_next_to_an_output_override(tmp_
     (tmp_path / "model.yaml").write_text("n_layer: 24\n")
     after = JobKey.for_run(command, tmp_path, [tmp_path / "runs" / "monday"], (), 1, GIB)
     assert before.fingerprint != after.fingerprint
+
+
+# --- the model a record was measured with -------------------------------------------------------
+
+SMALL, LARGE = ModelPrint("a1" * 8, 1_000_000, 10), ModelPrint("b2" * 8, 3_000_000, 14)
+BEFORE_MODELS = Path(__file__).parent / "data" / "fits-before-models.sqlite3"  # made by the code before this change
+
+
+def test_a_store_made_before_models_were_kept_opens_and_keeps_working(tmp_path: Path) -> None:
+    # The database the previous fitstore.py wrote (KEY: 24 and 32 fit, 48 and 96 failed); opened, it gains
+    # the models table and keeps its record, which knows no model: today's behaviour.
+    shutil.copy(BEFORE_MODELS, tmp_path / "fits.sqlite3")
+    store = FitStore(tmp_path)
+    old = store.load(KEY)
+    assert old is not None and (old.micro_batch, old.failed_micro, old.models) == (32, 48, ())
+    assert old.measured(SMALL) is None and old.starting_micro(96, 96) == 32
+    mended = store.record(KEY, Point(24, 50 * GIB, True), [SMALL])  # the first run with the probe: merged
+    assert (mended.micro_batch, mended.failed_micro, mended.models) == (32, 48, (SMALL,))
+    assert store.load(KEY) == mended
+    # An older oomguard sharing the cache directory still reads and writes its table (its statements, verbatim).
+    with sqlite3.connect(tmp_path / "fits.sqlite3") as db:
+        row = db.execute("SELECT fingerprint, description, micro_batch, failed_micro, points, updated_wall"
+                         " FROM fits WHERE fingerprint = ?", (KEY.fingerprint,)).fetchone()
+        db.execute("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)", (*row[:4], row[4], 5.0))
+    assert store.load(KEY) == replace(mended, updated_wall=5.0)
+
+
+def test_a_record_keeps_its_models_and_another_models_replaces_it(tmp_path: Path) -> None:
+    store = FitStore(tmp_path)
+    store.record(KEY, Point(32, 70, False), [SMALL])
+    store.record(KEY, Point(16, 40, True), [SMALL])
+    record = store.load(KEY)
+    assert record is not None and record.models == (SMALL,) and record.measured(SMALL) is True
+    assert record.measured(LARGE) is False
+    unseen = store.record(KEY, Point(8, 20, True))  # an attempt before the probe said: merged as before
+    assert unseen.points == (Point(8, 20, True), Point(16, 40, True), Point(32, 70, False))
+    assert unseen.models == (SMALL,)
+    other = store.record(KEY, Point(8, 30, True), [LARGE])  # none of the record's models: not merged into
+    assert (other.points, other.models, other.failed_micro) == ((Point(8, 30, True),), (LARGE,), None)
+    both = store.record(KEY, Point(4, 15, True), [SMALL, LARGE])  # ranks of two stages: one of them known
+    assert both.models == (SMALL, LARGE) and [p.micro_batch for p in both.points] == [4, 8]
+    rewritten = store.rewrite(KEY, [Point(16, None, False)], [SMALL])
+    assert store.load(KEY) == rewritten
+    assert (rewritten.points, rewritten.models, rewritten.failed_micro) == ((Point(16, None, False),), (SMALL,), 16)
+    store.forget(KEY)
+    assert store.load(KEY) is None
+    assert store.record(KEY, Point(2, 1, True)).models == ()  # forgotten with its models
+
+
+def test_a_model_record_is_read_only_when_it_names_a_digest_and_a_count() -> None:
+    assert ModelPrint.from_record({"digest": "ab", "params": 5, "tensors": 2}) == ModelPrint("ab", 5, 2)
+    assert ModelPrint.from_record({"digest": "ab", "params": 5}) == ModelPrint("ab", 5, 0)
+    for bad in ({"params": 5}, {"digest": "", "params": 5}, {"digest": "ab", "params": "5"},
+                {"digest": "ab", "params": True}, {"digest": 7, "params": 5}):
+        assert ModelPrint.from_record(bad) is None
+
+
+def _tuner(store: FitStore, requested: int = 16) -> tuple[SizeTuner, int | None]:
+    tuner = SizeTuner(per_process_batch=16, min_micro=1, margin=0.1, store=store, key=KEY)
+    return tuner, tuner.starting_micro(requested)
+
+
+def test_a_rerun_that_started_from_another_models_record_restarts_at_the_size_asked_for(tmp_path: Path) -> None:
+    store = FitStore(tmp_path)
+    store.record(KEY, Point(16, None, False), [SMALL])
+    store.record(KEY, Point(8, 100, True), [SMALL])
+    tuner, start = _tuner(store)
+    assert start == 8 and tuner.stored_failures == [Point(16, None, False)]
+    change = tuner.model_seen(LARGE, 8)
+    assert change is not None and (change.then, change.now, change.restart_at) == (SMALL, LARGE, 16)
+    assert "3,000,000 parameters" in change.text and "1,000,000" in change.text and "asked for, 16" in change.text
+    assert tuner.stored_failures == []  # the other model's OOM at 16 no longer bars 16
+    record = store.load(KEY)
+    assert record is not None and (record.points, record.models) == ((), (LARGE,))  # it steers nothing now
+    assert tuner.model_seen(LARGE, 8) is None  # said once per run (each rank reports its own)
+    tuner.record(8, 90, memory_failed=False)
+    tuner.record(16, None, memory_failed=True)
+    record = store.load(KEY)
+    assert record is not None and (record.micro_batch, record.failed_micro, record.models) == (8, 16, (LARGE,))
+    assert _tuner(store)[0].model_seen(LARGE, 8) is None  # the next run of the new model: measured, no change
+
+
+def test_the_same_model_or_a_record_without_one_keeps_steering(tmp_path: Path) -> None:
+    store = FitStore(tmp_path)
+    store.record(KEY, Point(16, None, False), [SMALL])
+    store.record(KEY, Point(8, 100, True), [SMALL])
+    tuner, start = _tuner(store)
+    assert start == 8 and tuner.model_seen(SMALL, 8) is None
+    assert tuner.stored_failures == [Point(16, None, False)]
+    unknown = FitStore(tmp_path / "unknown")  # an older store's record, or one made with --no-probe
+    unknown.record(KEY, Point(16, None, False))
+    unknown.record(KEY, Point(8, 100, True))
+    tuner, start = _tuner(unknown)
+    assert start == 8 and tuner.model_seen(LARGE, 8) is None
+    tuner.record(8, 100, memory_failed=False)
+    record = unknown.load(KEY)
+    assert record is not None and record.models == (LARGE,) and record.failed_micro == 16  # now it knows
+
+
+def test_another_model_found_after_this_run_measured_is_not_restarted(tmp_path: Path) -> None:
+    store = FitStore(tmp_path)
+    store.record(KEY, Point(16, None, False), [SMALL])
+    store.record(KEY, Point(8, 100, True), [SMALL])
+    tuner, start = _tuner(store)
+    tuner.record(8, None, memory_failed=True)  # the record's 8 failed before any step: the model is larger
+    change = tuner.model_seen(LARGE, 4)
+    assert change is not None and change.restart_at is None and "replace the record" in change.text
+    record = store.load(KEY)  # this run's own failure at 8 is the record now, with its model
+    assert record is not None and (record.points, record.models) == ((Point(8, None, False),), (LARGE,))
+    asked_less, start = _tuner(FitStore(tmp_path / "asked"), requested=4)
+    assert start is None and asked_less.model_seen(LARGE, 4) is None  # no record: nothing to compare with
+    fitted = FitStore(tmp_path / "fitted")
+    fitted.record(KEY, Point(16, 200, True), [LARGE])
+    not_lowered, start = _tuner(fitted)  # nothing failed: started at the size asked for
+    assert start is None
+    change = not_lowered.model_seen(SMALL, 16)
+    assert change is not None and change.restart_at is None

@@ -147,10 +147,10 @@ def test_which_part_of_a_token_is_the_output(tmp_path: Path, token: str, written
     assert key.command == ("python", written)
 
 
-def test_only_a_bare_token_or_a_flags_last_value_names_a_file_to_fingerprint(tmp_path: Path) -> None:
-    # As keys were made before ``key=path`` tokens were read: ``cfg=model.yaml`` adds no digest.
+def test_a_bare_token_a_flags_value_or_an_overrides_value_names_a_file_to_fingerprint(tmp_path: Path) -> None:
     (tmp_path / "model.yaml").write_text("n_layer: 12\n")
     (tmp_path / "v=model.yaml").write_text("n_layer: 12\n")
+    (tmp_path / "notes.txt").write_text("n_layer: 12\n")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "model.yaml").write_text("n_layer: 12\n")
 
@@ -158,9 +158,10 @@ def test_only_a_bare_token_or_a_flags_last_value_names_a_file_to_fingerprint(tmp
         return JobKey.for_run(["python", *tokens], tmp_path, [tmp_path / "out"], (), 1, GIB).files
     assert len(files("model.yaml")) == 1 and files("model.yaml")[0].startswith("model.yaml:")
     assert files("--cfg=model.yaml") == files("--opt=k=model.yaml") == files("model.yaml")
-    assert files("v=model.yaml")[0].startswith("v=model.yaml:")  # a bare token is read whole
-    assert files("cfg=model.yaml") == files("--cfg", "{micro_batch}") == ()
-    assert files("out/model.yaml") == ()  # in a place the run writes: output, not the job
+    assert files("cfg=model.yaml") == files("model=k=model.yaml") == files("model.yaml")  # Hydra's, YOLO's
+    assert files("v=model.yaml")[0].startswith("v=model.yaml:")  # a bare token that is a file is read whole
+    assert files("--cfg", "{micro_batch}") == files("cfg=missing.yaml") == files("cfg=notes.txt") == ()
+    assert files("out/model.yaml") == files("cfg=out/model.yaml") == ()  # in a place the run writes: output
 
 
 def test_a_value_that_starts_with_a_dash_is_a_flag_even_where_a_file_of_its_name_exists(tmp_path: Path) -> None:

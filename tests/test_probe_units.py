@@ -103,3 +103,58 @@ def test_what_status_says_about_the_probe() -> None:
     assert probe_text(report.as_meta()) == ("loaded in 2 processes (ranks 0, 1); a part failed in 1: "
                                             "OOM observer not attached: x")
     assert probe_text(ProbeReport.for_command(False, ["python"]).as_meta()) == "none: turned off (--no-probe)"
+
+
+def _digest(model: torch.nn.Module, optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
+            **groups: Any) -> dict[str, Any]:
+    from oomguard.probe.model import fingerprint
+
+    return fingerprint(optimizer(model.parameters(), lr=1e-3, **groups))
+
+
+def test_the_model_fingerprint_is_what_decides_memory_per_sample() -> None:
+    torch.manual_seed(0)
+    base = _digest(torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 8)))
+    assert (base["params"], base["tensors"], base["optimizer"]) == (64 * 8 + 8 * 8 + 8, 3, "AdamW")
+    torch.manual_seed(1)  # other weights, the same model: the same digest
+    assert _digest(torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 8)))["digest"] == base["digest"]
+    wider = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 8))
+    longer = torch.nn.Sequential(torch.nn.Embedding(128, 8), torch.nn.Linear(8, 8))  # a longer position table
+    half = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 8)).to(torch.bfloat16)
+    frozen = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 8))
+    frozen[0].weight.requires_grad_(False)
+    others = [_digest(m)["digest"] for m in (wider, longer, half, frozen)]
+    same_with_sgd = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 8))
+    others.append(_digest(same_with_sgd, torch.optim.SGD)["digest"])
+    assert len({base["digest"], *others}) == 6
+
+
+def test_the_model_record_is_written_at_the_first_step_with_its_optimizer(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomguard.probe import model
+    from oomguard.worker import protocol
+
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv("OOMGUARD_EVENTS", str(events))
+    counter = StepCounter(torch, every=3600)
+    seen: list[object] = []
+    counter.first_step = seen.append
+    layer = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    for _ in range(3):
+        counter.on_step(optimizer, (), {})
+    assert seen == [optimizer]  # once, with the optimizer that stepped
+    model.report(optimizer)
+
+    class Broken:
+        @property
+        def param_groups(self) -> list[Any]:
+            raise RuntimeError("sharded elsewhere")
+
+    model.report(Broken())  # never raises into the program: a probe failure record instead
+    records = [protocol.decode(line) for line in events.read_text().splitlines()]
+    assert [r["type"] for r in records if r] == ["probe", "step", "model", "probe"]
+    written = next(r for r in records if r and r["type"] == "model")
+    assert (written["params"], written["tensors"], written["optimizer"], written["pid"]) == (20, 2, "SGD", os.getpid())
+    assert written["digest"] == model.fingerprint(optimizer)["digest"]
+    assert records[-1] is not None and records[-1]["state"] == "failed" and "sharded elsewhere" in records[-1]["detail"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.supervisor.decide.fitstore import JobKey
+from oomguard.supervisor.decide.fitstore import FitRecord, JobKey, ModelPrint
 from oomguard.supervisor.decide.memmodel import OomFigures, Point
 from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
@@ -80,7 +80,7 @@ class BrokenStore:
     def __init__(self) -> None:
         self.calls = 0
 
-    def record(self, key: JobKey, point: Point) -> None:
+    def record(self, key: JobKey, point: Point, models: object = ()) -> None:
         self.calls += 1
         raise OSError("disk full")
 
@@ -162,3 +162,22 @@ def test_the_shrink_hint_passes_the_fixed_memory_and_the_floor() -> None:
     assert hint is not None and hint.micro_batch == 32
     tuner.address_space = False  # the same figures of allocated memory: the margin is of all of it
     assert tuner.shrink_hint(64, None).micro_batch == 16  # type: ignore[union-attr]
+
+
+class OtherModelsStore:
+    """A record measured with another model, in a store that then fails to write."""
+
+    def load(self, key: JobKey) -> FitRecord:
+        return FitRecord("fp", "job", 8, 16, (Point(8, GIB, True), Point(16, None, False)), 0.0,
+                         (ModelPrint("a" * 16, 100, 2),))
+
+    def rewrite(self, key: JobKey, points: object, models: object) -> None:
+        raise OSError("disk full")
+
+
+def test_another_model_is_said_even_where_the_store_cannot_be_rewritten() -> None:
+    tuner = SizeTuner(16, 1, 0.1, store=OtherModelsStore(), key=KEY)  # type: ignore[arg-type]
+    assert tuner.starting_micro(16) == 8
+    change = tuner.model_seen(ModelPrint("b" * 16, 200, 2), 8)
+    assert change is not None and change.restart_at == 16 and (change.then.params, change.now.params) == (100, 200)
+    assert tuner.store is None and tuner.stored_failures == [] and tuner.models == (ModelPrint("b" * 16, 200, 2),)

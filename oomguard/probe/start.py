@@ -13,6 +13,7 @@ TYPE_CHECKING = False  # not typing's: every Python process of the worker import
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
+    from typing import Any
 
 
 def start(failed: Callable[[str], None]) -> None:
@@ -48,11 +49,11 @@ def _attach(torch: ModuleType) -> None:
 
         tracker = forward.install(torch)
         if tracker is not None:
-            counter.first_step = tracker.stepped  # armed for the first step only (probe/forward.py)
             counter.extra = tracker.step_figures
             os.register_at_fork(after_in_child=tracker.forget)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
+    counter.first_step = _at_first_step(tracker)
     try:
         from . import saves
 
@@ -63,3 +64,16 @@ def _attach(torch: ModuleType) -> None:
         oom.OomReporter(torch, lambda: counter.step, tracker).attach()
     except Exception as exc:
         channel.failed(f"OOM reporting not installed: {type(exc).__name__}: {exc}")
+
+
+def _at_first_step(tracker: Any) -> Callable[[Any], None]:
+    """What the process's first optimizer step does: disarm the forward tracker (armed for the first
+    step only, probe/forward.py) and read it, then say which model it trains (probe/model.py)."""
+    from . import model
+
+    def first(optimizer: Any) -> None:
+        if tracker is not None:
+            tracker.stepped()
+        model.report(optimizer)
+
+    return first

@@ -42,7 +42,8 @@ class StepCounter:
 
     def __init__(self, torch: Any, clock: Callable[[], float] = time.monotonic, every: float = EVERY) -> None:
         self._torch, self._clock, self._every = torch, clock, every
-        self.first_step: Callable[[], None] | None = None  # called once, at this process's first step
+        # Called once, at this process's first step, with the optimizer that took it.
+        self.first_step: Callable[[Any], None] | None = None
         self.extra: Callable[[], dict[str, Any]] | None = None  # more fields for each step record
         self.forget()
 
@@ -88,7 +89,7 @@ class StepCounter:
         if not self._counts:  # this process trains: say the probe is here (data-loader workers never step)
             channel.loaded(f"torch {getattr(self._torch, '__version__', '?')}")
             if self.first_step is not None:
-                self.first_step()
+                self.first_step(optimizer)
         fallback = channel.env_int(protocol.ENV_CHECKPOINT_STEP) or 0
         key = id(optimizer)
         # The weakref drops the entry with the optimizer, so a new one that gets its id starts at 0.

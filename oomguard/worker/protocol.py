@@ -59,6 +59,9 @@ OOM = "oom"  # device ("cuda:N" | "cpu"), step, requested_bytes, allocated_bytes
 #              fixed_bytes: held before the step's first forward; forward_fraction: the share of the forward
 #              done (1.0 once it returned), forward_basis ("learned" | "modules" | "done"), forward_leaves
 #              (leaf-module forwards run); all None where unknown (the probe's forward hooks: first step only)
+MODEL = "model"  # digest (of the optimizer's class and its parameters: per tensor shape, dtype, requires_grad, in
+#                  order), params (elements), tensors, optimizer (class name): once per process, at its first
+#                  optimizer step, of the optimizer that stepped first; the fit store tells two models apart by it
 
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     PROGRESS: ("step",),
@@ -70,6 +73,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     STEP: ("step", "steps", "pid"),
     SAVE: ("step", "started", "pid"),
     OOM: ("device", "pid"),
+    MODEL: ("digest", "params", "pid"),
 }
 
 

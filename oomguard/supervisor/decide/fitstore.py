@@ -3,11 +3,17 @@
 Records are keyed by a fingerprint of what decides whether a micro-batch fits: the training command
 (with any path that lies in a place the run writes to, its checkpoint directories and run directory,
 taken out, whether an argument, a flag's value or a ``key=value`` override: a new output directory is
-the same job), the content of the files the command names (the script and its
-configs: the model's fingerprint as far as the supervisor can see it), the GPU model and memory,
+the same job), the content of the files the command names as an argument, a flag's
+value or an override's (``cfg=model.yaml``): the script and its configs, the model as far as the
+supervisor can see it), the GPU model and memory,
 the world size and, without a GPU, the memory limit the run fits under. The per-process batch is
 not in the key because memory depends on the micro-batch alone; a new run picks the largest divisor
 of its own per-process batch that is at or below the remembered size.
+
+A record also keeps the models it was measured with (``ModelPrint``: the digest the probe takes of
+the optimizer's parameters at a process's first step, probe/model.py): what the key cannot see (an
+imported ``model.py`` edited, a config opened by a fixed path, a hub model changed upstream) the
+probe can, and a run that finds another model replaces the record (``SizeTuner.model_seen``).
 
 The store is one SQLite database in WAL mode with ``synchronous=FULL`` in a cache directory
 (``OOMGUARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/oomguard``, else ``~/.cache/oomguard``): a crash
@@ -39,6 +45,18 @@ CREATE TABLE IF NOT EXISTS fits (
     updated_wall REAL NOT NULL
 )
 """
+# The models a record was measured with, beside it rather than in a new column of ``fits``: an older
+# oomguard writes ``fits`` with ``INSERT ... VALUES`` of six values, which a seventh column would
+# break, so an older and a newer oomguard can share one cache directory. A record without a row
+# here (made before, or by runs without the probe) was measured with a model nobody saw.
+_MODELS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    fingerprint TEXT PRIMARY KEY,
+    models TEXT NOT NULL
+)
+"""
+_SELECT = ("SELECT f.fingerprint, f.description, f.micro_batch, f.failed_micro, f.points, f.updated_wall, m.models"
+           " FROM fits AS f LEFT JOIN models AS m ON m.fingerprint = f.fingerprint WHERE f.fingerprint = ?")
 
 
 def default_cache_dir() -> Path:
@@ -80,9 +98,7 @@ class JobKey:
             written = _output_form(token, cwd, places)
             if written is None:
                 written = token
-                # Only a bare token or a flag's last value names a file, as in keys made before ``key=path``.
-                path = _as_path(token.rpartition("=")[2] if token.startswith("-") else token, cwd)
-                if path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
+                if (path := _job_file(token, cwd)) is not None:
                     files.append(_digest(path))
             tokens.append(written)
         return cls(tuple(tokens), gpus, world_size, None if gpus else limit, tuple(files))
@@ -113,6 +129,20 @@ def _output_form(token: str, cwd: Path, places: Sequence[Path]) -> str | None:
     return None
 
 
+def _job_file(token: str, cwd: Path) -> Path | None:
+    """The job file (script, config: ``_JOB_SUFFIXES``, existing) a token names, or None: the whole
+    token, else what follows its last ``=`` (a flag's value, ``--config=model.yaml``, or an
+    override's, Hydra's or YOLO's ``cfg=model.yaml``)."""
+    candidates = [token] if not token.startswith("-") else []
+    if "=" in token:
+        candidates.append(token.rpartition("=")[2])
+    for value in candidates:
+        path = _as_path(value, cwd)
+        if path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
+            return path
+    return None
+
+
 def _as_path(value: str, cwd: Path) -> Path | None:
     """``value`` read as a path (existing or not: an output directory the first run has not made
     yet must be taken out of the key as the second run's is; placeholders in it are part of its
@@ -138,6 +168,31 @@ def _digest(path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class ModelPrint:
+    """One model as the probe saw it at a process's first optimizer step (a ``model`` record): the
+    digest tells two models apart, the parameter count names them to the user."""
+
+    digest: str
+    params: int
+    tensors: int = 0
+
+    @classmethod
+    def from_record(cls, record: dict[str, object]) -> ModelPrint | None:
+        digest, params, tensors = record.get("digest"), record.get("params"), record.get("tensors")
+        if not isinstance(digest, str) or not digest or not isinstance(params, int) or isinstance(params, bool):
+            return None
+        return cls(digest, params, tensors if isinstance(tensors, int) and not isinstance(tensors, bool) else 0)
+
+
+def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
+    """Both lists' models, each digest once, by digest (ranks of one job may train different
+    stages, each a model of its own)."""
+    seen = {m.digest: m for m in new}
+    seen.update({m.digest: m for m in old})
+    return tuple(sorted(seen.values(), key=lambda m: m.digest))
+
+
+@dataclass(frozen=True)
 class FitRecord:
     """What one job has learned: the largest size that worked, the smallest that failed, points.
 
@@ -151,6 +206,13 @@ class FitRecord:
     failed_micro: int | None
     points: tuple[Point, ...]
     updated_wall: float
+    models: tuple[ModelPrint, ...] = ()  # what the points were measured with; () where unknown
+
+    def measured(self, model: ModelPrint) -> bool | None:
+        """Whether this record was measured with ``model``; None where it does not know its models."""
+        if not self.models:
+            return None
+        return any(m.digest == model.digest for m in self.models)
 
     def starting_micro(self, per_process_batch: int, requested: int) -> int | None:
         """The micro-batch a new run should start at, or None to start at ``requested``.
@@ -201,35 +263,41 @@ class FitStore:
 
     def load(self, key: JobKey) -> FitRecord | None:
         with self._connect() as db:
-            row = db.execute(
-                "SELECT fingerprint, description, micro_batch, failed_micro, points, updated_wall"
-                " FROM fits WHERE fingerprint = ?",
-                (key.fingerprint,),
-            ).fetchone()
+            row = db.execute(_SELECT, (key.fingerprint,)).fetchone()
         return _decode(row) if row else None
 
-    def record(self, key: JobKey, point: Point) -> FitRecord:
-        """Fold one attempt into the job's record, atomically, and return the new record."""
+    def record(self, key: JobKey, point: Point, models: Sequence[ModelPrint] = ()) -> FitRecord:
+        """Fold one attempt into the job's record, atomically, and return the new record. ``models``:
+        what this run trains, where the probe said; a record measured with none of them is another
+        model's and is replaced, not merged into."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")  # read-modify-write must not race another supervisor
-            row = db.execute(
-                "SELECT fingerprint, description, micro_batch, failed_micro, points, updated_wall"
-                " FROM fits WHERE fingerprint = ?",
-                (key.fingerprint,),
-            ).fetchone()
-            base = _decode(row) if row else FitRecord(key.fingerprint, key.describe(), None, None, (), 0.0)
-            new = merge_point(base, point, time.time())
-            db.execute(
-                "INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)",
-                (new.fingerprint, new.description, new.micro_batch, new.failed_micro,
-                 _encode(new.points), new.updated_wall),
-            )
+            row = db.execute(_SELECT, (key.fingerprint,)).fetchone()
+            base = _decode(row) if row else None
+            if base is None or (models and base.models and not any(base.measured(m) for m in models)):
+                base = FitRecord(key.fingerprint, key.describe(), None, None, (), 0.0)
+            new = replace(merge_point(base, point, time.time()), models=merge_models(base.models, models))
+            _write(db, new)
+            db.execute("COMMIT")
+        return new
+
+    def rewrite(self, key: JobKey, points: Sequence[Point], models: Sequence[ModelPrint]) -> FitRecord:
+        """Replace the job's record with ``points`` measured with ``models`` (a run that found the
+        record was another model's: its own measurements, from the first, are the record now)."""
+        now = time.time()
+        new = FitRecord(key.fingerprint, key.describe(), None, None, (), now, tuple(models))
+        for point in points:
+            new = merge_point(new, point, now)
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            _write(db, new)
             db.execute("COMMIT")
         return new
 
     def forget(self, key: JobKey) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM fits WHERE fingerprint = ?", (key.fingerprint,))
+            db.execute("DELETE FROM models WHERE fingerprint = ?", (key.fingerprint,))
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -239,18 +307,33 @@ class FitStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")  # WAL+NORMAL may drop the last commit on power loss
             db.execute(_SCHEMA)
+            db.execute(_MODELS_SCHEMA)  # a store made before it gains the table on first open
             yield db
         finally:
             db.close()
+
+
+def _write(db: sqlite3.Connection, record: FitRecord) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)",
+        (record.fingerprint, record.description, record.micro_batch, record.failed_micro,
+         _encode(record.points), record.updated_wall),
+    )
+    if record.models:
+        models = json.dumps([[m.digest, m.params, m.tensors] for m in record.models])
+        db.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (record.fingerprint, models))
+    else:  # measured with no model seen: no row, rather than one an older model's would outlive
+        db.execute("DELETE FROM models WHERE fingerprint = ?", (record.fingerprint,))
 
 
 def _encode(points: Sequence[Point]) -> str:
     return json.dumps([[p.micro_batch, p.peak_bytes, p.succeeded] for p in points])
 
 
-def _decode(row: tuple[str, str, int | None, int | None, str, float]) -> FitRecord:
-    fp, description, micro, failed, points, updated = row
+def _decode(row: tuple[str, str, int | None, int | None, str, float, str | None]) -> FitRecord:
+    fp, description, micro, failed, points, updated, models = row
     decoded = tuple(
         Point(int(m), None if peak is None else int(peak), bool(ok)) for m, peak, ok in json.loads(points)
     )
-    return FitRecord(fp, description, micro, failed, decoded, updated)
+    prints = tuple(ModelPrint(str(d), int(n), int(t)) for d, n, t in json.loads(models)) if models else ()
+    return FitRecord(fp, description, micro, failed, decoded, updated, prints)

@@ -16,12 +16,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint, merge_models
 from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction, fit, propose_growth, shrink_after_oom
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    """The probe's model is not the one the fit store's record was measured with."""
+
+    then: ModelPrint  # (one of) the record's
+    now: ModelPrint
+    restart_at: int | None  # the size asked for, to restart at now; None: this attempt runs on
+
+    @property
+    def text(self) -> str:
+        then, now = self.then.params, self.now.params
+        what = (f"{now:,} parameters, the fit store's record was measured with {then:,}" if now != then else
+                f"{now:,} parameters as before, but other shapes, dtypes or optimizer")
+        follow = (f"restarting at the micro-batch asked for, {self.restart_at}" if self.restart_at is not None
+                  else "this run's measurements replace the record")
+        return f"the model differs from the one the fit store measured ({what}): {follow}"
 
 
 @dataclass
@@ -40,6 +58,13 @@ class SizeTuner:
     # the limit, so the margin is taken of the room above that floor).
     fixed_bytes: int = 0
     address_space: bool = False
+    # The model (``ModelPrint``) this run trains, as the probe reported it; the models the loaded
+    # record was measured with; the size the record made this run start at, and the size asked for.
+    models: tuple[ModelPrint, ...] = ()
+    measured_with: tuple[ModelPrint, ...] = ()
+    fitted_start: int | None = None
+    requested: int | None = None
+    model_checked: bool = False
 
     @staticmethod
     def points_from_attempts(rows: Sequence[dict[str, Any]]) -> list[Point]:
@@ -95,9 +120,36 @@ class SizeTuner:
         self.points.append(point)
         if self.store is not None and self.key is not None:
             try:
-                self.store.record(self.key, point)
+                self.store.record(self.key, point, self.models)
             except Exception:
                 self.store = None
+
+    def model_seen(self, model: ModelPrint, micro: int) -> ModelChange | None:
+        """A process reported the model it trains (at its first optimizer step, at size ``micro``).
+        The first report of the run is checked against the record that steers it; a ModelChange
+        when that record was measured with another model (said once per run).
+
+        Another model is another job: its record's sizes and failures stop steering (the failures
+        no longer bar sizes after an OOM) and this run's own measurements replace it. If the record
+        made this run start below the size asked for, and nothing was measured yet, it restarts at
+        once at the size asked for, as a job never measured would have started: this first step
+        is the cheapest moment (a step lost), and running on would cost throughput for the whole
+        run (without --grow it never climbs back), for a size measured on a model it is not."""
+        self.models = merge_models(self.models, [model])
+        if self.model_checked:
+            return None
+        self.model_checked = True
+        if not self.measured_with or any(m.digest == model.digest for m in self.measured_with):
+            return None  # the same model, or a record that does not know its model: today's behaviour
+        then = max(self.measured_with, key=lambda m: m.params)
+        restart = self.fitted_start is not None and micro == self.fitted_start and not self.points
+        self.measured_with, self.stored_failures = (), []
+        if self.store is not None and self.key is not None:
+            try:
+                self.store.rewrite(self.key, self.points, self.models)
+            except Exception:
+                self.store = None
+        return ModelChange(then, model, self.requested if restart else None)
 
     def _fixed_after_step(self, probe: AllocatorReport, measure: str, peak: int) -> None:
         """What the worker held right after its first optimizer step (weights, gradients, optimizer
@@ -158,7 +210,9 @@ class SizeTuner:
         if record is None:
             return None
         self.stored_failures = [p for p in record.points if not p.succeeded]
-        return record.starting_micro(self.per_process_batch, requested)
+        self.measured_with, self.requested = record.models, requested
+        self.fitted_start = record.starting_micro(self.per_process_batch, requested)
+        return self.fitted_start
 
 
 def figures_at_oom(oom: AllocatorOom | None, micro_batch: int, progress: OomProgress | None = None

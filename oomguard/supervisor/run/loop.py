@@ -25,7 +25,7 @@ from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import extrapolate, replan, unfixable
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus, step_peaks
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint
 from oomguard.supervisor.decide.forecast import Move
 from oomguard.supervisor.decide.fragmentation import at_oom
 from oomguard.supervisor.decide.memmodel import OomFigures, fit
@@ -69,6 +69,7 @@ from oomguard.supervisor.run.spare import Spares
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
+from oomguard.worker import protocol
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
@@ -577,6 +578,27 @@ class Supervisor:
                 self.journal.set_meta(probe=current.watch.probe.as_meta())
             if record["type"] == "checkpoint" and current.trend.restart_reason:
                 self._restart_now(current)  # the worker says it saved: sooner than the file settling
+            if record["type"] == protocol.MODEL and (model := ModelPrint.from_record(record)) is not None:
+                self._model_seen(current, model)
+
+    def _model_seen(self, current: Current, model: ModelPrint) -> None:
+        """The probe's model against the fit store's record (``SizeTuner.model_seen``): another model
+        is said once, journaled with both parameter counts, and where the record made this run start
+        below the size asked for, the worker is restarted there now (a larger micro-batch, the global
+        batch kept: the ``--grow`` path). With several nodes each node's store may hold its own
+        record, so the run goes on and only the record is replaced."""
+        change = self.tuner.model_seen(model, self.plan.batch.micro_batch)
+        if change is None:
+            return
+        # A record read after the worker exited, or while it is being stopped for another reason: no restart.
+        running = current.worker is not None and not current.worker.exited.is_set() and current.stop is None
+        restart_at = change.restart_at if self.world.nodes is None and running else None
+        self._event("model_changed", params=change.now.params, measured_params=change.then.params,
+                    digest=change.now.digest, measured_digest=change.then.digest, restart_at=restart_at)
+        log(replace(change, restart_at=restart_at).text)
+        if restart_at is not None:
+            self._stop_worker(StopReason.GROW, f"model changed: micro-batch {restart_at}, the size asked for",
+                              grow_to=restart_at)
 
     def _restart_now(self, current: Current) -> None:
         """Carry out the planned restart: stop the worker (a SIGTERM a preemption-aware script
