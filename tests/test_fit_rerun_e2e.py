@@ -127,6 +127,9 @@ def test_a_changed_model_in_an_imported_module_is_noticed_and_measured_again(
     assert data["measured_params"] - data["params"] == 64 * 128  # the position table's rows, both counts named
     # Restarted at once at the size asked for, which fits the shorter model: no OOM, the full micro-batch.
     assert changed["failures"] == [], changed["failures"]
-    assert [a["micro_batch"] for a in journal.attempts()] == [8, 16]
+    attempts = journal.attempts()
+    assert [a["micro_batch"] for a in attempts] == [8, 16]
+    assert (attempts[0]["ending"], attempts[0]["stop_reason"]) == ("grow", "model_changed")
+    assert attempts[0]["decision"].startswith("model changed: micro-batch 8 -> 16"), attempts[0]["decision"]
     assert (changed["micro_batch"], changed["grad_accum"], changed["global_batch"]) == (16, 1, 16)
 

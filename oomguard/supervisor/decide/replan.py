@@ -61,10 +61,11 @@ def after_failure(decision: Decision) -> PlanChange:
     return PlanChange(decision.plan, Source.DECISION, decision.reason)
 
 
-def grow(plan: Plan, micro_batch: int) -> PlanChange:
-    """--grow: a larger micro-batch, the global batch kept (accumulation follows)."""
+def grow(plan: Plan, micro_batch: int, why: str = "grow") -> PlanChange:
+    """--grow (or a fit measured for another model): a larger micro-batch, the global batch kept
+    (accumulation follows)."""
     bigger = replace(plan, batch=plan.batch.with_micro_batch(micro_batch))
-    return PlanChange(bigger, Source.GROW, f"grow: micro-batch {plan.batch.micro_batch} -> {micro_batch} × "
+    return PlanChange(bigger, Source.GROW, f"{why}: micro-batch {plan.batch.micro_batch} -> {micro_batch} × "
                       f"accumulation {bigger.batch.grad_accum}")
 
 

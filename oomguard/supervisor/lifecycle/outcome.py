@@ -24,6 +24,7 @@ GRACE_CAP: dict[StopReason, float | None] = {
     StopReason.RESTART: None,
     StopReason.PLANNED: None,
     StopReason.GROW: None,
+    StopReason.MODEL: None,
     StopReason.SHUTDOWN: None,
     StopReason.MEMORY: 5.0,
     StopReason.HANG: 10.0,
@@ -42,7 +43,7 @@ class Stop:
 
     reason: StopReason
     detail: str
-    grow_to: int | None = None  # StopReason.GROW: the micro-batch to restart at
+    grow_to: int | None = None  # StopReason.GROW and MODEL: the micro-batch to restart at
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ def ending_of(stop: Stop | None, verdict: Verdict, user_stopped: bool) -> Ending
         return Ending.STOPPED
     if stop is not None and stop.reason in (StopReason.PLANNED, StopReason.RESTART):
         return Ending.PLANNED_RESTART
-    if stop is not None and stop.reason is StopReason.GROW:
-        return Ending.GROW
+    if stop is not None and stop.reason in (StopReason.GROW, StopReason.MODEL):
+        return Ending.GROW  # a larger micro-batch, no failure; the stop reason says which
     if verdict.kind is None:
         return Ending.FINISHED
     if verdict.kind is FailureKind.HANG:

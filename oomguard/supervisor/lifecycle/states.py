@@ -62,6 +62,7 @@ class StopReason(enum.Enum):
     RESTART = "restart_requested"  # `oomguard restart` or the dashboard's restart button
     PLANNED = "planned_restart"  # the memory forecast: restart right after a checkpoint
     GROW = "grow"  # --grow: restart at a larger micro-batch right after a checkpoint
+    MODEL = "model_changed"  # the fit store's size was measured for another model: restart at the size asked for
     MEMORY = "memory_budget"  # a reading broke --memory-limit or the hard threshold
     HANG = "hang"
     PEER = "peer_failed"  # another node's attempt failed; ours would only wait in a collective

@@ -350,7 +350,8 @@ class Supervisor:
     def _grow(self, outcome: Outcome) -> None:
         assert outcome.stop is not None and outcome.stop.grow_to is not None
         self.tuner.record(self.plan.batch.micro_batch, self._peak(outcome.watch), memory_failed=False)
-        change = replan.grow(self.plan, outcome.stop.grow_to)
+        why = "model changed" if outcome.stop.reason is StopReason.MODEL else "grow"
+        change = replan.grow(self.plan, outcome.stop.grow_to, why)
         self._end_attempt(outcome, change.reason)
         self._replan(change)
         self._transition(RunState.STARTING, change.reason)
@@ -597,7 +598,7 @@ class Supervisor:
                     digest=change.now.digest, measured_digest=change.then.digest, restart_at=restart_at)
         log(replace(change, restart_at=restart_at).text)
         if restart_at is not None:
-            self._stop_worker(StopReason.GROW, f"model changed: micro-batch {restart_at}, the size asked for",
+            self._stop_worker(StopReason.MODEL, f"model changed: micro-batch {restart_at}, the size asked for",
                               grow_to=restart_at)
 
     def _restart_now(self, current: Current) -> None:
