@@ -13,7 +13,10 @@ interpreter's teardown, oomguard noticing and deciding, the spawn and the interp
 the handover to a spare); the next script's imports; model build; data; first optimizer step.
 
 Runs with ``--no-spare`` (cold) and with the spare alternate, the order rotated each round, so
-both see the same load; medians with the min-max spread over every restart of each mode.
+both see the same load; medians with the min-max spread over every restart of each mode, then each
+restart apart (``by_restart``: the first follows a cold attempt, the second an attempt that itself
+started from a spare and OOMed within seconds). ``bench/restart_ab.py`` runs another checkout's spare
+beside this one's, interleaved, to measure a change.
 
     python bench/restart_path.py --rounds 3            # the plain script: about 4 minutes on 2 loaded cores
     python bench/restart_path.py --rounds 3 --scripts plain hf lightning --json out.json
