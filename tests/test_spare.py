@@ -201,12 +201,16 @@ def journal_events(run_dir: Path, prefix: str = "spare") -> list[dict[str, Any]]
         journal.close()
 
 
-def spare_pids(run_dir: Path) -> tuple[int, int]:
-    """The launcher's pid (its event) and the spare interpreter's (its ready record), once ready."""
-    ready = run_dir / "spare" / "ready-1.json"
-    wait_until(ready.exists)
-    started = journal_events(run_dir, "spare_started")
-    return started[0]["data"]["pid"], json.loads(ready.read_text())["pid"]
+def spare_pids(run_dir: Path, count: int = 1) -> list[int]:
+    """The launchers' pids (their events) and the spare interpreters' (their ready records) of the
+    first ``count`` spares, once ready."""
+    pids = []
+    for n in range(1, count + 1):
+        ready = run_dir / "spare" / f"ready-{n}.json"
+        wait_until(ready.exists)
+        started = journal_events(run_dir, "spare_started")
+        pids += [started[n - 1]["data"]["pid"], json.loads(ready.read_text())["pid"]]
+    return pids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -215,10 +219,10 @@ def test_stopping_or_killing_the_supervisor_ends_the_spare(project: Path, sig: s
     run_dir = project / "run"
     sup = supervise(project, run_dir, "--micro-batch", "1", "--global-batch", "1", worker=["sleep.py", "{micro_batch}"])
     try:
-        launcher, interpreter = spare_pids(run_dir)
+        pids = spare_pids(run_dir, 2)  # the next attempt's spare and the reserve
         os.kill(sup.pid, sig)
         sup.wait(60)
-        for pid in (launcher, interpreter):
+        for pid in pids:
             wait_until(lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", 30)
     finally:
         sup.kill()

@@ -10,7 +10,8 @@ used only when the next attempt's interpreter, flags, script and environment are
 started with; only oomguard's per-attempt variables and the allocator settings (read at the first
 CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
 starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
-holds would be the worker's.
+holds would be the worker's. Beside the next attempt's spare, a reserve for the attempt after it
+(``decide/sparepool.py``), so that back-to-back OOMs do not outrun the spares.
 """
 
 from __future__ import annotations
