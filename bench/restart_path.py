@@ -13,7 +13,10 @@ interpreter's teardown, oomguard noticing and deciding, the spawn and the interp
 the handover to a spare); the next script's imports; model build; data; first optimizer step.
 
 Runs with ``--no-spare`` (cold) and with the spare alternate, the order rotated each round, so
-both see the same load; medians with the min-max spread over every restart of each mode.
+both see the same load; medians with the min-max spread over every restart of each mode, then each
+restart apart (``by_restart``: the first follows a cold attempt, the second an attempt that itself
+started from a spare and OOMed within seconds). ``bench/restart_ab.py`` runs another checkout's spare
+beside this one's, interleaved, to measure a change.
 
     python bench/restart_path.py --rounds 3            # the plain script: about 4 minutes on 2 loaded cores
     python bench/restart_path.py --rounds 3 --scripts plain hf lightning --json out.json
@@ -81,7 +84,7 @@ def split(records: Path) -> list[dict[str, float]]:
         by_pid.setdefault(rec["pid"], {}).setdefault(rec["ev"], rec["t"])
     procs = sorted(by_pid.values(), key=lambda p: p.get("proc", 0.0))
     out = []
-    for failed, nxt in zip(procs, procs[1:], strict=False):
+    for n, (failed, nxt) in enumerate(zip(procs, procs[1:], strict=False), start=1):
         end = nxt.get("opt", nxt.get("exception"))
         if "exception" not in failed or end is None or any(k not in nxt for k in ("proc", "imported", "model", "data")):
             continue
@@ -89,6 +92,7 @@ def split(records: Path) -> list[dict[str, float]]:
                   nxt["model"], nxt["data"], end]
         row = {seg: b - a for seg, a, b in zip(SEGMENTS, points[:-1], points[1:], strict=True)}
         row["total"] = end - failed["exception"]
+        row["restart"] = n  # the first restart follows a cold attempt; later ones an attempt from a spare
         out.append(row)
     return out
 
@@ -172,6 +176,7 @@ def main() -> None:
     print(markdown(result))
     print(json.dumps({k: result[k] for k in ("load", "cpus", "elapsed_s")}
                      | {s: r["spare_over_cold"] for s, r in result["scripts"].items()}))
+    print(json.dumps({s: r["by_restart"] for s, r in result["scripts"].items()}))
     if args.json:
         args.json.write_text(json.dumps({**result, "rows": rows}, indent=1))
 
@@ -183,6 +188,23 @@ def by_script(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     both = all(m in out for m in MODES)
     out["spare_over_cold"] = (round(out["spare"]["total"]["median"] / out["cold"]["total"]["median"], 3)
                               if both else None)
+    out["by_restart"] = by_restart(rows) if both else {}
+    return out
+
+
+def by_restart(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per restart of a run (the first, after a cold attempt; the second, after an attempt that
+    started from a spare and OOMed within seconds): each mode's median total, spare over cold, and
+    the spare's median wait from the exit to the next script's start."""
+    out = {}
+    for n in sorted({int(r["restart"]) for m in MODES for r in rows[m]}):
+        cold = [r["total"] for r in rows["cold"] if r["restart"] == n]
+        spare = [r for r in rows["spare"] if r["restart"] == n]
+        if cold and spare:
+            median = statistics.median(r["total"] for r in spare)
+            out[str(n)] = {"cold": round(statistics.median(cold), 2), "spare": round(median, 2),
+                           "spare_over_cold": round(median / statistics.median(cold), 3),
+                           "spare_exit_to_start": round(statistics.median(r[SEGMENTS[1]] for r in spare), 2)}
     return out
 
 

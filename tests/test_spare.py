@@ -18,7 +18,16 @@ from support import ROOT
 
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.run.spare import Spare, Spares, Target, env_differences, heavy_imports, target_of
+from oomguard.supervisor.run.spare import (
+    RESERVE_NICE,
+    SPARE_NICE,
+    Spare,
+    Spares,
+    Target,
+    env_differences,
+    heavy_imports,
+    target_of,
+)
 
 PY = sys.executable
 HEAVY = '''import os, time
@@ -192,12 +201,16 @@ def journal_events(run_dir: Path, prefix: str = "spare") -> list[dict[str, Any]]
         journal.close()
 
 
-def spare_pids(run_dir: Path) -> tuple[int, int]:
-    """The launcher's pid (its event) and the spare interpreter's (its ready record), once ready."""
-    ready = run_dir / "spare" / "ready-1.json"
-    wait_until(ready.exists)
-    started = journal_events(run_dir, "spare_started")
-    return started[0]["data"]["pid"], json.loads(ready.read_text())["pid"]
+def spare_pids(run_dir: Path, count: int = 1) -> list[int]:
+    """The launchers' pids (their events) and the spare interpreters' (their ready records) of the
+    first ``count`` spares, once ready."""
+    pids = []
+    for n in range(1, count + 1):
+        ready = run_dir / "spare" / f"ready-{n}.json"
+        wait_until(ready.exists)
+        started = journal_events(run_dir, "spare_started")
+        pids += [started[n - 1]["data"]["pid"], json.loads(ready.read_text())["pid"]]
+    return pids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -206,10 +219,10 @@ def test_stopping_or_killing_the_supervisor_ends_the_spare(project: Path, sig: s
     run_dir = project / "run"
     sup = supervise(project, run_dir, "--micro-batch", "1", "--global-batch", "1", worker=["sleep.py", "{micro_batch}"])
     try:
-        launcher, interpreter = spare_pids(run_dir)
+        pids = spare_pids(run_dir, 2)  # the next attempt's spare and the reserve
         os.kill(sup.pid, sig)
         sup.wait(60)
-        for pid in (launcher, interpreter):
+        for pid in pids:
             wait_until(lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", 30)
     finally:
         sup.kill()
@@ -234,6 +247,33 @@ def test_an_oom_restarts_through_the_spare_and_keeps_the_global_batch(project: P
     assert not list((run_dir / "spare").glob("ready-*.json"))  # the last spare was discarded
 
 
+def test_after_back_to_back_ooms_the_next_worker_finds_a_reserve_that_has_imported(project: Path) -> None:
+    """The second restart follows an attempt from a spare that lived well under a second: the spare
+    started with that attempt cannot have imported, the reserve (started once the first spare was
+    ready, while the cold first attempt ran) has. The first attempt waits for the reserve's ready
+    record, so this holds on a loaded machine too; with one spare an attempt, it never appears."""
+    run_dir = project / "run"
+    reserve_ready = run_dir / "spare" / "ready-2.json"
+    out = oomguard_run(project, "--run-dir", str(run_dir), "--no-web", "--backoff", "0", "--micro-batch", "8",
+                       "--global-batch", "16", "--", PY, str(ROOT / "tests" / "workers" / "backtoback.py"),
+                       "--mb", "{micro_batch}", "--ga", "{grad_accum}", "--wait-for", str(reserve_ready))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "attempt micro=8 accum=2 prewarmed=False" in out.stdout
+    assert "reserve ready=True" in out.stdout  # a second spare had imported while the cold attempt ran
+    assert "attempt micro=4 accum=4 prewarmed=True" in out.stdout
+    assert "attempt micro=2 accum=8 prewarmed=True" in out.stdout and "trained micro=2 accum=8" in out.stdout
+    spare_events = journal_events(run_dir)
+    used = [e["data"] for e in spare_events if e["kind"] == "spare_used"]
+    assert len(used) == 2 and all(u.get("ready") for u in used), spare_events  # no handover waited for imports
+    started = [e["data"] for e in spare_events if e["kind"] == "spare_started"]
+    assert [s["reserve"] for s in started[:2]] == [False, True]
+    alive = 0
+    for e in spare_events:  # never more than two spares at once
+        alive += {"spare_started": 1, "spare_used": -1, "spare_not_used": -1}.get(e["kind"], 0)
+        assert alive <= 2
+    assert not list((run_dir / "spare").glob("ready-*.json"))  # the spares left were discarded
+
+
 def test_no_spare_starts_every_worker_cold(project: Path) -> None:
     (project / "ok.py").write_text("print('fine')\n")
     run_dir = project / "run"
@@ -256,3 +296,121 @@ def test_once_host_memory_runs_out_no_more_spares(project: Path) -> None:
     assert spares.spare is None and launcher.poll() is not None and log[-1][0] == "spare_off"
     spares.prepare([PY, "sub/seen.py"], env_for(project))
     assert spares.spare is None
+
+
+# ----- the reserve (decide/sparepool.py)
+
+
+class HostMemory:
+    """What ``Spares`` reads of the host's memory: settable by the test."""
+
+    def __init__(self, available: int, total: int = 64 << 30) -> None:
+        self.available, self.total = available, total
+
+    def __call__(self) -> tuple[int, int]:
+        return self.available, self.total
+
+
+def pool_of(project: Path, memory: HostMemory, log: list[tuple[str, dict[str, Any]]]) -> Spares:
+    spares = Spares(True, project / "run", project, None, events(log), memory)
+    spares.prepare([PY, "sub/seen.py"], env_for(project))
+    return spares
+
+
+def ticked_until(spares: Spares, count: int) -> None:
+    """Tick as the loop does until ``count`` spares have imported."""
+    def done() -> bool:
+        spares.tick()
+        return sum(s.is_ready() for s in spares.pool) >= count
+    wait_until(done)
+
+
+def interpreter_nice(spare: Spare) -> int:
+    """The nice value of the spare's interpreter (the launcher's child)."""
+    assert spare.proc is not None
+    wait_until(lambda: bool(psutil.Process(spare.proc.pid).children()))  # type: ignore[union-attr]
+    return int(psutil.Process(spare.proc.pid).children()[0].nice())
+
+
+def test_the_reserve_waits_behind_the_first_spare_and_there_are_never_more_than_two(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = pool_of(project, HostMemory(48 << 30), log)
+    try:
+        assert len(spares.pool) == 1  # the next attempt's; the loop's ticks add the reserve
+        spares.tick()
+        assert len(spares.pool) == 2 and [d["reserve"] for n, d in log if n == "spare_started"] == [False, True]
+        first, reserve = spares.pool
+        if not first.is_ready():  # behind a spare still importing, at the lowest priority
+            assert reserve.nice == RESERVE_NICE
+        ticked_until(spares, 2)
+        for _ in range(5):
+            spares.tick()
+        assert spares.pool == [first, reserve] and reserve.nice == SPARE_NICE  # raised once the first imported
+        assert interpreter_nice(reserve) == os.getpriority(os.PRIO_PROCESS, 0) + SPARE_NICE
+        assert first.size() > 0  # an interpreter's resident memory, measured once it has imported
+        taken = spares.take([PY, "sub/seen.py"], env_for(project), lambda: False)
+        assert taken is first and spares.pool == [reserve]  # the reserve stays for the attempt after
+        assert log[-1][0] == "spare_used" and log[-1][1]["ready"] is True
+        taken.discard()
+        spares.tick()  # the pool refills behind the reserve
+        assert len(spares.pool) == 2 and spares.pool[0] is reserve
+    finally:
+        spares.discard()
+
+
+def test_no_reserve_on_a_host_short_of_memory_and_it_is_dropped_when_memory_runs_short(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    memory = HostMemory(8 << 30)  # 8 GiB available of 64: under the quarter a reserve must leave
+    spares = pool_of(project, memory, log)
+    try:
+        ticked_until(spares, 1)
+        spares.tick()
+        assert len(spares.pool) == 1  # the next attempt's spare keeps its rules; no reserve
+        size = spares.pool[0].size()  # what the reserve will hold: the measured spare
+        memory.available = (16 << 30) + size // 2  # a quarter of 64 GiB, and not the reserve on top
+        spares.tick()
+        assert len(spares.pool) == 1
+        memory.available = (16 << 30) + size
+        ticked_until(spares, 2)
+        reserve = spares.pool[1]
+        assert reserve.proc is not None
+        memory.available = 10 << 30  # the worker grew
+        spares.tick()
+        assert spares.pool == [spares.pool[0]] and reserve.proc.poll() is not None  # killed, with its group
+        assert log[-1][0] == "spare_reserve_off" and not spares.reserve
+        memory.available = 48 << 30
+        for _ in range(5):
+            spares.tick()
+        assert len(spares.pool) == 1  # not again in this run
+    finally:
+        spares.discard()
+
+
+def test_a_spare_the_kernel_killed_ends_the_reserve_and_the_next_one_is_taken(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = pool_of(project, HostMemory(48 << 30), log)
+    try:
+        ticked_until(spares, 2)
+        first, reserve = spares.pool
+        assert first.proc is not None
+        interpreter = json.loads(first.ready_file.read_text())["pid"]
+        os.kill(interpreter, signal.SIGKILL)  # as the OOM killer takes a spare (oom_score_adj 1000) first
+        first.proc.wait(30)
+        taken = spares.take([PY, "sub/seen.py"], env_for(project), lambda: False)
+        assert taken is reserve and not spares.reserve
+        assert [n for n, _ in log][-3:] == ["spare_not_used", "spare_reserve_off", "spare_used"]
+        taken.discard()
+    finally:
+        spares.discard()
+
+
+def test_the_kernel_killing_the_worker_ends_every_spare(project: Path) -> None:
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = pool_of(project, HostMemory(48 << 30), log)
+    ticked_until(spares, 2)
+    launchers = [s.proc for s in spares.pool]
+    spares.after_failure(FailureKind.HOST_OOM, signal.SIGKILL)
+    assert spares.pool == [] and all(p is not None and p.poll() is not None for p in launchers)
+    spares.tick()
+    spares.prepare([PY, "sub/seen.py"], env_for(project))
+    assert spares.pool == []

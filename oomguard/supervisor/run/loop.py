@@ -89,8 +89,8 @@ class Current:
 
 
 class Chores:
-    """What every loop tick does besides watching the worker: the hooks' tickers, publishing what is
-    degraded (for ``oomguard status``), thinning the journal's samples now and then."""
+    """What every loop tick does besides watching the worker: the hooks' tickers, keeping the spares,
+    publishing what is degraded (for ``oomguard status``), thinning the journal's samples now and then."""
 
     def __init__(self, tickers: list[Callable[[], object]]) -> None:
         self.tickers = tickers
@@ -100,6 +100,7 @@ class Chores:
     def tick(self, sup: Supervisor) -> None:
         for ticker in self.tickers:
             sup.guarded("tickers", ticker)  # an ops hook must never stop supervision
+        sup.guarded("spare", sup.spares.tick)  # the reserve starts once the spare before it has imported
         if sup.degradations.version != self._published:
             self._published = sup.degradations.version
             sup.journal.set_meta(degraded=sup.degradations.active())

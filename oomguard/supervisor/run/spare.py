@@ -10,7 +10,8 @@ used only when the next attempt's interpreter, flags, script and environment are
 started with; only oomguard's per-attempt variables and the allocator settings (read at the first
 CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
 starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
-holds would be the worker's.
+holds would be the worker's. Beside the next attempt's spare, a reserve for the attempt after it
+(``decide/sparepool.py``), so that back-to-back OOMs do not outrun the spares.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.sparepool import POOL, reserve_fits, spares_to_start
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
 from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
@@ -38,6 +40,7 @@ from oomguard.worker import protocol
 BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
 SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first
 SPARE_NICE = 10
+RESERVE_NICE = 19  # a reserve started beside a spare still importing takes only the CPU time left over
 READY_TIMEOUT = 300.0  # seconds a handover waits for a spare still importing (a cold start would too)
 # Interpreter flags that change nothing the spare does before the handover differently from a
 # direct run (-I and -P change sys.path; -c, -m, -i and - are not a script).
@@ -186,9 +189,14 @@ class Spare:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = time.monotonic()
         self.handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
+        self._size: int | None = None
+        self.nice = 0  # above the supervisor's, as last set
 
-    def start(self, imports: Sequence[str]) -> None:
-        nice = SPARE_NICE if can_restore_priority() else 0
+    def start(self, imports: Sequence[str], nice: int = SPARE_NICE) -> None:
+        """Start it at ``nice`` above our priority (SPARE_NICE; RESERVE_NICE behind a spare still
+        importing), or at ours where its threads could not be raised back."""
+        nice = nice if can_restore_priority() else 0
+        self.nice = nice
         procs = str(self.containment.procs) if self.containment.procs else "-"
         command = [self.target.python, *self.target.flags, BOOTSTRAP, str(self.ready_file), str(nice),
                    path0(self.target.script, self.cwd), *imports]
@@ -200,18 +208,38 @@ class Spare:
     def hurry(self) -> None:
         """The next attempt is waiting for it: its threads back to a worker's priority (it imports
         at nice SPARE_NICE only while an attempt runs beside it)."""
+        self.renice(0)
+
+    def renice(self, nice: int) -> None:
+        """Its interpreter's threads to ``nice`` above ours (a cold worker inherits ours)."""
         assert self.proc is not None
         try:
             pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
         except psutil.Error:
             return
-        worker_nice = os.getpriority(os.PRIO_PROCESS, 0)  # a cold worker inherits ours
+        value = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         for pid in pids:
             for tid in _threads(pid):
                 try:
-                    os.setpriority(os.PRIO_PROCESS, tid, worker_nice)
+                    os.setpriority(os.PRIO_PROCESS, tid, value)
                 except OSError:
                     continue
+        self.nice = nice
+
+    def is_ready(self) -> bool:
+        """Has it finished importing (its ready record written, whatever it says)?"""
+        return self.ready_file.exists()
+
+    def size(self) -> int:
+        """Its resident memory, launcher and interpreter together (bytes), once it has imported:
+        what a reserve started like it will hold."""
+        if self._size is None and self.proc is not None and self.is_ready():
+            try:
+                launcher = psutil.Process(self.proc.pid)
+                self._size = sum(p.memory_info().rss for p in (launcher, *launcher.children(recursive=True)))
+            except psutil.Error:
+                self._size = 0
+        return self._size or 0
 
     def ready(self, timeout: float, interrupted: Callable[[], bool]) -> dict[str, object] | str:
         """Wait until it has imported (its ready record), or why it cannot be used."""
@@ -224,9 +252,11 @@ class Spare:
                     record: dict[str, object] = json.loads(self.ready_file.read_text())
                 except (OSError, ValueError):
                     record = {}
-                if record:
-                    return record if record.get("ok") else f"the spare is unusable: {record.get('why')}"
-            if self.proc.poll() is not None:
+                if record and not record.get("ok"):
+                    return f"the spare is unusable: {record.get('why')}"
+                if record and self.proc.poll() is None:
+                    return record
+            if self.proc.poll() is not None:  # before its record, or since (the OOM killer takes a spare first)
                 return f"the spare exited ({self.proc.returncode}) before it was needed"
             if interrupted() or time.monotonic() >= deadline:
                 return "the spare was not ready in time"
@@ -271,25 +301,81 @@ class Spare:
         self.ready_file.unlink(missing_ok=True)
 
 
+def host_memory() -> tuple[int, int]:
+    """The host's available and total memory, in bytes."""
+    vm = psutil.virtual_memory()
+    return vm.available, vm.total
+
+
 class Spares:
-    """At most one spare at a time: prepared once an attempt has started, then taken by the next
-    attempt if it fits, else discarded. ``event`` is the loop's journal-and-listeners call."""
+    """The run's spare interpreters, oldest first: the next attempt's, and a reserve for the one
+    after (``decide/sparepool.py`` says when to start one). Each attempt takes the oldest that fits
+    it, or none; one that cannot fit is discarded. ``event`` is the loop's journal-and-listeners
+    call; ``memory`` (available, total) a seam for the tests."""
 
     def __init__(self, enabled: bool, run_dir: Path, cwd: Path, memory_limit: int | None,
-                 event: Callable[..., None]) -> None:
+                 event: Callable[..., None], memory: Callable[[], tuple[int, int]] = host_memory) -> None:
         self.enabled = enabled
         self.dir = run_dir / "spare"
         self.cwd = cwd
         self.memory_limit = memory_limit
         self._event = event
-        self.spare: Spare | None = None
+        self._memory = memory
+        self.pool: list[Spare] = []
+        self.reserve = True  # off for the run once the host's memory ran short or the kernel killed a spare
+        self._command: tuple[list[str], dict[str, str]] | None = None  # what the spares are started for
         self._made = 0
 
+    @property
+    def spare(self) -> Spare | None:
+        """The next attempt's spare (the oldest)."""
+        return self.pool[0] if self.pool else None
+
     def prepare(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        """Start a spare for the next attempt of this command (none when it cannot have one)."""
-        target = target_of(argv)
-        if not self.enabled or self.spare is not None or isinstance(target, str):
+        """Start a spare for the next attempt of this command (none when it cannot have one); the
+        ticks that follow add the reserve."""
+        if not self.enabled or isinstance(target_of(argv), str):
+            self._command = None
             return
+        self._command = (list(argv), dict(env))
+        self._fill(reserve=False)
+
+    def tick(self) -> None:
+        """Every loop tick: drop the reserve when the host's memory runs short, raise it to a spare's
+        priority once the spare before it has imported, start one when the policy says."""
+        if not self.enabled or self._command is None:
+            return
+        if len(self.pool) >= POOL and not self._reserve_fits(self._reserve_size(), held=True):
+            self.reserve = False
+            self._drop(self.pool[-1], "the host's memory ran short: no reserve spare for the rest of the run",
+                       "spare_reserve_off")
+            return
+        for older, spare in zip(self.pool, self.pool[1:], strict=False):
+            if spare.nice > SPARE_NICE and older.is_ready():
+                spare.renice(SPARE_NICE)
+        self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
+
+    def _fill(self, reserve: bool) -> None:
+        """Start what the policy says; one started behind a spare still importing waits at RESERVE_NICE."""
+        importing = sum(not spare.is_ready() for spare in self.pool)
+        for _ in range(spares_to_start(len(self.pool) - importing, importing, reserve, can_restore_priority())):
+            behind = any(not spare.is_ready() for spare in self.pool)
+            if self._command is None or not self._start(*self._command, RESERVE_NICE if behind else SPARE_NICE):
+                return
+
+    def _reserve_size(self) -> int:
+        """What a reserve holds, or will: the largest spare that has imported (0 before any has)."""
+        return max((spare.size() for spare in self.pool if spare.is_ready()), default=0)
+
+    def _reserve_fits(self, size: int, held: bool = False) -> bool:
+        """Does the host keep its margin beside a reserve of ``size`` bytes (``held``: one that runs
+        already, its memory no longer available)?"""
+        available, total = self._memory()
+        return reserve_fits(available + (size if held else 0), total, size)
+
+    def _start(self, argv: Sequence[str], env: Mapping[str, str], nice: int) -> bool:
+        target = target_of(argv)
+        assert not isinstance(target, str)
         self._made += 1
         self.dir.mkdir(parents=True, exist_ok=True)
         containment = Containment.create(f"oomguard-{os.getpid()}-spare-{self._made}", self.memory_limit)
@@ -297,14 +383,16 @@ class Spares:
                       worker_oom_score_adj())
         imports = heavy_imports(self.cwd / target.script)
         try:
-            spare.start(imports)
+            spare.start(imports, nice)
         except OSError as exc:
             spare.discard()
+            self._command = None  # not again before the next attempt asks
             self._event("spare_failed", why=str(exc))
-            return
-        self.spare = spare
+            return False
         assert spare.proc is not None
-        self._event("spare_started", pid=spare.proc.pid, imports=imports)
+        self._event("spare_started", pid=spare.proc.pid, imports=imports, reserve=bool(self.pool), nice=spare.nice)
+        self.pool.append(spare)
+        return True
 
     def _spare_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The attempt's environment without its per-attempt variables, but with a channel of the
@@ -316,22 +404,27 @@ class Spares:
         return spare_env
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], interrupted: Callable[[], bool]) -> Spare | None:
-        """The spare, ready to become this attempt's worker, or None (discarded, with the reason
-        journaled): a cold start then."""
-        spare, self.spare = self.spare, None
-        if spare is None:
-            return None
+        """The oldest spare, ready, to become this attempt's worker, or None: a cold start. Those
+        that cannot become it are discarded with the reason journaled; a reserve that can stays."""
         target = target_of(argv)
-        why = self._unfit(spare, target, env)
-        record = spare.ready(READY_TIMEOUT, interrupted) if not why else why
-        if isinstance(record, str) or isinstance(target, str):
-            spare.discard()
-            self._event("spare_not_used", why=record if isinstance(record, str) else target)
-            return None
-        spare.containment.oom_kills_before = spare.containment.oom_kills()
-        spare.handover = (target, dict(env), int(str(record.get("nice", 0))))
-        self._event("spare_used", age=round(time.monotonic() - spare.started, 2), imported=record.get("imported"))
-        return spare
+        for spare in list(self.pool):
+            why = self._unfit(spare, target, env)
+            if why:
+                self._drop(spare, why)
+        began = time.monotonic()
+        while self.pool and not isinstance(target, str):
+            spare = self.pool.pop(0)
+            was_ready = spare.is_ready()
+            record = spare.ready(max(0.0, READY_TIMEOUT - (time.monotonic() - began)), interrupted)
+            if isinstance(record, str):
+                self._drop(spare, record)
+                continue
+            spare.containment.oom_kills_before = spare.containment.oom_kills()
+            spare.handover = (target, dict(env), int(str(record.get("nice", 0))))
+            self._event("spare_used", age=round(time.monotonic() - spare.started, 2), imported=record.get("imported"),
+                        ready=was_ready, waited=round(time.monotonic() - began, 2))
+            return spare
+        return None
 
     def _unfit(self, spare: Spare, target: Target | str, env: Mapping[str, str]) -> str:
         if isinstance(target, str):
@@ -341,17 +434,29 @@ class Spares:
         changed = env_differences(spare.env, env)
         return f"environment changed since the spare started: {', '.join(changed[:5])}" if changed else ""
 
+    def _drop(self, spare: Spare, why: str, kind: str = "spare_not_used") -> None:
+        """Discard one spare, saying why. One the kernel killed (SIGKILL, not ours: the OOM killer
+        takes a spare first) means the host's memory ran short: no reserve for the rest of the run."""
+        if spare in self.pool:
+            self.pool.remove(spare)
+        killed = spare.proc is not None and spare.proc.poll() == -signal.SIGKILL
+        spare.discard()
+        self._event(kind, why=why)
+        if killed and self.reserve:
+            self.reserve = False
+            self._event("spare_reserve_off", why="a spare was killed while it waited")
+
     def after_failure(self, kind: FailureKind, sig: int | None) -> None:
-        """The kernel's OOM killer ended the worker: memory shared with the spare ran out, and a
+        """The kernel's OOM killer ended the worker: memory shared with the spares ran out, and a
         spare's imports (hundreds of MB with torch) would take from the worker and so change what
         fits; every later attempt starts cold. (An allocator's own failure, RLIMIT_AS, or
-        ``--memory-limit`` on the worker's cgroup are the worker's alone: the spare is not in them.)"""
+        ``--memory-limit`` on the worker's cgroup are the worker's alone: the spares are not in them.)"""
         if self.enabled and kind is FailureKind.HOST_OOM and sig == signal.SIGKILL:
             self.enabled = False
             self.discard()
             self._event("spare_off", why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def discard(self) -> None:
-        spare, self.spare = self.spare, None
-        if spare is not None:
+        pool, self.pool = self.pool, []
+        for spare in pool:
             spare.discard()
