@@ -2,7 +2,8 @@
 
 mutmut (``pip install -e '.[mutation]'``) copies the package into ``mutants/``, changes one
 operator, constant or argument at a time in the modules ``[tool.mutmut] only_mutate`` names
-(decide/ and observe/'s readers: output, progress, liveness, checkpoints, resume, steps), and runs
+(decide/ and observe/'s readers: output, progress, liveness, checkpoints, resume, steps, ckptname,
+ckptstep), and runs
 the unit tests that reach the changed function (``pytest_add_cli_args_test_selection``). A mutant
 no test notices *survived*. This prints, per module, how many mutants the tests killed; the scores
 and every survivor judged equivalent are in docs/mutation.md. Not run in CI: it takes about 4
@@ -42,6 +43,7 @@ MODULES = (
     "decide.attribution", "observe.checkpoints", "observe.resume", "decide.batch", "decide.replan",
     "observe.steps", "decide.fragmentation", "decide.tuning", "decide.forecast", "decide.trend",
     "decide.memmodel", "decide.fitstore", "decide.unfixable", "decide.extrapolate",
+    "observe.ckptname", "observe.ckptstep",
 )
 # mutmut's exit codes of a mutant's test run (mutmut/stats.py), folded into what the table shows
 KILLED = {1: "killed", 3: "killed", 36: "killed", -24: "killed", 24: "killed", 152: "killed", 255: "killed",
