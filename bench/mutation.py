@@ -1,12 +1,12 @@
 """Mutation testing of the core: does a test fail when the policy, the classifier or a reader changes?
 
 mutmut (``pip install -e '.[mutation]'``) copies the package into ``mutants/``, changes one
-operator, constant or argument at a time in the modules ``[tool.mutmut] only_mutate`` names
-(decide/ and observe/'s readers: output, progress, liveness, checkpoints, resume, steps), and runs
-the unit tests that reach the changed function (``pytest_add_cli_args_test_selection``). A mutant
-no test notices *survived*. This prints, per module, how many mutants the tests killed; the scores
-and every survivor judged equivalent are in docs/mutation.md. Not run in CI: it takes about 4
-minutes per module on a loaded 2-core machine.
+operator, constant or argument at a time inside the functions of the modules ``[tool.mutmut]
+only_mutate`` names (decide/ and observe/'s readers: output, progress, liveness, checkpoints,
+resume, steps, ckptname, ckptstep), and runs the unit tests that reach the changed function
+(``pytest_add_cli_args_test_selection``). A mutant no test notices *survived*. This prints, per
+module, how many mutants the tests killed; the scores and every survivor judged equivalent are in
+docs/mutation.md. Not run in CI: it takes 1 to 5 minutes per module on a loaded 2-core machine.
 
     python bench/mutation.py                        # every module, then the table
     python bench/mutation.py decide.policy observe.output
@@ -14,8 +14,8 @@ minutes per module on a loaded 2-core machine.
     python bench/mutation.py --survivors decide.policy   # each survivor's diff
     python bench/mutation.py --again decide.policy       # only the last run's survivors, after new tests
 
-Naming modules runs only their mutants: mutmut's progress line counts every module's mutants (4,166
-in all), the ones not run included, so ``300/4166`` does not mean all are being run.
+Naming modules runs only their mutants: mutmut's progress line counts every module's mutants (4,596
+in all), the ones not run included, so ``300/4596`` does not mean all are being run.
 
 Results persist in ``mutants/``: naming a module runs all its mutants again; ``--report`` only reads
 them. ``--again`` tests only the survivors and keeps every other verdict: a test added cannot make a
@@ -42,6 +42,7 @@ MODULES = (
     "decide.attribution", "observe.checkpoints", "observe.resume", "decide.batch", "decide.replan",
     "observe.steps", "decide.fragmentation", "decide.tuning", "decide.forecast", "decide.trend",
     "decide.memmodel", "decide.fitstore", "decide.unfixable", "decide.extrapolate",
+    "observe.ckptname", "observe.ckptstep",
 )
 # mutmut's exit codes of a mutant's test run (mutmut/stats.py), folded into what the table shows
 KILLED = {1: "killed", 3: "killed", 36: "killed", -24: "killed", 24: "killed", 152: "killed", 255: "killed",

@@ -18,6 +18,7 @@ import pytest
 
 from oomguard.supervisor.observe import checkpoints
 from oomguard.supervisor.observe.checkpoints import CheckpointIndex, _watch_roots, quiet_stop_race, scan
+from oomguard.supervisor.observe.ckptstep import StepEvidence
 
 
 class QuietObserver:
@@ -208,3 +209,64 @@ def test_with_the_worker_dead_a_checkpoint_the_watcher_has_not_reported_counts(
     chosen = index.newest(set(), worker_alive=False)
     assert chosen is not None and Path(chosen.path).name == "ck-1"
     index.stop()
+
+
+def _aged(path: Path, age: float) -> None:
+    """``path`` (a file, or a directory and everything in it) last written ``age`` seconds ago."""
+    when = time.time() - age
+    for inner in path.rglob("*") if path.is_dir() else ():
+        os.utime(inner, (when, when))
+    os.utime(path, (when, when))
+
+
+def test_an_epoch_orders_stepless_directories_against_their_mtimes(tmp_path: Path) -> None:
+    """accelerate's ``epoch_{n}`` directories: the later epoch is the newer checkpoint even where an
+    older one was touched last (a copy, a restore from a backup). The directories' own mtimes are
+    set too: a directory's mtime is its newest, and a fresh one would agree with the epochs."""
+    for name, age in (("epoch_9", 0), ("epoch_10", 100)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"w")
+        _aged(tmp_path / name, age)
+    assert [(Path(c.path).name, c.ordinal) for c in scan(["epoch_*"], tmp_path)] == [("epoch_10", 10), ("epoch_9", 9)]
+
+
+def test_an_epoch_or_save_count_outranks_a_name_without_one_whatever_its_mtime(tmp_path: Path) -> None:
+    """``model_0.pth`` (torchvision's epoch 0) and accelerate's ``checkpoint_1`` rank above
+    ``last.pth``, which names no number, even when ``last.pth`` was written after them; and a mix
+    of names with an ordinal and without one sorts (no None is ever compared)."""
+    for name, age in (("model_0.pth", 100), ("last.pth", 0)):
+        (tmp_path / name).write_bytes(b"w")
+        _aged(tmp_path / name, age)
+    assert [(Path(c.path).name, c.step, c.ordinal) for c in scan(["*.pth"], tmp_path)] == [
+        ("model_0.pth", None, 0), ("last.pth", None, None)]
+    (tmp_path / "checkpoint_1").mkdir()
+    _aged(tmp_path / "checkpoint_1", 200)
+    assert names(scan(["checkpoint_*", "*.pth"], tmp_path)) == ["checkpoint_1", "model_0.pth", "last.pth"]
+
+
+def test_a_checkpoint_without_a_step_says_no_source(tmp_path: Path) -> None:
+    """The resume point's ``step_from`` names the evidence of its step: none where there is no step."""
+    (tmp_path / "ckpt.pt").write_bytes(b"w")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trainer_state.json").write_text('{"epoch": 1.0}')
+    found = {Path(c.path).name: (c.step, c.step_from) for c in scan(["ckpt.pt", "run"], tmp_path)}
+    assert found == {"ckpt.pt": (None, None), "run": (None, None)}
+
+
+def test_learning_the_step_a_checkpoint_already_has_rescans_nothing(tmp_path: Path, quiet: QuietObserver) -> None:
+    """The loop resolves each new checkpoint's step and teaches the index the result; where that is
+    the evidence the index already holds (the name said it, no save record beat it), nothing changes,
+    so the directory is not rescanned: a checkpoint written since stays unseen until its event."""
+    (tmp_path / "ckpt-100.pt").write_bytes(b"w")
+    now = [0.0]
+    index = CheckpointIndex(["ckpt-*.pt"], tmp_path, clock=lambda: now[0])
+    assert index.start() == "QuietObserver"
+    (known,) = index.refresh()
+    now[0] = 10.0  # settled: only an event or news rescans
+    assert (known.step, known.step_from) == (100, "name")
+    (tmp_path / "ckpt-200.pt").write_bytes(b"w")  # no event fired yet
+    index.learn(known, StepEvidence(100, "name"))
+    assert names(index.refresh()) == ["ckpt-100.pt"]
+    index.learn(known, StepEvidence(100, "save"))  # the same number from stronger evidence is news
+    assert [(Path(c.path).name, c.step_from) for c in index.refresh()] == [("ckpt-200.pt", "name"),
+                                                                           ("ckpt-100.pt", "save")]

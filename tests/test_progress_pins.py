@@ -4,8 +4,16 @@ progress, the resume check's feed and the cooldown of a checkpoint request."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.observe.progress import PROGRESS_EVENT_EVERY, REQUEST_COOLDOWN, STAMP_SLACK, AttemptWatch
+from oomguard.supervisor.observe.progress import (
+    MTIME_SLACK,
+    PROGRESS_EVENT_EVERY,
+    REQUEST_COOLDOWN,
+    STAMP_SLACK,
+    AttemptWatch,
+)
 from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepSeen
 from oomguard.worker import protocol
@@ -158,3 +166,85 @@ def test_output_steps_make_output_without_a_step_silence() -> None:
     w.note_step(StepSeen(1, None), 1.0, 1.0)
     judgement = w.check_hang(last_output=99.0, timeout=50.0, now=100.0)
     assert judgement is not None and judgement.hung is not None and "no progress for 99 s" in judgement.hung
+
+
+# --- the probe's save records: which save wrote a checkpoint, and its step ----------------------
+
+
+def save(path: str | None, began: float, returned: float, step: int, pid: int = 7) -> dict[str, object]:
+    return {"type": "save", "t": returned, "started": began, "step": step, "path": path, "pid": pid}
+
+
+def test_a_save_long_returned_says_nothing_of_a_later_mtime() -> None:
+    """An mtime after every save's return (by more than a coarse clock's tick) is no save's: the step
+    records at that time stand, not the save that began before it."""
+    w = watch()
+    w.take(save(None, 100.3, 100.32, 3), 0.0)
+    w.take({"type": "step", "t": 101.0, "step": 7, "steps": 7, "pid": 7}, 0.0)
+    assert w.step_at(101.5) == 7
+
+
+def test_between_two_saves_a_tie_goes_to_the_later() -> None:
+    """An mtime as far after one save's return as before the next one's start: the later save, since
+    a coarse clock's mtime lags the time it stands for, never leads it. (Binary fractions: the two
+    distances are exactly equal.)"""
+    w = watch()
+    w.take(save(None, 100.0, 100.25, 3), 0.0)
+    w.take(save(None, 100.28125, 100.5, 4), 0.0)
+    assert w.step_at(100.265625) == 4
+
+
+def test_inside_two_saves_at_once_the_one_recorded_last_counts() -> None:
+    """Two processes (or an asynchronous save beside a synchronous one) saving over the same moment:
+    the mtime lies inside both, at distance 0 from each, and the save recorded last wins, however
+    deep inside either the mtime lies."""
+    w = watch()
+    w.take(save(None, 100.0, 100.6, 3, pid=7), 0.0)
+    w.take(save(None, 100.4, 101.0, 4, pid=8), 0.0)
+    assert w.step_at(100.45) == 4
+
+
+def test_a_save_exactly_a_tick_away_still_counts() -> None:
+    """The coarse clock's slack is inclusive on both sides of a save. (Times near 0, where 0.05 is
+    exactly the distance computed.)"""
+    w = watch()
+    w.take(save(None, 0.0, 0.0, 3), 0.0)
+    assert w.step_at(MTIME_SLACK) == 3
+    later = watch()
+    later.take(save(None, 2 * MTIME_SLACK, 0.2, 4), 0.0)
+    assert later.step_at(MTIME_SLACK) == 4
+
+
+def test_a_files_save_brackets_its_mtime_within_a_tick_inclusive(tmp_path: Path) -> None:
+    """``saved_step``: a file's mtime may read a tick before its save began (the kernel's coarse
+    clock lags time.time()) or a tick after it returned; exactly a tick is still inside."""
+    ckpt = str(tmp_path / "ckpt.pt")
+    w = watch()
+    w.take(save(ckpt, 102.0, 102.2, 80), 0.0)
+    assert w.saved_step(ckpt, 101.99, directory=False) == 80  # a tick before the save began
+    assert w.saved_step(ckpt, 101.9, directory=False) is None  # more than a tick before: another write
+    mtime = 105.0
+    edges = watch()
+    edges.take(save(ckpt, mtime + MTIME_SLACK, mtime + 1, 90), 0.0)
+    assert edges.saved_step(ckpt, mtime, directory=False) == 90
+    assert edges.saved_step(str(tmp_path), mtime, directory=True) == 90  # a directory's too
+    edges = watch()
+    edges.take(save(ckpt, mtime - 1, mtime - MTIME_SLACK, 91), 0.0)
+    assert edges.saved_step(ckpt, mtime, directory=False) == 91
+
+
+def test_a_save_to_a_buffer_or_a_file_object_wrote_no_checkpoint(tmp_path: Path) -> None:
+    w = watch()
+    w.take(save(None, 100.0, 100.2, 3), 0.0)  # torch.save(state, io.BytesIO()): no path
+    assert w.saved_step(str(tmp_path / "ckpt.pt"), 100.1, directory=False) is None
+    assert w.saved_step(str(tmp_path), 100.1, directory=True) is None
+    assert w.step_at(100.1) == 3  # its time still says which step was being saved
+
+
+def test_the_newest_64_saves_are_kept(tmp_path: Path) -> None:
+    w = watch()
+    for i in range(65):
+        w.take(save(str(tmp_path / f"ckpt-{i}.pt"), 100.0 + i, 100.5 + i, i), 0.0)
+    assert len(w.saves) == 64
+    assert w.saved_step(str(tmp_path / "ckpt-0.pt"), 100.2, directory=False) is None  # the 65th pushed it out
+    assert w.saved_step(str(tmp_path / "ckpt-1.pt"), 101.2, directory=False) == 1

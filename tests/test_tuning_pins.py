@@ -181,3 +181,40 @@ def test_another_model_is_said_even_where_the_store_cannot_be_rewritten() -> Non
     change = tuner.model_seen(ModelPrint("b" * 16, 200, 2), 8)
     assert change is not None and change.restart_at == 16 and (change.then.params, change.now.params) == (100, 200)
     assert tuner.store is None and tuner.stored_failures == [] and tuner.models == (ModelPrint("b" * 16, 200, 2),)
+
+
+class StagesStore:
+    """A record measured with two models, as a pipeline's ranks train two stages; rewrites kept."""
+
+    def __init__(self) -> None:
+        self.rewrites: list[tuple[object, object]] = []
+
+    def load(self, key: JobKey) -> FitRecord:
+        return FitRecord("fp", "job", 8, 16, (Point(8, GIB, True), Point(16, None, False)), 0.0,
+                         (ModelPrint("c" * 16, 900, 4), ModelPrint("a" * 16, 100, 2)))
+
+    def rewrite(self, key: JobKey, points: object, models: object) -> None:
+        self.rewrites.append((points, models))
+
+
+def test_a_change_from_a_record_of_several_models_names_the_largest() -> None:
+    """The reason quotes one of the record's models: the one with the most parameters (the stage the
+    user sees as "the model"), whichever digest sorts first."""
+    tuner = SizeTuner(16, 1, 0.1, store=StagesStore(), key=KEY)  # type: ignore[arg-type]
+    assert tuner.starting_micro(16) == 8
+    change = tuner.model_seen(ModelPrint("b" * 16, 500, 3), 8)
+    assert change is not None and (change.then.params, change.now.params, change.restart_at) == (900, 500, 16)
+    assert "500 parameters, the fit store's record was measured with 900" in change.text
+
+
+def test_only_the_first_model_a_run_reports_is_checked() -> None:
+    """Each rank reports its model at its first step: the first report decides, once. A later rank's
+    other model (another pipeline stage) neither restarts the run nor rewrites the record; it is
+    only added to the models this run's measurements are stored with."""
+    store = StagesStore()
+    tuner = SizeTuner(16, 1, 0.1, store=store, key=KEY)  # type: ignore[arg-type]
+    assert tuner.starting_micro(16) == 8
+    assert tuner.model_seen(ModelPrint("a" * 16, 100, 2), 8) is None  # one of the record's: it steers on
+    assert tuner.model_seen(ModelPrint("d" * 16, 700, 5), 8) is None
+    assert store.rewrites == [] and tuner.stored_failures == [Point(16, None, False)]
+    assert tuner.models == (ModelPrint("a" * 16, 100, 2), ModelPrint("d" * 16, 700, 5))
