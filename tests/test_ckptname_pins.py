@@ -24,6 +24,14 @@ def test_a_number_alone_is_the_step(name: str, step: int) -> None:
     ("ckpt-12.pt", 12),  # the same noun with "-", "_" or nothing before the number: its own number
     ("ckpt_12.pt", 12),
     ("ckpt12.pt", 12),
+    ("ck-100", 100),  # a user's own word for the checkpoint, set apart: the name's number (tests/workers/causes.py)
+    ("gpt_2000.pt", 2000),
+    ("ck.100", None),  # "." is no separator a word and its number are written with here
+    ("bs-32.pt", None),  # words that name something else: their number is no step
+    ("rank_0.pt", None),
+    ("seed-42.pt", None),
+    ("v-1.ckpt", None),
+    ("gpt2.pt", None),  # glued: the word's own number
 ])
 def test_the_nouns_number_given_with_equals_is_no_step(name: str, step: int | None) -> None:
     assert read_name(name) == NameReading(step)

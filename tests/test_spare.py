@@ -346,7 +346,8 @@ def test_the_reserve_waits_behind_the_first_spare_and_there_are_never_more_than_
         for _ in range(5):
             spares.tick()
         assert spares.pool == [first, reserve] and reserve.nice == SPARE_NICE  # raised once the first imported
-        assert interpreter_nice(reserve) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + SPARE_NICE)  # 19: the kernel's floor
+        # 19 is the lowest priority the kernel gives
+        assert interpreter_nice(reserve) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + SPARE_NICE)
         assert first.size() > 0  # an interpreter's resident memory, measured once it has imported
         taken = spares.take([PY, "sub/seen.py"], env_for(project), lambda: False)
         assert taken is first and spares.pool == [reserve]  # the reserve stays for the attempt after

@@ -26,6 +26,13 @@ _EPOCH_LABELS = frozenset({"epoch", "epochs", "ep"})
 # The checkpoint's own noun: a number it names is "the checkpoint's number" (HF ``checkpoint-500``).
 _NOUNS = frozenset({"checkpoint", "checkpoints", "ckpt", "ckpts", "chkpt", "model", "weights", "state",
                     "snapshot", "save", "saved"})
+# Words whose number is something else than the checkpoint's: a sole number after one of these is no
+# step even with a separator (``bs-32``, ``rank_0``, ``seed-42``), where a user's own word for the
+# checkpoint (``ck-100``, ``gpt_2000``) still gives the name's number.
+_NOT_STEPS = frozenset({"bs", "batch", "batchsize", "mb", "micro", "microbatch", "accum", "ga", "rank", "r", "v",
+                        "ver", "version", "seed", "gpu", "gpus", "node", "nodes", "world", "fold", "shard", "part",
+                        "tp", "pp", "dp", "mp", "lr", "loss", "acc", "top", "layer", "layers", "dim", "of", "best",
+                        "last", "latest", "k", "n", "x"})
 # Extensions stripped before reading (``.h5`` holds a digit that is no number of the checkpoint's).
 _EXTENSIONS = re.compile(r"(\.(pt|pth|tar|ckpt|bin|safetensors|h5|hdf5|pkl|pickle|npz|npy|json|gz|zip|"
                          r"distcp|msgpack|onnx|keras|model|state|pdparams))+$", re.I)
@@ -98,10 +105,15 @@ def _numbers(stem: str) -> list[_Number]:
 
 def _the_checkpoints_own(number: _Number) -> bool:
     """A name's only number counts as its step when nothing but the checkpoint's noun names it (a
-    ``-``, ``_`` or nothing before it); a number glued to another word (``r16``, ``gpt2``) or
-    given with ``=`` (a metric's form) is that word's."""
+    ``-``, ``_`` or nothing before it), or a word of the user's own set apart by ``-`` or ``_``
+    (``ck-100``); a number glued to another word (``r16``, ``gpt2``), given with ``=`` (a metric's
+    form) or after a word that names something else (``bs-32``, ``rank_0``) is that word's."""
     if number.whole is None:
         return False
     if not number.label:
         return True
-    return number.label in _NOUNS and number.sep != "="
+    if number.sep == "=":
+        return False
+    if number.label in _NOUNS:
+        return True
+    return number.sep in ("-", "_") and number.label not in _NOT_STEPS and number.label not in _EPOCH_LABELS

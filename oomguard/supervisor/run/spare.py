@@ -244,9 +244,12 @@ class Spare:
     def ready(self, timeout: float, interrupted: Callable[[], bool]) -> dict[str, object] | str:
         """Wait until it has imported (its ready record), or why it cannot be used."""
         assert self.proc is not None
-        self.hurry()
         deadline = time.monotonic() + timeout
+        hurried = 0.0
         while True:
+            if time.monotonic() - hurried >= 0.25:  # again and again: a spare not yet started sets its own nice
+                self.hurry()
+                hurried = time.monotonic()
             if self.ready_file.exists():
                 try:
                     record: dict[str, object] = json.loads(self.ready_file.read_text())
@@ -286,10 +289,13 @@ class Spare:
     def discard(self) -> None:
         """SIGKILL its process group and its cgroup; reap it."""
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            # Only while it is not reaped: a reaped leader's pid, and so its group's id, may belong to
+            # another process by now; what is left of a reaped spare dies with its cgroup below.
+            if self.proc.returncode is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -353,6 +359,9 @@ class Spares:
         for older, spare in zip(self.pool, self.pool[1:], strict=False):
             if spare.nice > SPARE_NICE and older.is_ready():
                 spare.renice(SPARE_NICE)
+        for spare in self.pool:
+            if not spare.is_ready():  # again each tick: its interpreter sets its start nice itself, maybe after ours
+                spare.renice(spare.nice)
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 
     def _fill(self, reserve: bool) -> None:
