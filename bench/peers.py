@@ -378,8 +378,9 @@ def command_for(job: Job, args: argparse.Namespace, work: Path, fitstore: Path |
                "--global-batch", g, "--micro-batch", g, "--checkpoint", str(ckpt / "checkpoint-*"),
                "--resume-args", "--resume-from {checkpoint}",
                *(flags + ["--grow-after", str(args.grow_after)] if flags else []), "--",
-               # exit_stamp.py only records when the script's process is reaped (the restart split)
-               sys.executable, "-I", "-S", str(KIT / "exit_stamp.py"),
+               # The script itself, as a user runs it: a wrapper between oomguard and the script (this
+               # benchmark's exit stamp did, until 2026-11-25) makes the wrapper the worker, and
+               # oomguard's spare interpreter, which pre-imports the script's modules, never applies.
                sys.executable, str(KIT / "train_plain.py"), "--batch-size", "{micro_batch}",
                "--gradient-accumulation-steps", "{grad_accum}", "--steps", n, "--output", str(ckpt), *saves]
         # oomguard-run: an empty fit store (a remembered size would skip the OOMs this benchmark is
@@ -539,14 +540,25 @@ def aggregate(label: str, per_round: Sequence[dict[str, Any]], best: Sequence[di
 
 # ----- the restart path: where the time between an OOM and the next first step goes
 
-SEGMENTS = ("oom to atexit", "teardown", "notice and decide", "spawn", "interpreter start", "imports",
+SEGMENTS = ("oom to atexit", "teardown, notice and decide", "spawn", "interpreter start", "imports",
             "model build", "data", "first step")  # "first step": or, when the size fails too, its OOM
+# Results saved before 2026-11-25 split the teardown off with a wrapper (which kept the spare out).
+_MERGED = {"teardown, notice and decide": ("teardown", "notice and decide")}
+
+
+def _merged(split: dict[str, Any]) -> dict[str, Any]:
+    """A split saved with the older, finer segments, in today's."""
+    merged = dict(split)
+    for seg, parts in _MERGED.items():
+        if seg not in merged and all(p in merged for p in parts):
+            merged[seg] = sum(merged[p] for p in parts)
+    return merged
 
 
 def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict[str, Any]]:
     """For each restart: seconds from the OOM (the script's excepthook record) to its atexit
-    record, to the process reaped (exit_stamp.py: the interpreter's teardown), to the supervisor's
-    decision (journal: attempt ended), to the next worker's spawn (journal: attempt started), to
+    record, to the supervisor's decision (journal: attempt ended; the interpreter's teardown, its
+    reaping and the decision), to the next worker's spawn (journal: attempt started), to
     the new interpreter's first line, imports done, model built (checkpoint loaded), first batch
     drawn and first optimizer step done (the script's records)."""
     journal = run_dir / "journal.sqlite"
@@ -559,7 +571,7 @@ def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict
         db.close()
     by_pid: dict[int, dict[str, float]] = {}
     for rec in records:
-        if rec["ev"] in ("proc", "imported", "model", "data", "exception", "exit", "reaped", "opt"):
+        if rec["ev"] in ("proc", "imported", "model", "data", "exception", "exit", "opt"):
             by_pid.setdefault(rec["pid"], {}).setdefault(rec["ev"], rec["t"])
     procs = sorted(by_pid.values(), key=lambda p: p.get("proc", 0.0))
     splits = []
@@ -571,7 +583,7 @@ def restart_split(records: Sequence[dict[str, Any]], run_dir: Path) -> list[dict
             continue
         ended, started = attempts[i][2], attempts[i + 1][1]
         exited = failed.get("exit", failed["exception"])
-        points = [failed["exception"], exited, failed.get("reaped", exited), ended, started,
+        points = [failed["exception"], exited, ended, started,
                   *(following[k] for k in needed), end]
         split: dict[str, Any] = {seg: round(b - a, 3)
                                  for seg, a, b in zip(SEGMENTS, points[:-1], points[1:], strict=True)}
@@ -675,6 +687,7 @@ def markdown(result: dict[str, Any], argv: Sequence[str], machine: str, elapsed:
                   "optimizer step; the script's own records and oomguard's journal; round.restart):", "",
                   "| restart | " + " | ".join(SEGMENTS) + " | total |", "|---" * (len(SEGMENTS) + 2) + "|"]
         for label, s in splits:  # not `name`: that is the chart's file name below
+            s = _merged(s)
             then = "" if s["then"] == "step" else " (OOM again)"
             total = sum(s[seg] for seg in SEGMENTS)
             lines.append(f"| {label}{then} | " + " | ".join(f"{s[seg]:.2f}" for seg in SEGMENTS) + f" | {total:.2f} |")
