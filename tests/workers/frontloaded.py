@@ -19,12 +19,15 @@ import argparse
 import json
 import os
 import resource
-import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from train_argparse import save  # checkpoint-N written to a temp dir and renamed, as the example does
 
 
 def cap() -> None:
@@ -49,17 +52,6 @@ class FrontLoaded(nn.Module):
 
 def batch(step: int, size: int) -> torch.Tensor:
     return torch.randn(size, 64, 64, generator=torch.Generator().manual_seed(step))
-
-
-def save(out: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    final, tmp = out / f"checkpoint-{step}", out / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp / "state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
 
 
 def main() -> None:
