@@ -202,3 +202,26 @@ def test_predict_shrink_needs_grow() -> None:
     config = build_config({"micro_batch": "8", "grad_accum": "1", "predict_shrink": True, "grow": True},
                           ["python", "x.py"])
     assert config.predict_shrink and config.grow
+
+
+def test_a_forward_an_oom_aborted_does_not_count_into_the_next() -> None:
+    """A script that catches the OOM and retries smaller: the aborted forward's modules never
+    returned, so the retry's outermost module is entered again; it starts a new forward."""
+    fail = [True]
+    model = torch.nn.Sequential(Leaf([False]), torch.nn.Sequential(Leaf([False]), Leaf(fail)), Leaf([False]))
+    tracker = ForwardTracker(torch)
+    tracker.arm()
+    try:
+        with pytest.raises(MemoryError):
+            model(torch.zeros(2))  # caught by the script: no forget(), no process end
+        fail[0] = False
+        model(torch.zeros(2))
+        done = tracker.figures("rss")
+        assert (done["forward_basis"], done["forward_leaves"], done["forward_fraction"]) == ("done", 4, 1.0)
+        fail[0] = True
+        with pytest.raises(MemoryError):
+            model(torch.zeros(2))
+        again = tracker.figures("rss")
+        assert (again["forward_basis"], again["forward_leaves"], again["forward_fraction"]) == ("learned", 3, 0.75)
+    finally:
+        tracker.disarm()

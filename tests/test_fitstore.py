@@ -320,3 +320,13 @@ def test_another_model_found_after_this_run_measured_is_not_restarted(tmp_path: 
     assert start is None
     change = not_lowered.model_seen(SMALL, 16)
     assert change is not None and change.restart_at is None
+
+
+def test_a_token_too_long_for_a_file_name_is_no_job_file_and_no_traceback(tmp_path: Path) -> None:
+    """``name=<300 characters>.yaml`` (a prompt, a long override) cannot name a file: the kernel's
+    ENAMETOOLONG is no reason to end the run before it starts."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    long = "x" * 300 + ".yaml"
+    key = JobKey.for_run(["python", "train.py", f"name={long}", long], tmp_path, [], (), 1, GIB)
+    same = JobKey.for_run(["python", "train.py", f"name={long}", long], tmp_path, [], (), 1, GIB)
+    assert key.fingerprint == same.fingerprint and len(key.files) == 1  # train.py alone

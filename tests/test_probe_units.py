@@ -158,3 +158,25 @@ def test_the_model_record_is_written_at_the_first_step_with_its_optimizer(tmp_pa
     assert (written["params"], written["tensors"], written["optimizer"], written["pid"]) == (20, 2, "SGD", os.getpid())
     assert written["digest"] == model.fingerprint(optimizer)["digest"]
     assert records[-1] is not None and records[-1]["state"] == "failed" and "sharded elsewhere" in records[-1]["detail"]
+
+
+def test_a_process_is_loaded_and_fingerprinted_once_when_its_first_optimizer_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An optimizer dropped (an LR finder's, a throwaway warm-up's) empties the count table; the
+    next optimizer's first step is not the process's first: no second ``loaded`` nor ``model``."""
+    import gc
+
+    monkeypatch.setenv("OOMGUARD_EVENTS", str(tmp_path / "events.jsonl"))
+    counter = StepCounter(torch, every=3600)
+    seen: list[str] = []
+    counter.first_step = lambda optimizer: seen.append(type(optimizer).__name__)  # holds no reference
+    throwaway = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    counter.on_step(throwaway, (), {})
+    del throwaway
+    gc.collect()
+    assert not counter._counts
+    real = torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)
+    counter.on_step(real, (), {})
+    assert len(seen) == 1
+    loaded = [line for line in (tmp_path / "events.jsonl").read_text().splitlines() if '"loaded"' in line]
+    assert len(loaded) == 1

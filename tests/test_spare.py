@@ -415,3 +415,22 @@ def test_the_kernel_killing_the_worker_ends_every_spare(project: Path) -> None:
     spares.tick()
     spares.prepare([PY, "sub/seen.py"], env_for(project))
     assert spares.pool == []
+
+
+def test_a_spare_still_importing_at_its_start_priority_is_not_reniced_each_tick(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its interpreter sets its own start nice: a tick renices (a scan of every process for its
+    children) only one whose priority changed since, as a reserve's raised behind a spare."""
+    reniced: list[int] = []
+    monkeypatch.setattr(Spare, "renice", lambda self, nice: reniced.append(nice))
+    monkeypatch.setattr(Spare, "is_ready", lambda self: False)  # importing, whatever the machine's speed
+    spares = pool_of(project, HostMemory(1 << 30), [])  # no room for a reserve: one spare
+    try:
+        for _ in range(3):
+            spares.tick()
+        assert len(spares.pool) == 1 and reniced == []
+        spares.pool[0].nice = 0  # raised since it started (the loop's renice, patched out here)
+        spares.tick()
+        assert reniced == [0]
+    finally:
+        spares.discard()

@@ -72,7 +72,10 @@ class ForwardTracker:
     def pre(self, module: Any, args: Any) -> None:
         """The global forward pre-hook. Never raises into the program."""
         try:
-            if self._depth == 0:
+            # The outermost module entered again inside its own forward: that forward never returned (an
+            # OOM the script caught, its post hooks skipped), so this is a new one, not more of it.
+            if self._depth == 0 or module is self._root:
+                self._depth = 0
                 self._root_starts(module)
             self._depth += 1
             if not module._modules:

@@ -86,7 +86,9 @@ class StepCounter:
             channel.failed(detail)
 
     def _first_step(self, optimizer: Any) -> list[Any]:
-        if not self._counts:  # this process trains: say the probe is here (data-loader workers never step)
+        # This process's first step (data-loader workers never step): say the probe is here, once. Not
+        # ``not self._counts``: an optimizer dropped (an LR finder's) empties it, and the next is no first.
+        if self._local == 0:
             channel.loaded(f"torch {getattr(self._torch, '__version__', '?')}")
             if self.first_step is not None:
                 self.first_step(optimizer)

@@ -138,7 +138,8 @@ def _job_file(token: str, cwd: Path) -> Path | None:
         candidates.append(token.rpartition("=")[2])
     for value in candidates:
         path = _as_path(value, cwd)
-        if path is not None and path.suffix in _JOB_SUFFIXES and path.is_file():
+        # os.path.isfile, not Path.is_file: a name too long for the kernel (ENAMETOOLONG) is no file, not an error
+        if path is not None and path.suffix in _JOB_SUFFIXES and os.path.isfile(path):
             return path
     return None
 

@@ -191,12 +191,13 @@ class Spare:
         self.handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
         self._size: int | None = None
         self.nice = 0  # above the supervisor's, as last set
+        self.start_nice = 0  # what its interpreter sets itself to as it starts (``os.nice``, relative)
 
     def start(self, imports: Sequence[str], nice: int = SPARE_NICE) -> None:
         """Start it at ``nice`` above our priority (SPARE_NICE; RESERVE_NICE behind a spare still
         importing), or at ours where its threads could not be raised back."""
         nice = nice if can_restore_priority() else 0
-        self.nice = nice
+        self.nice = self.start_nice = nice
         procs = str(self.containment.procs) if self.containment.procs else "-"
         command = [self.target.python, *self.target.flags, BOOTSTRAP, str(self.ready_file), str(nice),
                    path0(self.target.script, self.cwd), *imports]
@@ -360,7 +361,10 @@ class Spares:
             if spare.nice > SPARE_NICE and older.is_ready():
                 spare.renice(SPARE_NICE)
         for spare in self.pool:
-            if not spare.is_ready():  # again each tick: its interpreter sets its start nice itself, maybe after ours
+            # Again each tick while it imports, once changed since its start: its interpreter applies its
+            # start nice itself, maybe after ours. One never changed sets the right nice itself: no
+            # renice (a scan of every process for its children) each tick.
+            if spare.nice != spare.start_nice and not spare.is_ready():
                 spare.renice(spare.nice)
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 
