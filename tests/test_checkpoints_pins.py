@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from oomguard.supervisor.observe import checkpoints
-from oomguard.supervisor.observe.checkpoints import CheckpointIndex, _watch_roots, quiet_stop_race, scan
+from oomguard.supervisor.observe.checkpoints import CheckpointIndex, _watch_roots, quiet_stop_race, renamed_name, scan
 from oomguard.supervisor.observe.ckptstep import StepEvidence
 
 
@@ -270,3 +270,15 @@ def test_learning_the_step_a_checkpoint_already_has_rescans_nothing(tmp_path: Pa
     index.learn(known, StepEvidence(100, "save"))  # the same number from stronger evidence is news
     assert [(Path(c.path).name, c.step_from) for c in index.refresh()] == [("ckpt-200.pt", "name"),
                                                                            ("ckpt-100.pt", "save")]
+
+
+@pytest.mark.parametrize(("temp", "final"), [
+    ("ckpt.pt.tmp", "ckpt.pt"), ("ckpt.pt.tmp3", "ckpt.pt"), (".step_2.pt.tmp", "step_2.pt"), (".step_4.tmp", "step_4"),
+    ("tmp-checkpoint-6", "checkpoint-6"), (".tmp-step-1", "step-1"), ("TMP_ckpt.pt", "ckpt.pt"),
+    ("step_8-tmp", "step_8"), ("x.pt.partial", "x.pt"), ("x.pt.part", "x.pt"), ("x.incomplete", "x"), ("x.pt~", "x.pt"),
+    ("checkpoint-4", None), ("ckpt.pt", None),  # no temp names: nothing renamed them
+    ("step_tmpl.pt", None), ("tmp.", None), ("x.lock", None),  # no temp mark at an end, nothing left, a lock
+])
+def test_the_name_a_temp_is_renamed_to(temp: str, final: str | None) -> None:
+    """``renamed_name``: the name without its temp marks, one at each end, else None."""
+    assert renamed_name(temp) == final

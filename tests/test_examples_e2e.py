@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, oomguard, status
 
+from oomguard.supervisor.record.journal import Journal
+
 PY = sys.executable
 EXAMPLES = ROOT / "examples"
 FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
@@ -63,6 +65,13 @@ def test_nanogpt_form_steps_redone_from_the_output(tmp_path: Path) -> None:
     # written with iter_num 3 (three steps done) and the next attempt resumed there
     assert failure["last_step"] == 5 and failure["resumed_from"]["step"] == 3
     assert failure["steps_lost"] == 5 - failure["resumed_from"]["step"]
+    # Both steps are the save records' own, though each save named the temp ckpt.pt.tmp it renamed
+    # into place: not "output", the label of a step read from the output at the mtime.
+    journal = Journal(tmp_path / "run", readonly=True)
+    found = [(e["kind"], e["data"]["step"], e["data"]["step_from"]) for e in journal.events()
+             if e["kind"] in ("checkpoint", "resume_point")]
+    journal.close()
+    assert found == [("checkpoint", 3, "save"), ("resume_point", 3, "save"), ("checkpoint", 6, "save")]
 
 
 def test_nanochat_form_model_files_and_resume_from_step(tmp_path: Path) -> None:

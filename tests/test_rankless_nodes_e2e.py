@@ -67,6 +67,12 @@ def test_rankless_nodes_recover_a_kernel_oom_kill_on_either_node(tmp_path: Path,
     rounds = [[(a["micro_batch"], a["grad_accum"], a["checkpoint"]) for a in j] for j in journals]
     step2 = str(tmp_path / "ck" / "step-2")
     assert rounds[0] == rounds[1] == [(4, 2, None), (2, 4, step2), (1, 8, step2)]
+    # Each node journals node 0's resume point with the evidence of its step, which was null
+    # before that evidence travelled with the agreed checkpoint.
+    for n in (0, 1):
+        journal = Journal(tmp_path / f"node{n}", readonly=True)
+        resumed = [(e["data"]["step"], e["data"]["step_from"]) for e in journal.events() if e["kind"] == "resume_point"]
+        assert resumed == [(2, "save"), (2, "save")], (n, resumed)
     # Round 1 was node 1's rank, round 2 node 0's (the store's node), each killed by the kernel.
     for j in journals:
         assert [a["kind"] for a in j] == ["host_oom", "host_oom", None]

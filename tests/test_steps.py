@@ -196,6 +196,28 @@ def test_a_checkpoints_step_is_its_own_saves_the_file_or_a_file_inside_its_direc
     assert watch.saved_step(str(link / "ckpt.pt"), 100.1, directory=False) == 40  # the same file by another path
 
 
+def test_a_checkpoint_saved_under_a_temp_name_and_renamed_takes_that_saves_step(tmp_path: Path) -> None:
+    """Atomic writers torch.save to a temp name and rename it into place (nanoGPT-style
+    ``ckpt.pt.tmp``, ``.step_2.pt.tmp``, accelerate-style ``.step_4.tmp/``, ``tmp-checkpoint-6/``):
+    the save record names the temp path, the index only ever sees the final one, and a rename keeps
+    the mtime. The save's measured step must still count, above a name that says another (step_800,
+    micro-batches under accumulation 4) and above the step reported at the mtime."""
+    watch = AttemptWatch()
+    watch.take(save(str(tmp_path / "ckpt.pt.tmp"), 100.0, 100.2, 3), 0.0)
+    watch.take(save(str(tmp_path / ".step_800.pt.tmp"), 101.0, 101.2, 200), 0.0)
+    watch.take(save(str(tmp_path / ".step_4.tmp" / "optimizer.bin"), 102.0, 102.2, 4), 0.0)
+    watch.take(save(str(tmp_path / "tmp-checkpoint-6" / "optimizer.pt"), 103.0, 103.2, 6), 0.0)
+    watch.take(save(str(tmp_path / "other.pt.tmp"), 104.0, 104.2, 9), 0.0)
+    assert watch.saved_step(str(tmp_path / "ckpt.pt"), 100.1, directory=False) == 3
+    assert watch.saved_step(str(tmp_path / "step_800.pt"), 101.1, directory=False) == 200
+    assert watch.saved_step(str(tmp_path / "step_4"), 102.3, directory=True) == 4
+    assert watch.saved_step(str(tmp_path / "checkpoint-6"), 103.3, directory=True) == 6
+    # Another file's temp, a temp in another directory, or the temp's own name are not this file's.
+    assert watch.saved_step(str(tmp_path / "ckpt.pt"), 104.1, directory=False) is None
+    assert watch.saved_step(str(tmp_path / "sub" / "ckpt.pt"), 100.1, directory=False) is None
+    assert watch.saved_step(str(tmp_path / "step_40"), 102.3, directory=True) is None
+
+
 def test_the_save_record_beats_the_name_and_the_name_beats_the_step_at_its_mtime() -> None:
     """accelerate's ``step_{overall_step}`` counts micro-batches: with accumulation 4 its step_800
     holds optimizer step 200, the count every other step oomguard reports is in."""

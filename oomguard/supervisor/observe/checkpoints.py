@@ -33,6 +33,8 @@ from oomguard.supervisor.observe.ckptstep import NAME, OWN_RECORD, StepEvidence,
 
 # Names that writers use while a checkpoint is incomplete (torch.save to a temp, HF/our own temp dirs).
 _TEMP = re.compile(r"(^\.|\.tmp|tmp[-_.]|[-_.]tmp|\.partial$|\.part$|\.incomplete$|~$|\.lock$)", re.I)
+_TEMP_HEAD = re.compile(r"^\.?(?:tmp[-_.])?", re.I)  # what renamed_name strips from a temp name's front
+_TEMP_TAIL = re.compile(r"(?:\.tmp\d*|[-_.]tmp|\.partial|\.part|\.incomplete|~)$", re.I)  # and its end
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,16 @@ class Checkpoint:
 def is_temp_name(name: str) -> bool:
     """A name writers use while a checkpoint is incomplete (``.checkpoint-4.tmp``, ``x.pt.partial``)."""
     return _TEMP.search(name) is not None
+
+
+def renamed_name(name: str) -> str | None:
+    """The name a writer renames the temp ``name`` to once it is complete (``ckpt.pt.tmp``,
+    ``.step_2.pt.tmp``, ``.step_4.tmp``, ``tmp-checkpoint-6``: the name without its temp marks), or
+    None where ``name`` is no temp name or nothing is left of it."""
+    if not is_temp_name(name):
+        return None
+    final = _TEMP_TAIL.sub("", _TEMP_HEAD.sub("", name, count=1), count=1)
+    return final if final and final != name else None
 
 
 class _StopRace(logging.Filter):

@@ -1,8 +1,9 @@
 """The step a checkpoint holds, from the best evidence there is, and which evidence that was.
 
 In order: (1) the probe's ``save`` record of the file, or of a file inside the checkpoint's
-directory (``AttemptWatch.saved_step``): the optimizer's own count when the save began, measured
-in the worker; (2) the checkpoint's own record where reading it is cheap and safe (HF's
+directory, either under the temp name an atomic writer renamed into place
+(``AttemptWatch.saved_step``): the optimizer's own count when the save began, measured in the
+worker; (2) the checkpoint's own record where reading it is cheap and safe (HF's
 ``trainer_state.json``, whose ``global_step`` its ``checkpoint-N`` name repeats); (3) its name,
 only a number labelled as a step or the name's sole number (``observe/ckptname.py``); (4) the step
 the worker reported when the file was written (``AttemptWatch.step_at``); else unknown, and said

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomguard.supervisor.observe.allocator import AllocatorReport
+from oomguard.supervisor.observe.checkpoints import renamed_name
 from oomguard.supervisor.observe.liveness import Judgement, Liveness
 from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.observe.output import OutputScanner
@@ -47,10 +48,25 @@ class Save:
     path: str | None = None
 
     def wrote(self, real: str, directory: bool) -> bool:
-        """It wrote the file at the real path ``real``, or with ``directory`` a file inside it."""
+        """It wrote the file at the real path ``real``, or with ``directory`` a file inside it;
+        either under the temp name an atomic writer renamed to ``real`` once complete."""
         if self.path is None:
             return False
-        return self.path == real or (directory and self.path.startswith(real + os.sep))
+        if self.path == real or (directory and self.path.startswith(real + os.sep)):
+            return True
+        return self._renamed_to(real, directory)
+
+    def _renamed_to(self, real: str, directory: bool) -> bool:
+        """A save to ``ckpt.pt.tmp`` (or into ``.step_4.tmp/``) then renamed: the index only sees
+        the final name, and the rename keeps the file's mtime, so the save's run still holds it."""
+        assert self.path is not None
+        parent, name = os.path.split(real)
+        if not self.path.startswith(parent + os.sep):
+            return False
+        parts = self.path[len(parent) + 1:].split(os.sep)
+        if (len(parts) > 1) != directory:  # a file in the temp directory, or the temp file itself
+            return False
+        return renamed_name(parts[0]) == name
 
 
 @dataclass

@@ -20,7 +20,8 @@ def agree_start(coord: Coordinator, round_: int, plan: Plan,
                 checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, dict[str, Any]]:
     """This round's plan and checkpoint: node 0's, on every node."""
     mine = {"plan": plan.as_dict(), "checkpoint": checkpoint.path if checkpoint else None,
-            "step": checkpoint.step if checkpoint else None}
+            "step": checkpoint.step if checkpoint else None,
+            "step_from": checkpoint.step_from if checkpoint else None}
     agreed = coord.start_round(round_, mine)
     adopted = plan.resumed(agreed["plan"]) or plan
     if agreed["checkpoint"] is None:
@@ -31,7 +32,8 @@ def agree_start(coord: Coordinator, round_: int, plan: Plan,
         mtime, size = stat.st_mtime, stat.st_size
     except OSError:  # not visible here (no shared filesystem): the ranks get node 0's path all the same
         mtime, size = 0.0, 0
-    return adopted, Checkpoint(path, agreed["step"], mtime, size), agreed
+    # The step's evidence travels with it (a node 0 of an older oomguard posts none: unknown then).
+    return adopted, Checkpoint(path, agreed["step"], mtime, size, step_from=agreed.get("step_from")), agreed
 
 
 def agree_end(coord: Coordinator, round_: int, verdict: Verdict,
