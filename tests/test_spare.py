@@ -311,6 +311,16 @@ class HostMemory:
         return self.available, self.total
 
 
+def test_a_launchers_command_is_told_nothing_of_spares_it_never_had(project: Path) -> None:
+    """torchrun starts its own workers: no spare is started, so a kernel OOM kill says nothing of one."""
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = Spares(True, project / "run", project, None, events(log))
+    spares.prepare(["torchrun", "--standalone", "--nproc_per_node=2", "sub/seen.py"], env_for(project))
+    assert spares.spare is None
+    spares.after_failure(FailureKind.HOST_OOM, signal.SIGKILL)
+    assert [name for name, _ in log if name == "spare_off"] == [] and not spares.enabled
+
+
 def pool_of(project: Path, memory: HostMemory, log: list[tuple[str, dict[str, Any]]]) -> Spares:
     spares = Spares(True, project / "run", project, None, events(log), memory)
     spares.prepare([PY, "sub/seen.py"], env_for(project))

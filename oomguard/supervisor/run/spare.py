@@ -466,8 +466,11 @@ class Spares:
         ``--memory-limit`` on the worker's cgroup are the worker's alone: the spares are not in them.)"""
         if self.enabled and kind is FailureKind.HOST_OOM and sig == signal.SIGKILL:
             self.enabled = False
+            had_spares = bool(self.pool) or self._command is not None  # none for a launcher's command
             self.discard()
-            self._event("spare_off", why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
+            if had_spares:
+                self._event("spare_off",
+                            why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def discard(self) -> None:
         pool, self.pool = self.pool, []
