@@ -14,8 +14,8 @@ docs/mutation.md. Not run in CI: it takes 1 to 5 minutes per module on a loaded 
     python bench/mutation.py --survivors decide.policy   # each survivor's diff
     python bench/mutation.py --again decide.policy       # only the last run's survivors, after new tests
 
-Naming modules runs only their mutants: mutmut's progress line counts every module's mutants (4,629
-in all), the ones not run included, so ``300/4629`` does not mean all are being run.
+Naming modules runs only their mutants: mutmut's progress line counts every module's mutants (4,676
+in all), the ones not run included, so ``300/4676`` does not mean all are being run.
 
 Results persist in ``mutants/``: naming a module runs all its mutants again; ``--report`` only reads
 them. ``--again`` tests only the survivors and keeps every other verdict: a test added cannot make a
