@@ -68,11 +68,12 @@ def test_rankless_nodes_recover_a_kernel_oom_kill_on_either_node(tmp_path: Path,
     step2 = str(tmp_path / "ck" / "step-2")
     assert rounds[0] == rounds[1] == [(4, 2, None), (2, 4, step2), (1, 8, step2)]
     # Each node journals node 0's resume point with the evidence of its step, which was null
-    # before that evidence travelled with the agreed checkpoint.
-    for n in (0, 1):
-        journal = Journal(tmp_path / f"node{n}", readonly=True)
-        resumed = [(e["data"]["step"], e["data"]["step_from"]) for e in journal.events() if e["kind"] == "resume_point"]
-        assert resumed == [(2, "save"), (2, "save")], (n, resumed)
+    # before that evidence travelled with the agreed checkpoint. Which evidence depends on where the
+    # rank-less rendezvous put global rank 0, the writer: its node saw the save, the other the name.
+    resumed = [[(e["data"]["step"], e["data"]["step_from"]) for e in Journal(tmp_path / f"node{n}", readonly=True)
+                .events() if e["kind"] == "resume_point"] for n in (0, 1)]
+    assert resumed[0] == resumed[1] and len(resumed[0]) == 2, resumed
+    assert all(step == 2 and source in ("save", "name") for step, source in resumed[0]), resumed
     # Round 1 was node 1's rank, round 2 node 0's (the store's node), each killed by the kernel.
     for j in journals:
         assert [a["kind"] for a in j] == ["host_oom", "host_oom", None]
