@@ -52,9 +52,24 @@ def test_kill_9_takes_a_setsid_grandchild_along_and_the_next_start_removes_the_c
     assert _wait(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE), \
         "a setsid() grandchild outlived kill -9 of the supervisor"
     assert cgroup.is_dir(), "a supervisor killed with -9 cannot remove its cgroup"
+    others = _other_supervisor_started()
     out = oomguard("run", "--run-dir", str(tmp_path / "run2"), *RUN, "--", "true", "{micro_batch}")
     assert out.returncode == 0, out.stderr
-    assert not cgroup.exists() and "removed" in out.stderr, out.stderr
+    assert not cgroup.exists(), out.stderr
+    # Any supervisor starting on this machine removes the cgroups of killed ones and says so; with the
+    # suite on two processes another test's may start first (seen once in a full run): then it is that
+    # one's line, and this start finds nothing left to remove.
+    assert "removed" in out.stderr or others or _other_supervisor_started(), out.stderr
+
+
+def _other_supervisor_started() -> bool:
+    """Another oomguard supervisor is running on this machine (one of a parallel test's)."""
+    mine = os.getpid()
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.pid != mine and "oomguard" in cmd and "run" in cmd and "-m" in cmd:
+            return True
+    return False
 
 
 def test_a_new_invocation_starts_a_new_failure_budget(tmp_path: Path) -> None:
