@@ -118,9 +118,12 @@ def test_each_ranks_training_process_is_named_not_its_data_loader_workers(tmp_pa
         worker.stop(1.0)
 
 
+# Its torch.save is the evidence that it wrote them (the probe's save records): a file another process
+# writes under the directory is never named (tests/test_wiring_e2e.py).
 MISSED = '''
 import os, sys, time
 from pathlib import Path
+import torch
 
 micro = int(os.environ["OOMGUARD_MICRO_BATCH"])
 step = 0
@@ -129,10 +132,10 @@ while not Path("done").exists() and step < 600:
     print(f"step {step}", flush=True)
     if step == 2:
         Path("ck").mkdir(exist_ok=True)
-        Path("ck/step-2.pt").write_text("2")  # the glob matches this one
+        torch.save({"step": 2}, "ck/step-2.pt")  # the glob matches this one
     if step == 4:
         Path("ck4").mkdir(exist_ok=True)
-        Path("ck4/step-4.pt").write_text("4")  # and misses this one
+        torch.save({"step": 4}, "ck4/step-4.pt")  # and misses this one
     time.sleep(0.1)
 '''
 

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from oomguard.supervisor.observe.lookalikes import (
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.resume import ResumeCheck
 from oomguard.supervisor.observe.steps import StepSeen
+from oomguard.supervisor.observe.writers import held_for_writing
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import (
@@ -333,6 +335,11 @@ def test_when_a_glob_that_matches_nothing_is_said() -> None:
         "--checkpoint 'ck/*.pt' has matched nothing in 30 min of training (to step 4000), and nothing that looks "
         "like a checkpoint was written in ., out: a restart would start over; check the glob, and that the script "
         "saves checkpoints")
+    # files another process wrote there do not make "nothing was written" true, nor are they the script's
+    assert unmatched_notice(["ck/*.pt"], t, 4000, t + QUIET_LIMIT, cwd, [cwd], others=True) == (
+        "--checkpoint 'ck/*.pt' has matched nothing in 30 min of training (to step 4000), and the script was not "
+        "seen writing anything that looks like a checkpoint in .: a restart would start over; check the glob, and "
+        "that the script saves checkpoints")
 
 
 def test_the_watcher_sees_what_the_worker_writes_with_inotify(tmp_path: Path) -> None:
@@ -362,6 +369,73 @@ def test_the_watcher_sees_what_the_worker_writes_with_inotify(tmp_path: Path) ->
         assert {f.path for f in watcher.found()} == expected
     finally:
         watcher.stop()
+
+
+HOLD = "import sys, time; sys.stdin.readline(); f = open(sys.argv[1], sys.argv[2]); " \
+       "f.write(b'x') if 'w' in sys.argv[2] else None; f.flush(); print('open', flush=True); time.sleep(60)"
+
+
+def holding(path: Path, mode: str, procs: list[subprocess.Popen[str]] | None = None) -> subprocess.Popen[str]:
+    """A real process that holds ``path`` open (``wb``: written, ``rb``: read) until killed; added to
+    ``procs`` before it opens the file (the watcher looks at once)."""
+    proc = subprocess.Popen([PY, "-c", HOLD, str(path), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    if procs is not None:
+        procs.append(proc)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "open\n"
+    return proc
+
+
+def test_a_file_is_held_for_writing_only_by_a_process_that_opened_it_so(tmp_path: Path) -> None:
+    written, read = tmp_path / "a.pt", tmp_path / "b.pt"
+    read.write_bytes(b"x")
+    writer, reader = holding(written, "wb"), holding(read, "rb")
+    try:
+        paths = {str(written), str(read)}
+        assert held_for_writing([writer.pid, reader.pid], paths) == {str(written)}
+        assert held_for_writing([reader.pid], paths) == set()  # reading a checkpoint is no write of it
+        assert held_for_writing([os.getpid()], paths) == set()  # a process that does not hold it
+    finally:
+        for proc in (writer, reader):
+            proc.kill()
+            proc.wait()
+    assert held_for_writing([writer.pid], {str(written)}) == set()  # gone
+
+
+def test_a_lookalike_is_the_workers_only_by_its_save_record_or_its_open_file(tmp_path: Path) -> None:
+    """Another process writing under the working directory (a cp, a pip install) is never the worker."""
+    out = tmp_path / "out"
+    out.mkdir()
+    procs: list[subprocess.Popen[str]] = []
+    watcher = LookalikeWatcher(tmp_path, [], [], lambda: tuple(p.pid for p in procs[:1]))  # only the first is ours
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while watcher._observer is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holding(out / "held-1.pt", "wb", procs)
+        procs.append(holding(out / "foreign-1.pt", "wb"))  # not ours: held open for writing by another process
+        (out / "copied.pt").write_bytes(b"x")  # this process's write: not the worker's
+        (out / ".step-5.pt.tmp").write_bytes(b"x")  # the worker's torch.save, renamed into place
+        os.rename(out / ".step-5.pt.tmp", out / "step-5.pt")
+        (out / ".step_6.tmp").mkdir()
+        (out / ".step_6.tmp" / "model.pt").write_bytes(b"x")
+        os.rename(out / ".step_6.tmp", out / "step_6")
+        watcher.saved([str(out / ".step-5.pt.tmp"), str(out / ".step_6.tmp" / "model.pt")])
+        expected = {"held-1.pt": True, "foreign-1.pt": False, "copied.pt": False, "step-5.pt": True, "step_6": True}
+        seen: dict[str, bool] = {}
+        while seen != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen = {os.path.basename(f.path): f.own for f in watcher.found()}
+        assert seen == expected
+    finally:
+        watcher.stop()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def test_watchdogs_stop_race_line_is_not_printed(caplog: pytest.LogCaptureFixture) -> None:

@@ -187,6 +187,96 @@ def test_a_glob_that_matches_nothing_is_said_with_the_files_the_script_wrote(wor
     assert [f["steps_lost"] for f in doc["failures"]] == really_redone(run_dir) == [7]
 
 
+def start_run(work: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([PY, "-m", "oomguard", "run", "--run-dir", str(work / "run"), *FAST, *args], cwd=work,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def wait_while_running(done: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline and proc.poll() is None, what
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_checkpoints_another_process_writes_under_the_directory_are_never_the_scripts(work: Path) -> None:
+    """Issue 35: while the run goes, another shell copies a checkpoint to other_exp/best_model.pt, a
+    package install writes a .pt under site-packages, another program holds its own .pt open for
+    writing: none is named (following the old advice resumed another experiment's weights)."""
+    proc = start_run(work, "--micro-batch", "32", "--grad-accum", "1", "--allow-smaller-global-batch",
+                     "--checkpoint", "out/step-*.pt", "--resume-args", "--resume {checkpoint}", "--",
+                     PY, "train.py", "--batch-size", "{micro_batch}", "--steps", "24", "--long-step", "1000",
+                     "--step-seconds", "0.3")
+    try:
+        wait_while_running(lambda: (work / "out" / "step-2.pt").exists(), proc, "the script saved no checkpoint")
+        site = "venv/lib/python3.11/site-packages/pkg"
+        subprocess.run(["sh", "-c", f"mkdir -p other_exp {site} && cp out/step-2.pt other_exp/best_model.pt && "
+                        f"cp out/step-2.pt {site}/weights.pt && cp out/step-2.pt best.pt"], cwd=work, check=True)
+        subprocess.run([PY, "-c", "import time; f = open('other_exp/model_step_9.pt', 'wb'); f.write(b'x'); "
+                        "f.flush(); time.sleep(1.5)"], cwd=work, check=True)  # written slowly, by another process
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "--checkpoint" not in stderr, stderr
+    run_dir = work / "run"
+    assert events(run_dir, "checkpoint_glob_unmatched") == []
+    assert status(run_dir)["warnings"] == [] and report(run_dir)["warnings"] == []
+    assert "warning" not in oomguard("ls", cwd=work).stdout
+
+
+# Saves out/step-2.pt (the glob's), then at step 8 models/quick-8.pt in a blink (by path: the probe's record)
+# or, with "slow", models/slow-8.pt held open for writing as a large checkpoint's write is (a file object).
+OWN = """
+import os, sys, time, torch
+micro = int(os.environ["OOMGUARD_MICRO_BATCH"])
+for step in range(1, 14):
+    time.sleep(0.3)
+    print(f"step {step}/13", flush=True)
+    if step == 2:
+        torch.save({"step": step}, "out/step-2.pt")
+    if step == 8 and sys.argv[1] == "quick":
+        torch.save({"step": step}, "models/quick-8.pt")
+    if step == 8 and sys.argv[1] == "slow":
+        with open("models/slow-8.pt", "wb") as f:
+            torch.save({"step": step}, f)
+            f.flush()
+            time.sleep(1.5)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "named"), [((), "models/quick-8.pt"), (("--no-probe",), "models/slow-8.pt")],
+                         ids=["probe", "no-probe"])
+def test_a_checkpoint_the_script_writes_is_named_by_its_save_record_or_its_open_file(
+        tmp_path: Path, options: tuple[str, ...], named: str) -> None:
+    """With the probe, its save record names the file the script wrote; without it, a file one of the
+    worker's processes held open for writing as the write was reported (a large checkpoint's write;
+    one written in a blink may go unseen, and is then not named). A copy another process makes
+    there first is named in neither."""
+    (tmp_path / "own.py").write_text(OWN)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "models").mkdir()
+    how = "quick" if named.endswith("quick-8.pt") else "slow"
+    proc = start_run(tmp_path, *options, "--micro-batch", "8", "--grad-accum", "1", "--checkpoint", "out/step-*.pt",
+                     "--resumes-itself", "--", PY, "own.py", how)
+    try:
+        wait_while_running(lambda: (tmp_path / "out" / "step-2.pt").exists(), proc, "the script saved no checkpoint")
+        subprocess.run(["cp", "out/step-2.pt", "models/foreign-2.pt"], cwd=tmp_path, check=True)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    message = (f"--checkpoint 'out/step-*.pt' does not match {named}, which the script wrote and which looks like a "
+               f"checkpoint: a restart would not resume from it; use --checkpoint 'models/{how}-*.pt'")
+    assert re.findall(r"^\[oomguard\] (--checkpoint .*)$", stderr, re.M) == [message], stderr
+    [event] = events(tmp_path / "run", "checkpoint_glob_unmatched")
+    assert event["data"]["files"] == [str(tmp_path / named)]
+    assert [w["message"] for w in status(tmp_path / "run")["warnings"]] == [message]
+
+
 @pytest.mark.slow
 def test_the_worker_library_form_starts_and_resumes_without_a_warning(work: Path) -> None:
     """docs/worker.md's form: --checkpoint and nothing else; the Session resumes from OOMGUARD_CHECKPOINT.

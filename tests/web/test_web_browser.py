@@ -236,7 +236,7 @@ def test_many_runs_page_lists_the_runs_live_and_links_to_each(page: Any, two_run
 
 def test_dashboard_shows_a_glob_that_matches_nothing_and_exits_as_status_words_them(page: Any, tmp_path: Path) -> None:
     """The run's --checkpoint glob is ckpt/step-*.pt; this worker writes elsewhere/step-N.pt."""
-    run = start_run(tmp_path, env={"CKPT_DIR": str(tmp_path / "elsewhere"), "CKPT_EVERY": "5"})
+    run = start_run(tmp_path, env={"CKPT_DIR": str(tmp_path / "elsewhere"), "CKPT_EVERY": "5", "CKPT_TORCH": "1"})
     try:
         run.wait_for(lambda d: bool(d["warnings"]), timeout=30)
         page.goto(run.url)

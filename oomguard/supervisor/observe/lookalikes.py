@@ -9,6 +9,15 @@ writes that looks like a checkpoint: a ``.pt``, ``.pth``, ``.ckpt`` or ``.safete
 Names being written (``.checkpoint-4.tmp``) and hidden directories are left out. This is the
 process's evidence (files it wrote), not its words.
 
+Only the worker's own writes count: anything may write under the working directory while the run
+goes (a ``cp`` of another experiment's ``best_model.pt`` from another shell, a ``pip install``), and
+telling the user to point ``--checkpoint`` at such a file would resume another run's weights. A
+look-alike is the worker's when the probe's ``save`` record names it (the path the worker's
+``torch.save`` was given, or the temp name an atomic writer renamed to it, or a file inside it) or
+when one of the worker's processes held it open for writing as its write was reported
+(``observe/writers.py``: the evidence where the probe does not speak). Any other is never named,
+and the notice below that says nothing was written does not say so while one was.
+
 ``missed_notice`` and ``unmatched_notice`` say when to tell the user, once, and what:
 
 - the worker wrote a look-alike no glob matches, in a directory no glob looks in: said as soon as
@@ -33,7 +42,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +50,16 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from oomguard.supervisor.observe.checkpoints import is_temp_name, quiet_stop_race
+from oomguard.supervisor.observe.checkpoints import is_temp_name, quiet_stop_race, renamed_name
+from oomguard.supervisor.observe.writers import held_for_writing
 
 SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
 SETTLE = 3.0  # seconds a look-alike beside the watched files must have been still before it is named
 QUIET_LIMIT = 1800.0  # seconds of training with nothing matched and nothing like a checkpoint written
 MAX_FOUND = 1000  # look-alikes kept (the newest writes win a place; the notice names a few)
 MAX_ROOTS = 16  # directories watched recursively: each is an inotify instance of the user's 128
+MAX_OWN = 20000  # paths (and their directories) known to be the worker's writes; later ones go unproven
+RECHECK = 0.2  # seconds between two looks at who holds the same file open
 _OUTPUT_NAME = re.compile(r"^(out|save|ckpt|checkpoint|run|result|model|experiment|log|weight)", re.IGNORECASE)
 _CHECKPOINT_DIR = re.compile(r"^(checkpoint|ckpt)[-_]?\d+$", re.IGNORECASE)
 _OUTPUT_OPTION = re.compile(r"^--?[\w.-]*(out|save|ckpt|checkpoint)[\w.-]*$", re.IGNORECASE)
@@ -58,6 +70,7 @@ _WRITES = ("created", "modified", "moved", "closed")
 class Lookalike:
     path: str  # absolute: a file, or the checkpoint directory a file was written into
     written: float  # wall time of the newest write seen
+    own: bool = False  # seen written by the worker (its probe's save record, or its open file)
 
 
 def _has_step(name: str) -> bool:
@@ -80,6 +93,16 @@ def candidate(path: str, root: str, is_dir: bool) -> str | None:
     if not is_dir and (name.lower().endswith(SUFFIXES) or _has_step(name)):
         return os.path.join(root, rel)
     return None
+
+
+def final_path(rel: str) -> str:
+    """``rel`` (relative to a watched directory) as an atomic writer renames it into place: a temp
+    name of the file or of its directory replaced by the name without its temp marks
+    (``out/.step-4.pt.tmp`` -> ``out/step-4.pt``, ``out/.step_4.tmp/model.pt`` -> ``out/step_4/model.pt``),
+    as ``observe/progress.py``'s ``Save`` maps a save record to the checkpoint the index finds."""
+    parts = rel.split(os.sep)
+    tail = [renamed_name(part) or part for part in parts[-2:]]
+    return os.sep.join([*parts[:-2], *tail])
 
 
 def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
@@ -155,16 +178,19 @@ def missed_notice(globs: Sequence[str], missed: Sequence[Lookalike], any_matched
 
 
 def unmatched_notice(globs: Sequence[str], first_step_wall: float | None, last_step: int | None, now: float,
-                     cwd: Path, watched: Sequence[Path]) -> str | None:
-    """What to say about globs that have matched nothing while nothing like a checkpoint was written,
-    or None while it is too early (see the module)."""
+                     cwd: Path, watched: Sequence[Path], others: bool = False) -> str | None:
+    """What to say about globs that have matched nothing while the script wrote nothing like a
+    checkpoint, or None while it is too early (see the module). With ``others``, files that look like
+    one were written there, but not seen written by the script."""
     shown = " ".join(repr(g) for g in globs)
     if first_step_wall is None or now - first_step_wall < QUIET_LIMIT:
         return None
     where = ", ".join(_shown(str(p), cwd) or "." for p in watched) or str(cwd)
     step = f" (to step {last_step})" if last_step is not None else ""
+    written = ("the script was not seen writing anything that looks like a checkpoint" if others
+               else "nothing that looks like a checkpoint was written")
     return (f"--checkpoint {shown} has matched nothing in {(now - first_step_wall) / 60:.0f} min of training{step}, "
-            f"and nothing that looks like a checkpoint was written in {where}: a restart would start over; "
+            f"and {written} in {where}: a restart would start over; "
             "check the glob, and that the script saves checkpoints")
 
 
@@ -188,7 +214,8 @@ class _Writes(FileSystemEventHandler):
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in _WRITES:
             path = event.dest_path if event.event_type == "moved" else event.src_path
-            self.watcher.saw(os.fsdecode(path), event.is_directory, event.event_type in ("created", "moved"))
+            created = event.event_type in ("created", "moved")
+            self.watcher.saw(os.fsdecode(path), event.is_directory, created, writing=event.event_type != "moved")
 
 
 class LookalikeWatcher:
@@ -199,12 +226,19 @@ class LookalikeWatcher:
     many directories) is not watched whole: ``cwd`` itself without recursion, and recursively the
     output directories the command names, the directories in ``cwd`` named like outputs (``out``,
     ``checkpoints``, ``runs``...) and every directory the worker creates in ``cwd`` while it runs
-    (new, so its own). Where inotify cannot be had nothing is watched, and the notice waits for
-    ``QUIET_LIMIT`` with no names: polling a whole tree every second would cost more than it is worth.
+    (new, so watched; whose files they hold is still proven file by file). Where inotify cannot be had
+    nothing is watched, and the notice waits for ``QUIET_LIMIT`` with no names: polling a whole tree
+    every second would cost more than it is worth.
+
+    ``pids`` gives the worker's processes (the loop's last sample of its tree): a write reported
+    while one of them holds the file open for writing is the worker's; ``saved`` takes the paths
+    of the probe's ``save`` records. Each look-alike found says whether it is the worker's.
     """
 
-    def __init__(self, cwd: Path, outputs: Iterable[Path], ignore: Iterable[Path]) -> None:
+    def __init__(self, cwd: Path, outputs: Iterable[Path], ignore: Iterable[Path],
+                 pids: Callable[[], Sequence[int]] = tuple) -> None:
         self.cwd = cwd.resolve()
+        self.pids = pids
         self.ignore = tuple(str(p.resolve()) for p in ignore)
         self.roots: list[Path] = []  # watched recursively
         self.pending: list[Path] = []  # to be watched recursively once they exist
@@ -212,6 +246,8 @@ class LookalikeWatcher:
             self._add(path.resolve())
         self.problem: str | None = None
         self._found: dict[str, float] = {}
+        self._own: set[str] = set()  # files the worker wrote, as renamed into place, and their directories
+        self._looked: dict[str, float] = {}  # monotonic time of the last look at who writes a file
         self._lock = threading.Lock()
         self._observer: BaseObserver | None = None
         self._starting: threading.Thread | None = None
@@ -253,12 +289,14 @@ class LookalikeWatcher:
             self._observer.join(timeout=2)
             self._observer = None
 
-    def saw(self, path: str, is_dir: bool, created: bool = False) -> None:
-        """A write (on watchdog's thread): kept when it belongs to a look-alike; a directory the
-        worker creates in ``cwd`` is watched from the next look on."""
+    def saw(self, path: str, is_dir: bool, created: bool = False, writing: bool = False) -> None:
+        """A write (on watchdog's thread): kept when it belongs to a look-alike; with ``writing`` (the
+        write itself, not a rename or a walk of what was there) the worker's when one of its
+        processes holds the file open for writing. A directory created in ``cwd`` is watched from
+        the next look on."""
         if any(_under(path, ignored) for ignored in self.ignore):
             return
-        root = max((str(r) for r in [self.cwd, *self.roots] if _under(path, str(r))), key=len, default=None)
+        root = self._root_of(path)
         if root is None:
             return
         found = candidate(path, root, is_dir)
@@ -266,6 +304,8 @@ class LookalikeWatcher:
                 and not _hidden(os.path.basename(path)):
             with self._lock:
                 self._add(Path(path), later=True)
+        if writing and not is_dir:
+            self._look_who_writes(path, root)
         if found is None:
             return
         with self._lock:
@@ -275,11 +315,52 @@ class LookalikeWatcher:
                 del self._found[next(iter(self._found))]
 
     def found(self) -> list[Lookalike]:
-        """The look-alikes written so far (the loop's thread; pending directories that now exist are
-        watched from here on, and what they already hold is looked at once)."""
+        """The look-alikes written so far, each saying whether the worker wrote it (the loop's
+        thread; pending directories that now exist are watched from here on, and what they
+        already hold is looked at once)."""
         self._watch_pending()
         with self._lock:
-            return [Lookalike(p, t) for p, t in self._found.items()]
+            return [Lookalike(p, t, p in self._own) for p, t in self._found.items()]
+
+    def saved(self, paths: Iterable[str]) -> None:
+        """The files the probe's ``save`` records say the worker's ``torch.save`` wrote."""
+        for path in paths:
+            root = self._root_of(path, [*self.roots, *self.pending])  # a save may create its directory
+            if root is not None:
+                self._wrote(path, root)
+
+    def _root_of(self, path: str, roots: Sequence[Path] | None = None) -> str | None:
+        """The watched directory ``path`` lies in (the deepest of ``cwd`` and ``roots``), or None."""
+        dirs = [self.cwd, *(self.roots if roots is None else roots)]
+        return max((str(r) for r in dirs if _under(path, str(r))), key=len, default=None)
+
+    def _look_who_writes(self, path: str, root: str) -> None:
+        """Is one of the worker's processes writing ``path`` (a file that is, or is renamed to, a
+        look-alike) now? Looked at once per ``RECHECK`` seconds per file: a large save reports
+        thousands of writes."""
+        rel = os.path.relpath(path, root)
+        if candidate(os.path.join(root, final_path(rel)), root, False) is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._looked.get(path, -RECHECK) < RECHECK:
+                return
+            self._looked.pop(path, None)
+            self._looked[path] = now
+            if len(self._looked) > MAX_FOUND:
+                del self._looked[next(iter(self._looked))]
+        pids = tuple(self.pids())
+        if pids and held_for_writing(pids, {os.path.realpath(path)}):
+            self._wrote(path, root)
+
+    def _wrote(self, path: str, root: str) -> None:
+        """The worker wrote ``path`` (under ``root``): it, as renamed into place, and each directory
+        between it and ``root`` are the worker's (a look-alike may be a checkpoint directory)."""
+        final = os.path.join(root, final_path(os.path.relpath(path, root)))
+        with self._lock:
+            while _under(final, root) and final != root and len(self._own) < MAX_OWN:
+                self._own.add(final)
+                final = os.path.dirname(final)
 
     def _watch_pending(self) -> None:
         with self._lock:

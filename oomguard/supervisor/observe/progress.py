@@ -31,6 +31,7 @@ from oomguard.worker import protocol
 
 PROGRESS_EVENT_EVERY = 10.0  # progress records are journaled as events at most this often
 STAMP_SLACK = 0.25  # seconds: see AttemptWatch.step_at
+MAX_SAVED = 4096  # the files of save records kept per attempt (the look-alike check's evidence)
 MTIME_SLACK = 0.05  # seconds: a file's mtime comes from the kernel's coarse clock, a tick behind time.time()
 REQUEST_COOLDOWN = 60.0  # seconds between two checkpoint requests for memory
 _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.BATCH, protocol.STEP)
@@ -92,6 +93,7 @@ class AttemptWatch:
     total_steps: int | None = None  # from the output's step lines, when they show one
     steps_at: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) as steps advance
     saves: list[Save] = field(default_factory=list)  # the probe's torch.save records, the newest 64
+    saved_paths: list[str] = field(default_factory=list)  # the files its torch.save wrote, made real (MAX_SAVED)
     resume: ResumeCheck | None = None  # started from a checkpoint of known step: did it resume there?
     allocator: AllocatorReport = field(default_factory=AllocatorReport)  # the probe's steps and allocator figures
     liveness: Liveness = field(init=False)  # what its processes do, and the hang judgement
@@ -235,6 +237,8 @@ class AttemptWatch:
         """The probe's record of one ``torch.save``: when it ran and at which step (see step_at). A
         save before the process's first step says no step: the output's, if any, stands for it."""
         began, returned, step, path = record.get("started"), record.get("t"), record.get("step"), record.get("path")
+        if isinstance(path, str) and len(self.saved_paths) < MAX_SAVED:  # a save before the first step wrote it too
+            self.saved_paths.append(os.path.realpath(path))
         if isinstance(began, (int, float)) and isinstance(returned, (int, float)) and isinstance(step, int):
             save = Save(float(began), float(returned), step, os.path.realpath(path) if isinstance(path, str) else None)
             self.saves = (self.saves + [save])[-64:]

@@ -143,7 +143,8 @@ class Supervisor:
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard
         self.wiring = WiringWatch(config, self.cwd, self.run_dir, log, self._event,  # resumes, globs that miss
-                                  lambda **values: self.journal.set_meta(**values))
+                                  lambda **values: self.journal.set_meta(**values),
+                                  lambda: self.last_sample.worker_pids if self.last_sample else ())
 
     @property
     def trend(self) -> TrendWatch:

@@ -10,15 +10,17 @@ webhooks (``ops/hooks.py`` forwards the events, once per kind).
   first step that is no resume (``observe/resume.py``); the report counts the steps really redone
   from it;
 - ``checkpoint_glob_unmatched`` (globs, files, suggestion, message): the worker wrote a file that
-  looks like a checkpoint and no glob matches, said within a second of its appearing, during the
-  attempt that wrote it; or the globs match nothing while the script trains and writes nothing like
-  a checkpoint at all (``observe/lookalikes.py``).
+  looks like a checkpoint and no glob matches, said within a second of its appearing (and of the
+  evidence that the worker wrote it: the probe's ``save`` record, or its process holding the file
+  open for writing), during the attempt that wrote it; or the globs match nothing while the script
+  trains and writes nothing like a checkpoint at all (``observe/lookalikes.py``). A file another
+  process writes under the working directory is never named.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,10 @@ GLOB_EVERY = 1.0  # seconds between looks at the globs and the look-alikes
 
 class WiringWatch:
     def __init__(self, config: RunConfig, cwd: Path, run_dir: Path, say: Callable[[str], None],
-                 event: Callable[..., None], set_meta: Callable[..., None]) -> None:
+                 event: Callable[..., None], set_meta: Callable[..., None],
+                 pids: Callable[[], Sequence[int]] = tuple) -> None:
         self.config = config
+        self.pids = pids  # the worker's processes, as last sampled: whose open files are its writes
         self.cwd = cwd
         self.run_dir = run_dir
         self._say, self._event, self._set_meta = say, event, set_meta
@@ -60,6 +64,7 @@ class WiringWatch:
         self._last_step: int | None = None
         self._last_step_wall: float | None = None
         self._matched = False  # the globs have matched a checkpoint
+        self._saves_taken = 0  # the attempt's save records handed to the look-alike watcher
 
     def start(self, matched: bool) -> None:
         """At the run's start: a new invocation's warnings start empty; look-alikes are watched
@@ -68,12 +73,13 @@ class WiringWatch:
         self._matched = matched
         if self.config.checkpoints:
             outputs = output_dirs(self.config.command, self.cwd)
-            self.lookalikes = LookalikeWatcher(self.cwd, outputs, [self.run_dir])
+            self.lookalikes = LookalikeWatcher(self.cwd, outputs, [self.run_dir], self.pids)
             self.lookalikes.start()
 
     def attempt_started(self, attempt: int, checkpoint: Checkpoint | None, watch: AttemptWatch) -> None:
         self._attempt = attempt
         self._resume_said = False
+        self._saves_taken = 0
         self._first_step_wall = self._last_step = self._last_step_wall = None
         if checkpoint is not None and checkpoint.step is not None:
             watch.resume = ResumeCheck(checkpoint.path, checkpoint.step)
@@ -109,7 +115,10 @@ class WiringWatch:
         if watch.last_step is not None and watch.last_step != self._last_step:
             self._last_step, self._last_step_wall = watch.last_step, now
             self._first_step_wall = self._first_step_wall or now
-        found = sorted(self.lookalikes.found(), key=lambda f: f.written)
+        self.lookalikes.saved(watch.saved_paths[self._saves_taken:])
+        self._saves_taken = len(watch.saved_paths)
+        seen = self.lookalikes.found()
+        found = sorted((f for f in seen if f.own), key=lambda f: f.written)  # only what the worker wrote
         self._matched = self._matched or bool(index.refresh())
         missing = missed(found, self.config.checkpoints, self.cwd, self._matched, self._last_step_wall, now)
         if missing:  # said at once, while the attempt that wrote it runs
@@ -119,7 +128,7 @@ class WiringWatch:
             return
         else:
             message = unmatched_notice(self.config.checkpoints, self._first_step_wall, self._last_step, now,
-                                       self.cwd, self.lookalikes.roots)
+                                       self.cwd, self.lookalikes.roots, others=len(seen) > len(found))
         if message is None:
             return
         files = [f.path for f in found]

@@ -3,7 +3,8 @@
 Above ``OOM_ABOVE`` (micro-batch) it holds some memory for ``OOM_AFTER`` seconds and then dies
 with the text PyTorch prints on a CUDA OOM; at or below it, it "trains": a step every ``STEP_S``
 seconds, a progress record on the oomguard channel, a checkpoint every ``CKPT_EVERY`` steps,
-until ``STEPS`` steps (0: until stopped). Stdlib only, so it starts in milliseconds.
+until ``STEPS`` steps (0: until stopped). Stdlib only, so it starts in milliseconds (with
+``CKPT_TORCH`` it imports torch at its first checkpoint, to save it with ``torch.save``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def save_checkpoint(step: int) -> None:
     folder = Path(os.environ.get("CKPT_DIR", "ckpt"))
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".step-{step}.tmp"
-    tmp.write_bytes(b"x" * 1024)
+    if os.environ.get("CKPT_TORCH"):  # the probe's save record: evidence the script wrote it (observe/lookalikes.py)
+        import torch
+        torch.save({"step": step}, tmp)
+    else:
+        tmp.write_bytes(b"x" * 1024)
     os.replace(tmp, folder / f"step-{step}.pt")
 
 
