@@ -424,8 +424,13 @@ def test_a_lookalike_is_the_workers_only_by_its_save_record_or_its_open_file(tmp
         (out / ".step_6.tmp").mkdir()
         (out / ".step_6.tmp" / "model.pt").write_bytes(b"x")
         os.rename(out / ".step_6.tmp", out / "step_6")
-        watcher.saved([str(out / ".step-5.pt.tmp"), str(out / ".step_6.tmp" / "model.pt")])
-        expected = {"held-1.pt": True, "foreign-1.pt": False, "copied.pt": False, "step-5.pt": True, "step_6": True}
+        (out / ".step-7.tmp").write_bytes(b"x")  # renamed to another suffix: the rename seen says where it went
+        os.rename(out / ".step-7.tmp", out / "step-7.pt")
+        while str(out / "step-7.pt") not in {f.path for f in watcher.found()} and time.monotonic() < deadline:
+            time.sleep(0.05)  # the renames are seen before the save records arrive, as in a run
+        watcher.saved([str(out / ".step-5.pt.tmp"), str(out / ".step_6.tmp" / "model.pt"), str(out / ".step-7.tmp")])
+        expected = {"held-1.pt": True, "foreign-1.pt": False, "copied.pt": False, "step-5.pt": True, "step_6": True,
+                    "step-7.pt": True}
         seen: dict[str, bool] = {}
         while seen != expected and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -214,6 +214,8 @@ class _Writes(FileSystemEventHandler):
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in _WRITES:
             path = event.dest_path if event.event_type == "moved" else event.src_path
+            if event.event_type == "moved":
+                self.watcher.moved(os.fsdecode(event.src_path), os.fsdecode(path))
             created = event.event_type in ("created", "moved")
             self.watcher.saw(os.fsdecode(path), event.is_directory, created, writing=event.event_type != "moved")
 
@@ -248,6 +250,7 @@ class LookalikeWatcher:
         self._found: dict[str, float] = {}
         self._own: set[str] = set()  # files the worker wrote, as renamed into place, and their directories
         self._looked: dict[str, float] = {}  # monotonic time of the last look at who writes a file
+        self._moves: dict[str, str] = {}  # renames seen (an atomic writer's temp name -> its final name)
         self._lock = threading.Lock()
         self._observer: BaseObserver | None = None
         self._starting: threading.Thread | None = None
@@ -339,7 +342,8 @@ class LookalikeWatcher:
         look-alike) now? Looked at once per ``RECHECK`` seconds per file: a large save reports
         thousands of writes."""
         rel = os.path.relpath(path, root)
-        if candidate(os.path.join(root, final_path(rel)), root, False) is None:
+        if candidate(os.path.join(root, final_path(rel)), root, False) is None \
+                and not is_temp_name(os.path.basename(path)):
             return
         now = time.monotonic()
         with self._lock:
@@ -353,14 +357,44 @@ class LookalikeWatcher:
         if pids and held_for_writing(pids, {os.path.realpath(path)}):
             self._wrote(path, root)
 
-    def _wrote(self, path: str, root: str) -> None:
-        """The worker wrote ``path`` (under ``root``): it, as renamed into place, and each directory
-        between it and ``root`` are the worker's (a look-alike may be a checkpoint directory)."""
-        final = os.path.join(root, final_path(os.path.relpath(path, root)))
+    def moved(self, src: str, dest: str) -> None:
+        """A rename (on watchdog's thread): what the worker wrote stays its under the new name,
+        whether its evidence came first or comes later (a save record arrives after the rename)."""
+        root = self._root_of(dest)
+        if root is None or any(_under(dest, ignored) for ignored in self.ignore):
+            return
         with self._lock:
-            while _under(final, root) and final != root and len(self._own) < MAX_OWN:
-                self._own.add(final)
-                final = os.path.dirname(final)
+            self._moves.pop(src, None)
+            self._moves[src] = dest
+            if len(self._moves) > MAX_FOUND:
+                del self._moves[next(iter(self._moves))]
+            if src in self._own:
+                self._mark(dest, root)
+
+    def _wrote(self, path: str, root: str) -> None:
+        """The worker wrote ``path`` (under ``root``): it, under the name a rename seen gave it or
+        its directory (else the name an atomic writer's temp name is renamed to), and each
+        directory between it and ``root`` are the worker's (a look-alike may be a directory)."""
+        with self._lock:
+            renamed = self._moved_to(path, root)
+            final = renamed or os.path.join(root, final_path(os.path.relpath(path, root)))
+            for written in (path, final):
+                self._mark(written, root)
+
+    def _moved_to(self, path: str, root: str) -> str | None:
+        """Where a rename seen took ``path``, itself or a directory above it (the lock held)."""
+        above = path
+        while _under(above, root) and above != root:
+            if above in self._moves:
+                return self._moves[above] + path[len(above):]
+            above = os.path.dirname(above)
+        return None
+
+    def _mark(self, path: str, root: str) -> None:
+        """``path`` and each directory between it and ``root`` are the worker's (the lock held)."""
+        while _under(path, root) and path != root and len(self._own) < MAX_OWN:
+            self._own.add(path)
+            path = os.path.dirname(path)
 
     def _watch_pending(self) -> None:
         with self._lock:
