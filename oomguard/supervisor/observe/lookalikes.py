@@ -347,7 +347,7 @@ class LookalikeWatcher:
             return
         now = time.monotonic()
         with self._lock:
-            if now - self._looked.get(path, -RECHECK) < RECHECK:
+            if path in self._own or now - self._looked.get(path, -RECHECK) < RECHECK:
                 return
             self._looked.pop(path, None)
             self._looked[path] = now
