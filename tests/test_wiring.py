@@ -28,6 +28,7 @@ from oomguard.supervisor.observe.lookalikes import (
     Lookalike,
     LookalikeWatcher,
     candidate,
+    final_path,
     matched,
     missed,
     missed_notice,
@@ -340,6 +341,18 @@ def test_when_a_glob_that_matches_nothing_is_said() -> None:
         "--checkpoint 'ck/*.pt' has matched nothing in 30 min of training (to step 4000), and the script was not "
         "seen writing anything that looks like a checkpoint in .: a restart would start over; check the glob, and "
         "that the script saves checkpoints")
+
+
+@pytest.mark.parametrize(("rel", "final"), [
+    ("out/.step-4.pt.tmp", "out/step-4.pt"),
+    ("out/.step_4.tmp/model.pt", "out/step_4/model.pt"),
+    ("tmp-checkpoint-6/optimizer.pt", "checkpoint-6/optimizer.pt"),
+    ("ckpt.pt.tmp", "ckpt.pt"),
+    ("out/.hidden/model.pt", "out/.hidden/model.pt"),  # hidden, not being written: no other file's name
+    ("out/step-4.pt", "out/step-4.pt"),
+])
+def test_a_saved_file_as_an_atomic_writer_renames_it(rel: str, final: str) -> None:
+    assert final_path(rel) == final
 
 
 def test_the_watcher_sees_what_the_worker_writes_with_inotify(tmp_path: Path) -> None:

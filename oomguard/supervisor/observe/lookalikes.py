@@ -99,9 +99,10 @@ def final_path(rel: str) -> str:
     """``rel`` (relative to a watched directory) as an atomic writer renames it into place: a temp
     name of the file or of its directory replaced by the name without its temp marks
     (``out/.step-4.pt.tmp`` -> ``out/step-4.pt``, ``out/.step_4.tmp/model.pt`` -> ``out/step_4/model.pt``),
-    as ``observe/progress.py``'s ``Save`` maps a save record to the checkpoint the index finds."""
+    as ``observe/progress.py``'s ``Save`` maps a save record to the checkpoint the index finds. A name
+    only hidden (``.cache``) is no temp name here: its file is not renamed to another's."""
     parts = rel.split(os.sep)
-    tail = [renamed_name(part) or part for part in parts[-2:]]
+    tail = [(renamed_name(part) if is_temp_name(part.lstrip(".")) else None) or part for part in parts[-2:]]
     return os.sep.join([*parts[:-2], *tail])
 
 
