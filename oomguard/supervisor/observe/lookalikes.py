@@ -218,7 +218,8 @@ class _Writes(FileSystemEventHandler):
             if event.event_type == "moved":
                 self.watcher.moved(os.fsdecode(event.src_path), os.fsdecode(path))
             created = event.event_type in ("created", "moved")
-            self.watcher.saw(os.fsdecode(path), event.is_directory, created, writing=event.event_type != "moved")
+            writing = event.event_type in ("created", "modified")  # closed: no process holds it any more
+            self.watcher.saw(os.fsdecode(path), event.is_directory, created, writing)
 
 
 class LookalikeWatcher:

@@ -87,6 +87,9 @@ class WiringWatch:
     def tick(self, watch: AttemptWatch, index: CheckpointIndex) -> None:
         """Every loop tick, and once more when the attempt has ended."""
         self._check_resume(watch)
+        if self.lookalikes is not None:  # every tick: the next attempt's watch starts a new list
+            self.lookalikes.saved(watch.saved_paths[self._saves_taken:])
+            self._saves_taken = len(watch.saved_paths)
         if self.lookalikes is not None and time.monotonic() >= self._next_look:
             self._next_look = time.monotonic() + GLOB_EVERY
             self._check_globs(watch, index)
@@ -115,8 +118,6 @@ class WiringWatch:
         if watch.last_step is not None and watch.last_step != self._last_step:
             self._last_step, self._last_step_wall = watch.last_step, now
             self._first_step_wall = self._first_step_wall or now
-        self.lookalikes.saved(watch.saved_paths[self._saves_taken:])
-        self._saves_taken = len(watch.saved_paths)
         seen = self.lookalikes.found()
         found = sorted((f for f in seen if f.own), key=lambda f: f.written)  # only what the worker wrote
         self._matched = self._matched or bool(index.refresh())
