@@ -29,6 +29,7 @@ from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint
 from oomguard.supervisor.decide.forecast import Move
 from oomguard.supervisor.decide.fragmentation import at_oom
 from oomguard.supervisor.decide.memmodel import OomFigures, fit
+from oomguard.supervisor.decide.ownfault import Addition, OwnFault, own_fault
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
@@ -57,6 +58,7 @@ from oomguard.supervisor.run.control import ControlFlags
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import (
+    OWN_CODE,
     AttemptFiles,
     alloc_conf,
     build_argv,
@@ -86,6 +88,7 @@ class Current:
     trend: TrendWatch
     worker: WorkerProcess | None = None
     stop: Stop | None = None
+    additions: frozenset[Addition] = frozenset()  # oomguard's own code in the worker: the probe, a spare's
 
 
 class Chores:
@@ -139,6 +142,7 @@ class Supervisor:
         self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
         self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event)
         self.edits: list[Edit] = []  # --edit, checked when the run opens
+        self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard
@@ -404,7 +408,7 @@ class Supervisor:
         current = self.current = Current(
             files, checkpoint,
             AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum),
-                         probe=ProbeReport.for_command(self.config.probe, self.config.command)),
+                         probe=ProbeReport.for_command(self.config.probe, self.config.command, self.probe_off)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
         self.journal.set_meta(probe=current.watch.probe.as_meta())
         self.wiring.attempt_started(self.attempt, checkpoint, current.watch)
@@ -501,6 +505,8 @@ class Supervisor:
         current.worker = WorkerProcess(argv, env, self.cwd, current.files.log,
                                        self.world.line_sink(current.watch.feed_line), self.echo, containment.procs,
                                        log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
+        current.additions = frozenset({Addition.PROBE} if self.config.probe else set()) | (
+            {Addition.SPARE} if spare else set())
         current.worker.start(self.control.wake, spare.hand_over() if spare else None)
         self.sampler.cgroup = containment.reader()
         self.journal.set_meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
@@ -767,8 +773,22 @@ class Supervisor:
                     micro_batch=decision.plan.batch.micro_batch, grad_accum=decision.plan.batch.grad_accum,
                     kind=verdict.kind.value, evidence=verdict.evidence,
                     cause=attribution.cause.value if attribution else None)
+        if failure.own is not None and decision.turn_off is failure.own.addition:
+            self._turn_off(failure.own)
         self._replan(replan.after_failure(decision))
         return decision
+
+    def _turn_off(self, own: OwnFault) -> None:
+        """The policy found the attempt died in oomguard's own code: the attempts after it run without
+        that addition, as under --no-probe or --no-spare; said once, journaled once."""
+        if own.addition is Addition.PROBE:
+            self.config = replace(self.config, probe=False)  # build_env leaves the probe's PYTHONPATH out
+            self.probe_off = own.off(self.attempt)
+        else:
+            self.spares.turn_off()
+        self._event("own_failure", addition=own.addition.value, frame=own.frame, reason=own.reason,
+                    off=own.off(self.attempt))
+        log(own.reason)
 
     def _figures_at_oom(self, outcome: Outcome) -> OomFigures | None:
         """The probe's figures at a memory failure (a CUDA OOM's allocator, a host OOM's address space
@@ -811,10 +831,12 @@ class Supervisor:
         if verdict.kind is FailureKind.CUDA_OOM and (scan.tried_bytes is not None or watch.allocator.oom is not None):
             self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
         attribution = self._attribute(verdict, watch)
+        additions = self.current.additions if self.current is not None else frozenset()
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           fragmentation.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error, attribution,
-                          unfixable.seen(scan, verdict.exit_code, watch.progressed))
+                          unfixable.seen(scan, verdict.exit_code, watch.progressed),
+                          own_fault(verdict.kind, scan, additions, OWN_CODE))
         return failure, attribution
 
     def _exited_at(self) -> float | None:

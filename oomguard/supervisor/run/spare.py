@@ -472,6 +472,13 @@ class Spares:
                 self._event("spare_off",
                             why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
+    def turn_off(self) -> None:
+        """A spare's handover failed an attempt (decide/ownfault.py): every later attempt starts cold,
+        as with --no-spare; the loop journals why."""
+        self.enabled = False
+        self._command = None
+        self.discard()
+
     def discard(self) -> None:
         pool, self.pool = self.pool, []
         for spare in pool:
