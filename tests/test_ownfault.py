@@ -64,7 +64,7 @@ from user code:
    File "{PKG}/probe/forward.py", line 77, in pre
     if self._depth == 0 or module is self._root:
 
-Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting a bug to PyTorch). For even more developer context, set TORCH_LOGS="+dynamo"
+Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting a bug to PyTorch).
 '''
 
 # The program's own exception, raised by its object's __getstate__ inside the save our wrapper passed on.
