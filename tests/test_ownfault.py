@@ -150,6 +150,14 @@ ModuleNotFoundError: No module named 'wandb\'''')
     assert fault(script) is None
 
 
+def test_a_spare_that_had_exited_before_its_handover_is_ours_whatever_ended_the_attempt() -> None:
+    lost = "it had exited before the handover, killed by SIGKILL"
+    for kind in (FailureKind.HOST_OOM, FailureKind.KILLED, FailureKind.CRASH):
+        own = own_fault(kind, scanned(""), BOTH, OWN_CODE, lost)
+        assert own == OwnFault(Addition.SPARE, lost)  # the script never ran: not its batch's
+    assert own_fault(FailureKind.HOST_OOM, scanned(""), frozenset({Addition.PROBE}), OWN_CODE, lost) is None
+
+
 def test_the_worker_library_is_the_probes_only_when_the_probe_called_it() -> None:
     library = f'''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 12, in <module>

@@ -14,6 +14,8 @@ chained ``sys.excepthook``) has the program's or torch's frame innermost and sta
 Frames of ``oomguard/worker/`` are the probe's only when the probe called them (the probe writes
 its records through ``worker/protocol.py``); a script that uses the worker library itself owns its
 calls. Only a crash counts: a memory failure is the batch's wherever the allocation happened to be.
+One more is measured outside the traceback: a spare that had exited when the attempt was handed to
+it (``run/spare.py``; the kernel's OOM killer takes a spare first), where the script never ran.
 
 A probe record of state ``failed`` is no such evidence: the probe writes one where it caught its own
 failure and the program went on without that part, so a death after it is not shown to be ours.
@@ -102,9 +104,13 @@ class OwnFault:
 
 
 def own_fault(kind: FailureKind | None, scan: OutputScanner, in_use: Collection[Addition],
-              code: OwnCode) -> OwnFault | None:
+              code: OwnCode, handover_lost: str | None = None) -> OwnFault | None:
     """The addition of ours (among ``in_use``, those the attempt ran with) whose code raised the
-    exception the worker died with, or None: the failure is the script's."""
+    exception the worker died with, or None: the failure is the script's. ``handover_lost``: the
+    spare the attempt was handed to had exited before the handover (why): the script never ran, so
+    whatever ended the attempt (the kernel's OOM killer choosing the spare first) is the spare's."""
+    if handover_lost is not None and Addition.SPARE in in_use:
+        return OwnFault(Addition.SPARE, handover_lost)
     sites = scan.sites
     if kind is not FailureKind.CRASH or not sites or scan.lines - scan.framed_at > RECENT_LINES:
         return None

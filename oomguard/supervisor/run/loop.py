@@ -89,6 +89,7 @@ class Current:
     worker: WorkerProcess | None = None
     stop: Stop | None = None
     additions: frozenset[Addition] = frozenset()  # oomguard's own code in the worker: the probe, a spare's
+    handover_lost: str | None = None  # the spare it was handed to had exited already: why (run/spare.py)
 
 
 class Chores:
@@ -508,6 +509,7 @@ class Supervisor:
         current.additions = frozenset({Addition.PROBE} if self.config.probe else set()) | (
             {Addition.SPARE} if spare else set())
         current.worker.start(self.control.wake, spare.hand_over() if spare else None)
+        current.handover_lost = spare.lost if spare else None
         self.sampler.cgroup = containment.reader()
         self.journal.set_meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
         self.guarded("spare", self.spares.prepare, argv, env)
@@ -744,12 +746,17 @@ class Supervisor:
         assert verdict.kind is not None
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
-        self.spares.after_failure(verdict.kind, verdict.signal)
-        failure, attribution = self._failure(outcome)
-        fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
+        current = self.current
+        # Our own code failed it (decide/ownfault.py): nothing it shows is the script's, nor its memory's.
+        own = own_fault(verdict.kind, watch.scanner, current.additions, OWN_CODE,
+                        current.handover_lost) if current is not None else None
+        if own is None:
+            self.spares.after_failure(verdict.kind, verdict.signal)
+        failure, attribution = self._failure(outcome, own)
+        fits = own is None and (attribution is None or attribution.cause.fits_model)  # leaks, spikes stay out
         if fits:
             self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
-        oom = self._figures_at_oom(outcome)
+        oom = self._figures_at_oom(outcome) if own is None else None
         # Address space under RLIMIT_AS proves nothing: threads' stacks and malloc arenas mapped after the
         # first forward are counted as if they followed the batch. Only the prediction may use it.
         proof = oom if oom is not None and not oom.address_space else None
@@ -820,8 +827,8 @@ class Supervisor:
             log(f"--predict-shrink: {prediction.reason}")
         return jumped
 
-    def _failure(self, outcome: Outcome) -> tuple[Failure, Attribution | None]:
-        """The failure as the policy sees it: kind, size, fragmentation and cause."""
+    def _failure(self, outcome: Outcome, own: OwnFault | None) -> tuple[Failure, Attribution | None]:
+        """The failure as the policy sees it: kind, size, fragmentation and cause (none where ``own``)."""
         verdict, watch, checkpoint = outcome.verdict, outcome.watch, outcome.checkpoint
         assert verdict.kind is not None
         scan = watch.scanner
@@ -830,13 +837,11 @@ class Supervisor:
                                self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
         if verdict.kind is FailureKind.CUDA_OOM and (scan.tried_bytes is not None or watch.allocator.oom is not None):
             self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
-        attribution = self._attribute(verdict, watch)
-        additions = self.current.additions if self.current is not None else frozenset()
+        attribution = self._attribute(verdict, watch) if own is None else None
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           fragmentation.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error, attribution,
-                          unfixable.seen(scan, verdict.exit_code, watch.progressed),
-                          own_fault(verdict.kind, scan, additions, OWN_CODE))
+                          unfixable.seen(scan, verdict.exit_code, watch.progressed), own)
         return failure, attribution
 
     def _exited_at(self) -> float | None:
