@@ -219,3 +219,11 @@ def test_our_failures_are_not_counted_against_the_script(ours: int) -> None:
     assert decision.delay == CONFIG.backoff * 2 ** (2 - ours)  # the backoff counts the script's crashes only
     counted = decide(crash(3), [crash(1), crash(2)], PLAN, CONFIG)
     assert counted.action is Action.GIVE_UP  # as before for the script's own
+
+
+def test_a_second_failure_of_the_same_addition_counts_as_the_scripts() -> None:
+    """It is off after its first: a second would be a bug of ours, and must not restart the run for ever."""
+    decision = decide(crash(2, OURS), [crash(1, OURS)], PLAN, PolicyConfig(max_restarts=0))
+    assert decision.action is Action.GIVE_UP and decision.turn_off is None
+    spare = OwnFault(Addition.SPARE, "oomguard/supervisor/run/sparestart.py, line 156, in _run_as_main")
+    assert decide(crash(2, spare), [crash(1, OURS)], PLAN, CONFIG).turn_off is Addition.SPARE

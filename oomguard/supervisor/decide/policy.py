@@ -107,8 +107,11 @@ def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: Pol
     of oomguard's own code restarts at once without it, and neither it nor any earlier one of ours is
     counted against the script: not its batch, its restarts, its backoff or a crash loop.
     """
-    if failure.own is not None:
-        return Decision(Action.RESTART, plan, failure.own.reason, turn_off=failure.own.addition)
+    own = failure.own
+    # Once per addition: it is off after its failure, so a second one would mean it was not (a bug of
+    # ours), and the run must not restart for ever uncounted: that one counts as the script's would.
+    if own is not None and not any(e.own is not None and e.own.addition is own.addition for e in history):
+        return Decision(Action.RESTART, plan, own.reason, turn_off=own.addition)
     history = [earlier for earlier in history if earlier.own is None]
     if failure.load_error and failure.checkpoint and _within_budget(failure, history, config):
         return Decision(Action.RESTART, plan, f"checkpoint {failure.checkpoint} could not be loaded; "

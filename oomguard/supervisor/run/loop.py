@@ -767,6 +767,7 @@ class Supervisor:
                         why=hint.reason)
         decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
                           fit_hint=hint.micro_batch if hint else None)
+        turn_off = decision.turn_off  # this node's own failure: node 0's agreed decision carries none of ours
         if self.config.predict_shrink and verdict.kind.is_memory and fits:
             decision = self._predicted(decision, failure.micro_batch, oom)
         decision = self.world.decision(self.attempt, decision)
@@ -780,7 +781,7 @@ class Supervisor:
                     micro_batch=decision.plan.batch.micro_batch, grad_accum=decision.plan.batch.grad_accum,
                     kind=verdict.kind.value, evidence=verdict.evidence,
                     cause=attribution.cause.value if attribution else None)
-        if failure.own is not None and decision.turn_off is failure.own.addition:
+        if failure.own is not None and turn_off is failure.own.addition:
             self._turn_off(failure.own)
         self._replan(replan.after_failure(decision))
         return decision
