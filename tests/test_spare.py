@@ -138,7 +138,22 @@ def test_the_spare_becomes_the_worker_as_a_direct_run_would_start(project: Path)
     for key in ("argv", "name", "path0", "cwd", "x", "attempt", "stdin", "file"):
         assert via_spare[key] == expected[key], key
     assert via_spare["argv"] == ["sub/seen.py", "--mb", "4"] and via_spare["name"] == "__main__"
-    assert [name for name, _ in log] == ["spare_started", "spare_used"]
+    assert [name for name, _ in log] == ["spare_started", "spare_used"] and spare.lost is None
+    spare.containment.remove()
+
+
+def test_a_spare_that_exited_before_its_handover_says_how(project: Path) -> None:
+    """The kernel's OOM killer takes a spare first, also between its ready record and the handover (while
+    the last attempt's leftovers settle): the script never runs, so what ends the attempt is the spare's
+    (decide/ownfault.py), not the batch's."""
+    log: list[tuple[str, dict[str, Any]]] = []
+    spare = take(project, env_for(project), [PY, "sub/seen.py"], env_for(project), log)
+    assert spare is not None and spare.proc is not None and spare.pid is not None, log
+    os.kill(spare.pid, signal.SIGKILL)
+    wait_until(lambda: spare.proc is not None and spare.proc.poll() is not None)  # its launcher ends as it did
+    proc = spare.hand_over()
+    assert proc.wait(30) == -signal.SIGKILL and b"SEEN" not in (proc.stdout.read() if proc.stdout else b"")
+    assert spare.lost == "it had exited before the handover, killed by SIGKILL"
     spare.containment.remove()
 
 

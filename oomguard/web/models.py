@@ -71,6 +71,7 @@ class Status(_Open):
     failures: list[FailureView]
     resume_command: str | None = None  # after a stop: the command that resumes the run
     warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
+    own_failures: list[dict[str, Any]] = []  # oomguard's probe or spare that failed an attempt, off since
 
 
 class Attempt(_Open):

@@ -14,6 +14,7 @@ from typing import Any
 from oomguard.supervisor.decide.attribution import Attribution, Cause
 from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.ownfault import Addition, OwnFault
 from oomguard.supervisor.decide.unfixable import Fatal, give_up
 
 CRASH_LOOP_REPEATS = 3  # the same failure this many times in a row, with no new checkpoint: give up
@@ -65,6 +66,7 @@ class Failure:
     load_error: bool = False  # it died before progress with an error reading that checkpoint
     attribution: Attribution | None = None  # the cause of a memory failure (attribution.py)
     fatal: Fatal | None = None  # an error before the first step that a restart meets again (unfixable.py)
+    own: OwnFault | None = None  # it died in oomguard's own code (ownfault.py): never the script's
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Decision:
     delay: float = 0.0
     bad_checkpoint: str | None = None  # mark this checkpoint bad and resume from the one before
     unfixable: bool = False  # given up on an error no restart can fix: the run ends with EXIT_UNFIXABLE
+    turn_off: Addition | None = None  # oomguard's own addition that failed: the attempts after run without it
 
     @property
     def restart(self) -> bool:
@@ -100,8 +103,16 @@ def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: Pol
            fit_hint: int | None = None) -> Decision:
     """What to do after ``failure``, given the earlier failures of this run (oldest first).
 
-    ``fit_hint`` is the memory model's largest micro-batch predicted to fit, if it has one.
+    ``fit_hint`` is the memory model's largest micro-batch predicted to fit, if it has one. A failure
+    of oomguard's own code restarts at once without it, and neither it nor any earlier one of ours is
+    counted against the script: not its batch, its restarts, its backoff or a crash loop.
     """
+    own = failure.own
+    # Once per addition: it is off after its failure, so a second one would mean it was not (a bug of
+    # ours), and the run must not restart for ever uncounted: that one counts as the script's would.
+    if own is not None and not any(e.own is not None and e.own.addition is own.addition for e in history):
+        return Decision(Action.RESTART, plan, own.reason, turn_off=own.addition)
+    history = [earlier for earlier in history if earlier.own is None]
     if failure.load_error and failure.checkpoint and _within_budget(failure, history, config):
         return Decision(Action.RESTART, plan, f"checkpoint {failure.checkpoint} could not be loaded; "
                         "resuming from the previous one", bad_checkpoint=failure.checkpoint)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from oomguard.worker import oomtexts
 
@@ -27,8 +28,10 @@ _LOAD_ERROR = re.compile(
 )
 # A DataLoader worker that died (the kernel's OOM killer picks it: it is the biggest process).
 _DATALOADER = re.compile(r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:exited unexpectedly|is killed by signal)")
-# A traceback's frames (``File "x.py", line 3, in evaluate``): which phase the failure happened in.
-_FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\S+)')
+# A traceback's frames (``File "x.py", line 3, in evaluate``): which phase the failure happened in, and
+# whose code raised (decide/ownfault.py). Dynamo's ``from user code:`` frames after its error follow
+# the traceback's own, innermost last, as the code it was tracing when it failed.
+_FRAME = re.compile(r'^\s*File "([^"]*)", line (\d+), in (\S+)')
 _TRACEBACK = "Traceback (most recent call last)"
 # The worker (or a library under it) ran out of disk: a checkpoint or a log write failed.
 _DISK_FULL = re.compile(r"(No space left on device|\bENOSPC\b|\[Errno 28\]|Disk quota exceeded|\bEDQUOT\b)")
@@ -45,6 +48,14 @@ _CAPACITY = re.compile(r"total capacity of (\d+(?:\.\d+)?) ([KMGT]?i?B)")
 _RESERVED = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]?i?B) is reserved by PyTorch but unallocated")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6,
           "GB": 10**9}
+
+
+class Site(NamedTuple):
+    """One frame of a traceback as Python prints it."""
+
+    file: str
+    line: int
+    function: str
 
 
 def device_oom_line(line: str) -> str | None:
@@ -84,6 +95,8 @@ class OutputScanner:
     lines: int = 0
     dataloader: str | None = None  # a DataLoader worker died
     frames: list[str] = field(default_factory=list)  # function names of the newest traceback, outermost first
+    sites: list[Site] = field(default_factory=list)  # its (file, line, function), the innermost 200 at least
+    framed_at: int = 0  # the output line of the newest traceback's last frame
     fatal: str | None = None  # the newest exception line of a kind no restart can fix (``_FATAL``)
     fatal_untraced: bool = False  # ... with no traceback before it: python could not compile the script itself
     usage_error: str | None = None  # argparse's ``prog: error: ...`` after its ``usage:`` line
@@ -107,10 +120,15 @@ class OutputScanner:
         self.dataloader = _keep(self.dataloader, line, _DATALOADER)
         self._fatal(line)
         if line.startswith(_TRACEBACK):
-            self.frames = []
+            self.frames, self.sites = [], []
             self._traced = True
-        elif (m := _FRAME.match(line)) and len(self.frames) < 200:
-            self.frames.append(m.group(1))
+        elif m := _FRAME.match(line):
+            if len(self.frames) < 200:
+                self.frames.append(m.group(3))
+            self.sites.append(Site(m.group(1), int(m.group(2)), m.group(3)))
+            if len(self.sites) > 400:  # the innermost frames are the ones that tell whose code raised
+                del self.sites[:-200]
+            self.framed_at = self.lines
         if (m := _TRIED.search(line)) and self.tried_bytes is None:
             self.tried_bytes = _bytes(*m.groups())
         if (m := _RESERVED.search(line)) and self.reserved_unallocated is None:

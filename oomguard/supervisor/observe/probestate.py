@@ -44,10 +44,11 @@ class ProbeReport:
     command_note: str | None = None  # not_python()'s answer for the attempt's command
     loaded: dict[int, int | None] = field(default_factory=dict)  # pid -> rank
     failures: list[dict[str, Any]] = field(default_factory=list)
+    off_why: str | None = None  # why it is off, when not by --no-probe (it failed an earlier attempt)
 
     @staticmethod
-    def for_command(enabled: bool, argv: list[str] | tuple[str, ...]) -> ProbeReport:
-        return ProbeReport(enabled, not_python(argv) if enabled else None)
+    def for_command(enabled: bool, argv: list[str] | tuple[str, ...], off_why: str | None = None) -> ProbeReport:
+        return ProbeReport(enabled, not_python(argv) if enabled else None, off_why=None if enabled else off_why)
 
     def take(self, record: dict[str, Any]) -> None:
         """One ``probe`` record."""
@@ -60,7 +61,7 @@ class ProbeReport:
     def as_meta(self) -> dict[str, Any]:
         """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, why."""
         if not self.enabled:
-            return {"state": "off", "why": "turned off (--no-probe)", "processes": 0, "failures": []}
+            return {"state": "off", "why": self.off_why or "turned off (--no-probe)", "processes": 0, "failures": []}
         ranks = sorted({rank for rank in self.loaded.values() if rank is not None})
         if self.loaded:
             state, why = "loaded", ""

@@ -78,6 +78,8 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
         "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
+        # oomguard's own additions that failed an attempt, each off for the attempts after (decide/ownfault.py)
+        "own_failures": [{"attempt": n, **data} for n, data in journal.event_data("own_failure").items()],
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
         # after a stop: the command that resumes the run (the same line, in the same directory)
         "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
@@ -152,6 +154,8 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
     if doc.get("probe"):
         lines.append(f"probe:      {probe_text(doc['probe'])}")
+    # The probe's line above says its own (its state is off, and why); the spares have no line but this.
+    lines += [f"spares:     {own['off']}" for own in doc.get("own_failures") or [] if own.get("addition") == "spare"]
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):

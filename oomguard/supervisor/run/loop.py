@@ -29,6 +29,7 @@ from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint
 from oomguard.supervisor.decide.forecast import Move
 from oomguard.supervisor.decide.fragmentation import at_oom
 from oomguard.supervisor.decide.memmodel import OomFigures, fit
+from oomguard.supervisor.decide.ownfault import Addition, OwnFault, own_fault
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
@@ -57,6 +58,7 @@ from oomguard.supervisor.run.control import ControlFlags
 from oomguard.supervisor.run.lock import RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import (
+    OWN_CODE,
     AttemptFiles,
     alloc_conf,
     build_argv,
@@ -86,6 +88,8 @@ class Current:
     trend: TrendWatch
     worker: WorkerProcess | None = None
     stop: Stop | None = None
+    additions: frozenset[Addition] = frozenset()  # oomguard's own code in the worker: the probe, a spare's
+    handover_lost: str | None = None  # the spare it was handed to had exited already: why (run/spare.py)
 
 
 class Chores:
@@ -139,6 +143,7 @@ class Supervisor:
         self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
         self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event)
         self.edits: list[Edit] = []  # --edit, checked when the run opens
+        self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard
@@ -405,7 +410,7 @@ class Supervisor:
         current = self.current = Current(
             files, checkpoint,
             AttemptWatch(matcher=StepMatcher(self.config.progress_pattern or None, self.plan.batch.grad_accum),
-                         probe=ProbeReport.for_command(self.config.probe, self.config.command)),
+                         probe=ProbeReport.for_command(self.config.probe, self.config.command, self.probe_off)),
             TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic()))
         self.journal.set_meta(probe=current.watch.probe.as_meta())
         self.wiring.attempt_started(self.attempt, checkpoint, current.watch)
@@ -502,7 +507,10 @@ class Supervisor:
         current.worker = WorkerProcess(argv, env, self.cwd, current.files.log,
                                        self.world.line_sink(current.watch.feed_line), self.echo, containment.procs,
                                        log_max_bytes=self.config.log_max_bytes, problems=self.degradations)
+        current.additions = frozenset({Addition.PROBE} if self.config.probe else set()) | (
+            {Addition.SPARE} if spare else set())
         current.worker.start(self.control.wake, spare.hand_over() if spare else None)
+        current.handover_lost = spare.lost if spare else None
         self.sampler.cgroup = containment.reader()
         self.journal.set_meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
         self.guarded("spare", self.spares.prepare, argv, env)
@@ -739,12 +747,17 @@ class Supervisor:
         assert verdict.kind is not None
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
-        self.spares.after_failure(verdict.kind, verdict.signal)
-        failure, attribution = self._failure(outcome)
-        fits = attribution is None or attribution.cause.fits_model  # leaks and phase spikes stay out of the fit
+        current = self.current
+        # Our own code failed it (decide/ownfault.py): nothing it shows is the script's, nor its memory's.
+        own = own_fault(verdict.kind, watch.scanner, current.additions, OWN_CODE,
+                        current.handover_lost) if current is not None else None
+        if own is None:
+            self.spares.after_failure(verdict.kind, verdict.signal)
+        failure, attribution = self._failure(outcome, own)
+        fits = own is None and (attribution is None or attribution.cause.fits_model)  # leaks, spikes stay out
         if fits:
             self.tuner.record(failure.micro_batch, self._peak(watch), memory_failed=verdict.kind.is_memory)
-        oom = self._figures_at_oom(outcome)
+        oom = self._figures_at_oom(outcome) if own is None else None
         # Address space under RLIMIT_AS proves nothing: threads' stacks and malloc arenas mapped after the
         # first forward are counted as if they followed the batch. Only the prediction may use it.
         proof = oom if oom is not None and not oom.address_space else None
@@ -755,6 +768,7 @@ class Supervisor:
                         why=hint.reason)
         decision = decide(failure, self.failures, self.plan, _policy_config(self.config),
                           fit_hint=hint.micro_batch if hint else None)
+        turn_off = decision.turn_off  # this node's own failure: node 0's agreed decision carries none of ours
         if self.config.predict_shrink and verdict.kind.is_memory and fits:
             decision = self._predicted(decision, failure.micro_batch, oom)
         decision = self.world.decision(self.attempt, decision)
@@ -768,8 +782,22 @@ class Supervisor:
                     micro_batch=decision.plan.batch.micro_batch, grad_accum=decision.plan.batch.grad_accum,
                     kind=verdict.kind.value, evidence=verdict.evidence,
                     cause=attribution.cause.value if attribution else None)
+        if failure.own is not None and turn_off is failure.own.addition:
+            self._turn_off(failure.own)
         self._replan(replan.after_failure(decision))
         return decision
+
+    def _turn_off(self, own: OwnFault) -> None:
+        """The policy found the attempt died in oomguard's own code: the attempts after it run without
+        that addition, as under --no-probe or --no-spare; said once, journaled once."""
+        if own.addition is Addition.PROBE:
+            self.config = replace(self.config, probe=False)  # build_env leaves the probe's PYTHONPATH out
+            self.probe_off = own.off(self.attempt)
+        else:
+            self.spares.turn_off()
+        self._event("own_failure", addition=own.addition.value, frame=own.frame, reason=own.reason,
+                    off=own.off(self.attempt))
+        log(own.reason)
 
     def _figures_at_oom(self, outcome: Outcome) -> OomFigures | None:
         """The probe's figures at a memory failure (a CUDA OOM's allocator, a host OOM's address space
@@ -801,8 +829,8 @@ class Supervisor:
             log(f"--predict-shrink: {prediction.reason}")
         return jumped
 
-    def _failure(self, outcome: Outcome) -> tuple[Failure, Attribution | None]:
-        """The failure as the policy sees it: kind, size, fragmentation and cause."""
+    def _failure(self, outcome: Outcome, own: OwnFault | None) -> tuple[Failure, Attribution | None]:
+        """The failure as the policy sees it: kind, size, fragmentation and cause (none where ``own``)."""
         verdict, watch, checkpoint = outcome.verdict, outcome.watch, outcome.checkpoint
         assert verdict.kind is not None
         scan = watch.scanner
@@ -811,11 +839,11 @@ class Supervisor:
                                self.tuner.predicted_gpu_peak(self.plan.batch.micro_batch, self.last_sample))
         if verdict.kind is FailureKind.CUDA_OOM and (scan.tried_bytes is not None or watch.allocator.oom is not None):
             self._event("fragmentation", fragmented=fragmentation.fragmented, why=fragmentation.why)
-        attribution = self._attribute(verdict, watch)
+        attribution = self._attribute(verdict, watch) if own is None else None
         failure = Failure(self.attempt, verdict.kind, self.plan.batch.micro_batch, verdict.evidence,
                           fragmentation.fragmented, watch.new_checkpoint,
                           checkpoint.path if checkpoint else None, load_error, attribution,
-                          unfixable.seen(scan, verdict.exit_code, watch.progressed))
+                          unfixable.seen(scan, verdict.exit_code, watch.progressed), own)
         return failure, attribution
 
     def _exited_at(self) -> float | None:

@@ -189,6 +189,8 @@ class Spare:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = time.monotonic()
         self.handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
+        self.pid: int | None = None  # its interpreter's (the launcher's child), from its ready record
+        self.lost: str | None = None  # at the handover: it had exited already, and how (decide/ownfault.py)
         self._size: int | None = None
         self.nice = 0  # above the supervisor's, as last set
         self.start_nice = 0  # what its interpreter sets itself to as it starts (``os.nice``, relative)
@@ -274,6 +276,7 @@ class Spare:
         spec = {"argv": [target.script, *target.args], "env": dict(env), "cwd": str(self.cwd),
                 "script": os.path.abspath(self.cwd / target.script), "path0": path0(target.script, self.cwd),
                 "nice": nice, "oom_score_adj": self.worker_adj}
+        self.lost = self._gone()  # the script will not run: what ends this attempt is the spare's, not its
         try:  # the launcher back to a worker's OOM score too (it is the spare's parent)
             Path(f"/proc/{self.proc.pid}/oom_score_adj").write_text(str(self.worker_adj))
         except OSError:
@@ -286,6 +289,21 @@ class Spare:
         except OSError:  # it died since it was ready: the worker's watcher sees its exit as an attempt's
             pass
         return self.proc
+
+    def _gone(self) -> str | None:
+        """How it had exited before the handover (the kernel's OOM killer takes a spare first, while
+        the last attempt's leftovers settle), or None while it runs."""
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            how = f"killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else (
+                f"exit status {code}")
+            return f"it had exited before the handover, {how}"
+        try:
+            running = self.pid is None or psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            running = False
+        return None if running else "its interpreter had exited before the handover"
 
     def discard(self) -> None:
         """SIGKILL its process group and its cgroup; reap it."""
@@ -434,6 +452,7 @@ class Spares:
                 continue
             spare.containment.oom_kills_before = spare.containment.oom_kills()
             spare.handover = (target, dict(env), int(str(record.get("nice", 0))))
+            spare.pid = pid if isinstance(pid := record.get("pid"), int) else None
             self._event("spare_used", age=round(time.monotonic() - spare.started, 2), imported=record.get("imported"),
                         ready=was_ready, waited=round(time.monotonic() - began, 2))
             return spare
@@ -471,6 +490,13 @@ class Spares:
             if had_spares:
                 self._event("spare_off",
                             why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
+
+    def turn_off(self) -> None:
+        """A spare's handover failed an attempt (decide/ownfault.py): every later attempt starts cold,
+        as with --no-spare; the loop journals why."""
+        self.enabled = False
+        self._command = None
+        self.discard()
 
     def discard(self) -> None:
         pool, self.pool = self.pool, []
