@@ -1,4 +1,4 @@
-"""``accelerate launch`` under oomguard, end to end on CPU: the README's form (``--multi_gpu
+"""``accelerate launch`` under oomguard, end to end on CPU: docs/forms.md's form (``--multi_gpu
 --num_processes 2``, Gloo through ``ACCELERATE_USE_CPU=1``) with examples/train_accelerate.py, whose
 second process hits a real allocator OOM (RLIMIT_AS) at micro-batch 16.
 

@@ -65,7 +65,7 @@ def test_a_script_without_accumulation_is_refused_a_halving_then_shrunk_honestly
 
 @pytest.mark.slow
 def test_nanogpt_under_torchrun_takes_the_total_accumulation(tmp_path: Path) -> None:
-    """The README's form: 32 = 16 × 1 × 2, so nanoGPT is given 2 and divides it by its 2 ranks."""
+    """docs/forms.md's form: 32 = 16 × 1 × 2, so nanoGPT is given 2 and divides it by its 2 ranks."""
     torchrun = str(Path(PY).parent / "torchrun")
     out = oomguard("run", "--run-dir", str(tmp_path / "run"), *FAST, "--micro-batch", "16", "--global-batch", "32",
                    "--checkpoint", "out/ckpt.pt", "--resume-args", "--init_from=resume", "--",

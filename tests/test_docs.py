@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+SUPERVISOR = ROOT / "oomguard" / "supervisor"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -96,7 +97,7 @@ def test_reference_covers_every_command(generator: ModuleType) -> None:
 def test_readme_links_the_docs_and_they_exist() -> None:
     linked = {target.split("#")[0] for target in links(README)}
     docs = {t for t in linked if t.startswith("docs/") and t.endswith(".md")}
-    for name in ("cli", "api", "worker", "operations", "benchmarks"):
+    for name in ("cli", "api", "worker", "operations", "benchmarks", "forms", "failures", "outputs", "architecture"):
         assert f"docs/{name}.md" in docs, f"README.md does not link docs/{name}.md"
     for target in sorted(docs):
         assert (ROOT / target).is_file(), f"README.md links {target}, which does not exist"
@@ -125,3 +126,40 @@ def test_slug_matches_github() -> None:
         "memory-watch-seeing-the-oom-coming-and-learning-what-fits"
     )
     assert slug("Set-up: two commands") == "set-up-two-commands"
+
+
+def test_readme_is_read_in_five_minutes() -> None:
+    """Five minutes at 250 words a minute; the forms, tables, sample outputs and benchmarks live in docs/."""
+    words = len(README.read_text(encoding="utf-8").split())
+    assert words <= 1250, f"README.md has {words} words: move the detail to docs/ and link it"
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    setup = README.read_text(encoding="utf-8").split("## Set-up: two commands", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```bash\n(.*?)^```", setup, re.MULTILINE | re.DOTALL)
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"], commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ci[-1] == f"exec {commands[1]}", ci[-1]
+
+
+def test_architecture_opens_with_its_picture() -> None:
+    """The first thing under the title is the picture of the flow, and the module map after it names
+    files that exist in the room (directory) it puts them in."""
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    body = text.split("\n", 1)[1].lstrip("\n")
+    assert body.startswith("```"), body[:80]
+    picture = body.split("```", 2)[1]
+    for room in ("loop", "observe/", "decide/", "run/", "record/", "web/"):
+        assert room in picture, room
+    (mermaid,) = re.findall(r"^```mermaid\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    missing, room = [], ""
+    for line in mermaid.splitlines():
+        if sub := re.match(r'\s*subgraph \w+\["(\w+)/"\]', line):
+            room = sub.group(1)
+        elif line.strip() == "end":
+            room = ""
+        elif room:
+            missing += [f"{room}/{name}" for name in re.findall(r"\b(\w+\.py)\b", line)
+                        if not (SUPERVISOR / room / name).is_file()]
+    assert not missing, f"docs/architecture.md's picture names files not in the tree: {missing}"

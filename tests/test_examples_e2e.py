@@ -1,6 +1,7 @@
-"""The README's forms for real scripts, end to end: each example hits a real allocator OOM (RLIMIT_AS,
-so PyTorch's CPU allocator fails with ``DefaultCPUAllocator: can't allocate memory``) after a
-checkpoint exists, and oomguard resumes it at half the micro-batch with the same global batch."""
+"""The wrapping forms of docs/forms.md (and README's CPU recovery) for real scripts, end to end: each
+example hits a real allocator OOM (RLIMIT_AS, so PyTorch's CPU allocator fails with
+``DefaultCPUAllocator: can't allocate memory``) after a checkpoint exists, and oomguard resumes it at
+half the micro-batch with the same global batch."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
 def run(tmp_path: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
     out = oomguard("run", "--run-dir", str(tmp_path / "run"), *FAST, *args, cwd=tmp_path, timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    # The README's forms are wired right: every resume is verified and no warning is said.
+    # The forms are wired right: every resume is verified and no warning is said.
     assert "[oomguard] the script " not in out.stderr and "matches nothing" not in out.stderr, out.stderr
     assert status(tmp_path / "run")["warnings"] == []
     return out
@@ -121,3 +122,29 @@ def test_hf_trainer_form(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "checkpoint-6" / "trainer_state.json").exists()
     failure = report(tmp_path)["failures"][0]
     assert failure["resumed_from"]["step"] == 2 and failure["steps_lost"] == 0
+
+
+def readme_block(heading: str) -> str:
+    """The first ``bash`` block under a README heading, as a user copies it."""
+    section = (ROOT / "README.md").read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_cpu_recovery_runs_as_written(tmp_path: Path) -> None:
+    """The README's "Watch a real recovery without a GPU" block, run by bash as written from a checkout
+    (examples/ and .venv linked into a fresh directory): two real allocator OOMs, then the run finishes
+    at 8 × 8 = 64 and the report it prints says so."""
+    venv = Path(PY).parent.parent
+    if not (venv / "bin" / "activate").is_file() or not (venv / "bin" / "oomguard").is_file():
+        pytest.skip(f"{PY} is not a virtual environment with oomguard installed, as set-up makes")
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    (tmp_path / ".venv").symlink_to(venv)
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("Watch a real recovery without a GPU")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    doc = status(tmp_path / "runs" / "cpu")
+    assert doc["state"] == "succeeded", doc
+    assert [(f["kind"], f["micro_batch"]) for f in doc["failures"]] == [("host_oom", 32), ("host_oom", 16)]
+    assert (doc["micro_batch"], doc["grad_accum"], doc["global_batch"]) == (8, 8, 64)
+    assert all("DefaultCPUAllocator: can't allocate memory" in f["evidence"] for f in doc["failures"])
+    assert "final state: succeeded" in out.stdout and "attempts:    3, failures: 2" in out.stdout, out.stdout

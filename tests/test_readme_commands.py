@@ -1,5 +1,6 @@
 """Every ``oomguard ...`` command line in the code blocks of README.md and docs/ goes through the real
-parser, so they cannot drift from the CLI: a form they show must parse (and, for ``run``, validate)."""
+parser, so they cannot drift from the CLI: a form they show must parse (and, for ``run``, validate).
+The wrapping forms users copy live in docs/forms.md; the README keeps one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from oomguard.supervisor.ops import systemd
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+FORMS = ROOT / "docs" / "forms.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _WORD = re.compile(r"^[a-z][a-z-]*$")
@@ -99,10 +101,20 @@ def _check_run(argv: list[str], command: list[str]) -> None:
         build_config(options, command)
 
 
-def test_the_readme_has_the_forms_users_copy() -> None:
-    joined = [" ".join(c) for c in COMMANDS]
+def test_the_forms_page_has_the_forms_users_copy() -> None:
+    forms = _commands(FORMS.read_text())
+    joined = [" ".join(c) for c in forms]
     assert any("--resume-args=--init_from=resume" in c or "--init_from=resume" in c for c in joined), joined
-    assert sum(c[0] == "run" for c in COMMANDS) >= 3
+    assert sum(c[0] == "run" for c in forms) >= 3
+
+
+def test_the_readme_wraps_one_script_and_watches_a_recovery() -> None:
+    """The README keeps one wrapped script and the CPU-only recovery, each an ``oomguard run`` with the
+    placeholders a script is given."""
+    runs = [" ".join(c) for c in COMMANDS if c[0] == "run"]
+    assert len(runs) >= 2, runs
+    assert all("{micro_batch}" in c and "{grad_accum}" in c and " -- " in c for c in runs), runs
+    assert any("examples/train_argparse.py" in c and "--memory-budget-mb" in c for c in runs), runs
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
