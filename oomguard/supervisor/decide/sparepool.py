@@ -26,6 +26,8 @@ Pure: the loop's spare keeper (``run/spare.Spares``) brings the counts and the h
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 POOL = 2  # the next attempt's spare and a reserve for the attempt after it
 FREE_SHARE = 0.25  # of the host's memory, available after the reserve
 FREE_SPARES = 4  # and at least this many spares' worth
@@ -46,3 +48,76 @@ def spares_to_start(waiting: int, importing: int, reserve: bool, behind: bool) -
     if room <= 0:
         return 0
     return room if behind else (1 if importing == 0 else 0)
+
+
+# ----- the limit that holds the worker and its spares (docs/restart.md, "Spares and memory limits")
+
+MARGIN_SHARE = 0.10  # above the worker's measured peak: a later step (validation, a save) may reach higher
+MARGIN_MIN = 64 << 20  # and never less than this
+SPARE_GUESS = 512 << 20  # a spare's size before one has imported (torch and Lightning: 376 MB measured)
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The tightest memory limit that holds the worker and its spares (a cgroup above both, or the
+    host), and what is counted against it now: the worker, the spares, oomguard, anything else in it."""
+
+    limit: int
+    used: int
+    name: str  # "the cgroup limit" or "the host's memory", as status says it
+    cgroup: bool  # a job's limit (Slurm --mem, a pod's, docker --memory, MemoryMax), not the whole host
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """The worker's memory now, its peak once it has trained (None before: the first attempt's
+    first steps), and ``--memory-limit``, past which it cannot grow."""
+
+    now: int
+    peak: int | None = None
+    bound: int | None = None
+
+    def need(self) -> int | None:
+        """What to keep free for the worker: its peak plus the margin, else its own limit, else unknown."""
+        if self.peak is not None:
+            peak = max(self.peak, self.now)
+            return peak + max(int(peak * MARGIN_SHARE), MARGIN_MIN)
+        return self.bound
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def spare_room(limit: Limit, worker: WorkerMemory, held: int, spare: int, running: bool = False) -> str:
+    """"" when one more spare of ``spare`` bytes fits beside the worker and the ``held`` bytes of
+    the spares already running, under the limit that holds them all; else why not, in words.
+    ``running``: the spare is one of those held (is there still room for it?).
+
+    - The worker's need known (its peak plus the margin, or ``--memory-limit``): the limit, less
+      that, less the spares held and whatever else is in it, must leave the spare's size.
+    - Not known yet, under a cgroup limit: a job's limit is sized to the job, so a spare starts
+      only where a quarter of the limit and four spares' worth stay free after it (the reserve's
+      rule on a host); before the worker has trained, that is rarely so, and the first attempt's
+      spare waits for the worker's peak.
+    - Not known yet, on the host alone: the host's rules (``reserve_fits`` for the reserve).
+    """
+    others = max(0, limit.used - worker.now - held)  # oomguard itself, and anything else in the limit
+    beside = held - spare if running else held
+    need = worker.need()
+    if need is not None:
+        room = limit.limit - others - beside - need
+        if room >= spare:
+            return ""
+        what = f"its peak {gib(worker.peak)} and a margin" if worker.peak is not None else f"--memory-limit {gib(need)}"
+        return (f"{limit.name} {gib(limit.limit)} leaves {gib(max(0, room))} above {what}"
+                + (f" and the spares held ({gib(beside)})" if beside else "") + f"; a spare needs {gib(spare)}")
+    if not limit.cgroup:
+        return ""
+    free = limit.limit - limit.used + (spare if running else 0)
+    if free - spare >= max(FREE_SHARE * limit.limit, FREE_SPARES * spare):
+        return ""
+    return (f"the worker's peak is not known yet and {limit.name} {gib(limit.limit)} has {gib(max(0, free))} free; "
+            f"a spare ({gib(spare)}) starts before then only where a quarter of the limit and four spares' worth "
+            "stay free after it")

@@ -78,6 +78,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
         "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
+        "spare": meta.get("spare"),  # why no spare interpreter is held (run/spare.py), said once a run
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
         # after a stop: the command that resumes the run (the same line, in the same directory)
         "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
@@ -152,6 +153,8 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
     if doc.get("probe"):
         lines.append(f"probe:      {probe_text(doc['probe'])}")
+    if doc.get("spare"):
+        lines.append(f"spare:      {doc['spare']['state']}: {doc['spare']['why']}")
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):
