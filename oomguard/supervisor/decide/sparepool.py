@@ -18,8 +18,10 @@ attempt from a spare ends, the reserve has had the whole of the attempt before t
   might need. It is started only while the host keeps ``FREE_SHARE`` of its memory, and at least
   ``FREE_SPARES`` times a spare's size, available after it; held while that stays true. Below it, the
   reserve is dropped and not started again in that run: a run that came that close to its host's
-  memory once will again, and a spare started and killed in turn would only take CPU. The next
-  attempt's own spare keeps the rules it always had (docs/restart.md).
+  memory once will again, and a spare started and killed in turn would only take CPU.
+- Every spare, the next attempt's and the reserve, fits under the tightest limit that holds the
+  worker and the spares (``spare_room``): a cgroup limit above both, or the host, less the
+  worker's measured peak and a margin (docs/restart.md, "Spares and memory limits").
 
 Pure: the loop's spare keeper (``run/spare.Spares``) brings the counts and the host's figures.
 """

@@ -377,8 +377,10 @@ class Spares:
         self._fill(reserve=False)
 
     def tick(self) -> None:
-        """Every loop tick: drop the reserve when the host's memory runs short, raise it to a spare's
-        priority once the spare before it has imported, start one when the policy says."""
+        """Every loop tick: drop a spare the kernel killed, and the newest when the worker has grown
+        into its room under the limit that holds them; drop the reserve when the host's memory runs
+        short, raise it to a spare's priority once the spare before it has imported, start one when
+        the policy says."""
         if not self.enabled or self._command is None:
             return
         if self._gone() or self._over_budget():
