@@ -15,9 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from oomguard.supervisor.decide.sparepool import MARGIN_MIN, SPARE_GUESS, Limit, WorkerMemory, spare_room
+from oomguard.supervisor.decide.sparepool import (
+    MARGIN_MIN,
+    SPARE_GUESS,
+    Limit,
+    WorkerMemory,
+    spare_room,
+    worker_score,
+)
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, SharedLimit, own_memory_cgroup, shared_limit
 from oomguard.supervisor.run.spare import Spares
 
@@ -238,3 +246,51 @@ def test_a_worker_at_oomguards_500_dies_beside_a_small_spare_and_at_a_direct_run
     the limit is taken first though it fits alone. At the score a direct run has (0) it lives."""
     assert race(job, 60, 545, 500) == (-signal.SIGKILL, False)
     assert race(job, 60, 545, 0) == (0, True)
+
+
+def test_at_the_score_oomguard_gives_a_worker_beside_a_spare_the_kernel_takes_the_spare(
+        job: tuple[Path, Path]) -> None:
+    score = worker_score(0, [60 * MIB], 600 * MIB)
+    assert 0 < score < 500
+    assert race(job, 60, 545, score) == (0, True)
+    assert race(job, 200, 450, worker_score(0, [200 * MIB], 600 * MIB)) == (0, True)
+
+
+# ----- the worker's score beside spares, on scripted figures
+
+
+def test_a_workers_score_beside_spares_stays_below_the_bound_and_above_oomguard() -> None:
+    assert worker_score(0, [], GIB) == 500  # no spare: the usual
+    assert worker_score(200, [], GIB) == 700
+    # half of 1000 * (376 + 752) / 1536 = 367.2
+    assert worker_score(0, [376 * MIB, 376 * MIB], int(1.5 * GIB)) == 367
+    # a timm-sized case: half of 1000 * 840 / 2300 = 182.6
+    assert worker_score(0, [420 * MIB], 2300 * MIB) == 182
+    assert worker_score(0, [GIB, GIB], 2 * GIB) == 500  # at most the usual
+    assert worker_score(0, [10 * MIB], 24 * GIB) == 1  # never at oomguard's own score
+    assert worker_score(900, [10 * MIB], 24 * GIB) == 901
+    assert worker_score(700, [GIB], 2 * GIB) == 701
+    assert worker_score(999, [], GIB) == 1000  # never past the kernel's maximum
+
+
+def test_the_keeper_lowers_the_workers_score_while_a_spare_is_held_and_restores_it(tmp_path: Path) -> None:
+    worker = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = Spares(True, tmp_path / "run", tmp_path, None, lambda name, **data: log.append((name, data)),
+                    memory=lambda: (20 * GIB, 24 * GIB), limit=Figures(SharedLimit(8 * GIB, 100 * MIB, "/job")))
+    (tmp_path / "train.py").write_text("import json\n")
+    own = int(Path("/proc/self/oom_score_adj").read_text())
+    adj = Path(f"/proc/{worker.pid}/oom_score_adj")
+    try:
+        spares.prepare([PY, "train.py"], dict(os.environ))
+        assert spares.pool and spares.pool[0].proc is not None
+        expected = worker_score(own, [spares.pool[0].rss()], 8 * GIB + psutil.swap_memory().total)
+        spares.observe(50 * MIB, trained=False, pids=[worker.pid])
+        assert int(adj.read_text()) == expected and own < expected < own + 500  # a small spare: own + 1
+        spares.discard()
+        spares.observe(50 * MIB, trained=False, pids=[worker.pid])
+        assert int(adj.read_text()) == min(1000, own + 500)  # none held: the usual
+    finally:
+        spares.discard()
+        worker.kill()
+        worker.wait()

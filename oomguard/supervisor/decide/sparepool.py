@@ -123,3 +123,27 @@ def spare_room(limit: Limit, worker: WorkerMemory, held: int, spare: int, runnin
     return (f"the worker's peak is not known yet and {limit.name} {gib(limit.limit)} has {gib(max(0, free))} free; "
             f"a spare ({gib(spare)}) starts before then only where a quarter of the limit and four spares' worth "
             "stay free after it")
+
+
+# ----- the worker's OOM score beside spares
+
+SPARE_SCORE = 1000  # a spare's oom_score_adj: the kernel's first choice, as far as a score can make it
+WORKER_ABOVE = 500  # a worker's usual oom_score_adj above oomguard's own (run/process.py)
+
+
+def worker_score(own: int, spares: list[int], limit: int) -> int:
+    """The worker's oom_score_adj beside spares of ``spares`` bytes each (resident), at SPARE_SCORE,
+    under ``limit`` (the limit that holds them; the kernel's unit for a score is a thousandth of it).
+
+    The OOM killer takes the highest RSS + adj * limit / 1000. A spare at 1000 is only
+    (1000 - adj) thousandths of the limit ahead of a worker at adj, and at the limit the worker's
+    charged memory is at most limit - spares: the largest spare scores above it while adj is below
+    1000 * (largest + all spares) / limit. Half that is used: the other half is slack for pages in
+    the worker's RSS charged elsewhere (a shared library another process loaded first) and the
+    kernel's rounding (at the full bound a worker beside a 60 MiB spare in 600 MiB was still taken:
+    tests/test_spare_budget.py). Never more than the usual WORKER_ABOVE above ours, never less than
+    one above ours (the kernel still prefers the worker to oomguard)."""
+    if not spares or limit <= 0:
+        return min(1000, own + WORKER_ABOVE)
+    bound = 500 * (max(spares) + sum(spares)) // limit
+    return min(1000, max(own + 1, min(own + WORKER_ABOVE, bound)))

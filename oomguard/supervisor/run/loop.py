@@ -620,7 +620,7 @@ class Supervisor:
         watch.observe(sample)  # its peaks, and what its processes did since the last sample
         worker_bytes = sample.cgroup.working_set_bytes if sample.cgroup else sample.worker_rss_bytes
         if worker_bytes is not None:  # the spares' budget: their room is what the worker's peak leaves
-            self.spares.observe(worker_bytes, watch.last_step is not None)
+            self.spares.observe(worker_bytes, watch.last_step is not None, sample.worker_pids)
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
                                    sample.worker_gpu_bytes, watch.last_step, watch.progress)
         watch.progress = None

@@ -39,10 +39,11 @@ from oomguard.supervisor.decide.sparepool import (
     reserve_fits,
     spare_room,
     spares_to_start,
+    worker_score,
 )
 from oomguard.supervisor.observe.cgroup import SharedLimit, shared_limit
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
+from oomguard.supervisor.run.process import LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
 from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
 from oomguard.worker import protocol
 
@@ -351,6 +352,7 @@ class Spares:
         self._seen = 0
         self._trained = False
         self._told = False
+        self._scores: dict[int, int] = {}  # the OOM score last written to each worker process
         self.held_back = ""  # why no spare is started now; said once a run (journal, status)
         self.dir = run_dir / "spare"
         self.cwd = cwd
@@ -374,6 +376,7 @@ class Spares:
             self._command = None
             return
         self._command = (list(argv), dict(env))
+        self._scores.clear()  # a new worker: its pids are new (one may reuse an old one's)
         self._fill(reserve=False)
 
     def tick(self) -> None:
@@ -401,13 +404,40 @@ class Spares:
                 spare.renice(spare.nice)
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 
-    def observe(self, now: int, trained: bool) -> None:
+    def observe(self, now: int, trained: bool, pids: Sequence[int] = ()) -> None:
         """The worker's memory at a sample (its cgroup's working set, else its RSS); ``trained``: an
-        attempt of this run has taken a step, so the highest figure seen is its peak."""
+        attempt of this run has taken a step, so the highest figure seen is its peak. ``pids``, the
+        worker's processes, get the OOM score that keeps the kernel taking a spare first."""
         peak = max(now, self.worker.peak or 0, self._seen)
         self._seen = peak
         self._trained = self._trained or trained
         self.worker = WorkerMemory(now, peak if self._trained else None, self.memory_limit)
+        if pids:
+            self._score(pids)
+
+    def _score(self, pids: Sequence[int]) -> None:
+        """Each worker process's oom_score_adj: below a spare's by enough that the kernel takes a
+        spare first (``worker_score``), back to a worker's usual score once none is held. Where it
+        cannot be lowered, no spares for the run: the kernel could end the worker in a spare's place."""
+        sizes = [spare.rss() for spare in self.pool]
+        own = worker_oom_score_adj() - WORKER_OOM_SCORE_ADJ
+        target = worker_score(own, [size for size in sizes if size], self.budget().limit + psutil.swap_memory().total)
+        for pid in pids:
+            if self._scores.get(pid) == target:
+                continue
+            try:
+                Path(f"/proc/{pid}/oom_score_adj").write_text(str(target))
+            except FileNotFoundError:
+                continue  # it exited since the sample
+            except OSError as exc:
+                self._turn_off(f"the worker's OOM score cannot be lowered below a spare's ({exc.strerror})")
+                return
+            self._scores[pid] = target
+
+    def _turn_off(self, why: str) -> None:
+        self.enabled = False
+        self.discard()
+        self._event("spare_off", why=why)
 
     def budget(self) -> Limit:
         """The tightest limit that holds the worker and its spares: a cgroup limit above both where
