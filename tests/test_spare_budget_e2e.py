@@ -78,7 +78,8 @@ print("done", flush=True)
 
 def run_plain(cgroup: Path, tmp: Path, script: Path, *options: str) -> subprocess.CompletedProcess[str]:
     cmd = [PY, "-m", "oomguard", "run", "--run-dir", str(tmp / "run"), "--no-web", "--no-probe", "--backoff", "0.05",
-           "--max-restarts", "0", "--micro-batch", "1", "--global-batch", "1", *options, "--", PY, str(script), "400", "{micro_batch}"]
+           "--max-restarts", "0", "--micro-batch", "1", "--global-batch", "1", *options,
+           "--", PY, str(script), "400", "{micro_batch}"]
     joined = " ".join(f"'{a}'" for a in cmd)
     tmp.mkdir(parents=True, exist_ok=True)
     return subprocess.run(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"], capture_output=True,
