@@ -294,3 +294,27 @@ def test_the_keeper_lowers_the_workers_score_while_a_spare_is_held_and_restores_
         spares.discard()
         worker.kill()
         worker.wait()
+
+
+def test_a_spare_killed_while_it_waits_is_dropped_at_the_next_tick_and_never_counts_against_the_worker(
+        tmp_path: Path) -> None:
+    """The kernel's OOM killer takes a spare (SIGKILL): the next tick drops it, ends the reserve for
+    the run (a run that came that close will again), and starts nothing in its place."""
+    log: list[tuple[str, dict[str, Any]]] = []
+    spares = Spares(True, tmp_path / "run", tmp_path, None, lambda name, **data: log.append((name, data)),
+                    memory=lambda: (20 * GIB, 24 * GIB), limit=Figures(None))
+    (tmp_path / "train.py").write_text("import json\n")
+    try:
+        spares.prepare([PY, "train.py"], dict(os.environ))
+        spare = spares.pool[0]
+        assert spare.proc is not None
+        os.killpg(spare.proc.pid, signal.SIGKILL)  # as the kernel would: the launcher and its interpreter
+        spare.proc.wait(30)
+        spares.tick()
+        assert spare not in spares.pool and not spares.reserve
+        names = [name for name, _ in log]
+        assert names[names.index("spare_not_used"):][:2] == ["spare_not_used", "spare_reserve_off"]
+        assert dict(log)["spare_not_used"]["why"] == "the spare was killed (SIGKILL) while it waited"
+        assert spares.enabled  # the next attempt's spare still comes: only the reserve is off
+    finally:
+        spares.discard()
