@@ -412,7 +412,7 @@ class Spares:
         self._seen = peak
         self._trained = self._trained or trained
         self.worker = WorkerMemory(now, peak if self._trained else None, self.memory_limit)
-        if pids:
+        if pids and (self.pool or self._scores):
             self._score(pids)
 
     def _score(self, pids: Sequence[int]) -> None:
@@ -423,7 +423,9 @@ class Spares:
         own = worker_oom_score_adj() - WORKER_OOM_SCORE_ADJ
         target = worker_score(own, [size for size in sizes if size], self.budget().limit + psutil.swap_memory().total)
         for pid in pids:
-            if self._scores.get(pid) == target:
+            # Only the scores of processes that a spare stands beside, or that we lowered: any other
+            # is the launcher's, or the script's own choice.
+            if self._scores.get(pid) == target or (not sizes and pid not in self._scores):
                 continue
             try:
                 Path(f"/proc/{pid}/oom_score_adj").write_text(str(target))
