@@ -318,3 +318,20 @@ def test_a_spare_killed_while_it_waits_is_dropped_at_the_next_tick_and_never_cou
         assert spares.enabled  # the next attempt's spare still comes: only the reserve is off
     finally:
         spares.discard()
+
+
+def test_on_v2_a_spares_kill_is_counted_in_its_own_cgroup_not_the_workers(tmp_path: Path) -> None:
+    """v2 counts an OOM kill in the victim's ``memory.events`` and its ancestors' (the job's), never
+    a sibling's: the worker's cgroup, beside the spare's, keeps its count (a fake tree as the kernel
+    writes it after it took the spare)."""
+    job = tmp_path / "job"
+    for name, kills in (("", 1), ("oomguard-1-worker", 0), ("oomguard-1-spare-1", 1)):
+        node = job / name
+        node.mkdir(parents=True, exist_ok=True)
+        (node / "memory.events").write_text(f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {kills}\noom_group_kill 0\n")
+        (node / "memory.max").write_text("max\n" if name else f"{GIB}\n")
+        (node / "memory.current").write_text(f"{100 * MIB}\n")
+        (node / "memory.stat").write_text("inactive_file 0\n")
+    worker = MemoryCgroup(job / "oomguard-1-worker", 2)
+    assert worker.oom_kills() == 0 and MemoryCgroup(job / "oomguard-1-spare-1", 2).oom_kills() == 1
+    assert shared_limit(MemoryCgroup(job, 2)) == SharedLimit(GIB, 100 * MIB, str(job))
