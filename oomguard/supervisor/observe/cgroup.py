@@ -307,3 +307,30 @@ def make_worker_cgroup(name: str) -> tuple[MemoryCgroup | None, str]:
             pass
         return None, f"cannot create a memory cgroup under {parent}: {exc.strerror}"
     return MemoryCgroup(path, version), ""
+
+
+@dataclass(frozen=True)
+class SharedLimit:
+    """The tightest cgroup limit above oomguard's own cgroup, which holds the worker's cgroup and
+    every spare's (siblings under it: ``make_worker_cgroup``), and the working set counted against it."""
+
+    limit_bytes: int
+    counted_bytes: int
+    path: str
+
+
+def shared_limit(own: MemoryCgroup | None = None) -> SharedLimit | None:
+    """The limit that holds the worker and its spares together: ``memory.limit_in_bytes`` (v1) or
+    ``memory.max`` (v2) of oomguard's own cgroup and each ancestor, the tightest; None when none
+    is set or there is no memory cgroup to read. ``--memory-limit`` is not here: it is set on the
+    worker's own cgroup, which the spares are not in."""
+    own = own if own is not None else MemoryCgroup.for_pid("self")
+    if own is None:
+        return None
+    try:
+        limit, where = own._limit()
+        if limit is None or where is None:
+            return None
+        return SharedLimit(limit, own._usage(where)[1], str(where))
+    except (OSError, ValueError):
+        return None

@@ -80,6 +80,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
         # oomguard's own additions that failed an attempt, each off for the attempts after (decide/ownfault.py)
         "own_failures": [{"attempt": n, **data} for n, data in journal.event_data("own_failure").items()],
+        "spare": meta.get("spare"),  # why no spare interpreter is held (run/spare.py), said once a run
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
         # after a stop: the command that resumes the run (the same line, in the same directory)
         "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
@@ -154,8 +155,10 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
     if doc.get("probe"):
         lines.append(f"probe:      {probe_text(doc['probe'])}")
-    # The probe's line above says its own (its state is off, and why); the spares have no line but this.
+    # The probe's line above says its own (its state is off, and why); the spares' are these two.
     lines += [f"spares:     {own['off']}" for own in doc.get("own_failures") or [] if own.get("addition") == "spare"]
+    if doc.get("spare"):
+        lines.append(f"spares:     {doc['spare']['state']}: {doc['spare']['why']}")
     if doc.get("forecast"):
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):

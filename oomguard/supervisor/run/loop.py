@@ -141,7 +141,8 @@ class Supervisor:
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
         self.world = World(config.dist_shape, config.peer_timeout, self._event)  # ranks and nodes
         self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
-        self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event)
+        self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event,
+                             say=lambda doc: self.journal.set_meta(spare=doc))
         self.edits: list[Edit] = []  # --edit, checked when the run opens
         self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
         self._lock = RunLock(self.run_dir)
@@ -626,6 +627,9 @@ class Supervisor:
             self.journal.set_meta(**named)
         self.last_sample = sample
         watch.observe(sample)  # its peaks, and what its processes did since the last sample
+        worker_bytes = sample.cgroup.working_set_bytes if sample.cgroup else sample.worker_rss_bytes
+        if worker_bytes is not None:  # the spares' budget: their room is what the worker's peak leaves
+            self.spares.observe(worker_bytes, watch.last_step is not None, sample.worker_pids)
         self.journal.record_sample(self.attempt, sample.as_row(), sample.wall, sample.worker_rss_bytes,
                                    sample.worker_gpu_bytes, watch.last_step, watch.progress)
         watch.progress = None

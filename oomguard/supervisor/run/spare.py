@@ -31,9 +31,19 @@ from pathlib import Path
 import psutil
 
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.sparepool import POOL, reserve_fits, spares_to_start
+from oomguard.supervisor.decide.sparepool import (
+    POOL,
+    SPARE_GUESS,
+    Limit,
+    WorkerMemory,
+    reserve_fits,
+    spare_room,
+    spares_to_start,
+    worker_score,
+)
+from oomguard.supervisor.observe.cgroup import SharedLimit, shared_limit
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import LAUNCHER, worker_oom_score_adj
+from oomguard.supervisor.run.process import LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
 from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
 from oomguard.worker import protocol
 
@@ -244,6 +254,16 @@ class Spare:
                 self._size = 0
         return self._size or 0
 
+    def rss(self) -> int:
+        """Its resident memory now, launcher and interpreter together (bytes; 0 once it is gone)."""
+        if self.proc is None:
+            return 0
+        try:
+            launcher = psutil.Process(self.proc.pid)
+            return sum(p.memory_info().rss for p in (launcher, *launcher.children(recursive=True)))
+        except psutil.Error:
+            return 0
+
     def ready(self, timeout: float, interrupted: Callable[[], bool]) -> dict[str, object] | str:
         """Wait until it has imported (its ready record), or why it cannot be used."""
         assert self.proc is not None
@@ -336,11 +356,22 @@ class Spares:
     """The run's spare interpreters, oldest first: the next attempt's, and a reserve for the one
     after (``decide/sparepool.py`` says when to start one). Each attempt takes the oldest that fits
     it, or none; one that cannot fit is discarded. ``event`` is the loop's journal-and-listeners
-    call; ``memory`` (available, total) a seam for the tests."""
+    call; ``memory`` (available, total) and ``limit`` (the cgroup limit above the worker and the
+    spares) seams for the tests; ``say`` puts why a spare is held back where status reads it."""
 
     def __init__(self, enabled: bool, run_dir: Path, cwd: Path, memory_limit: int | None,
-                 event: Callable[..., None], memory: Callable[[], tuple[int, int]] = host_memory) -> None:
+                 event: Callable[..., None], memory: Callable[[], tuple[int, int]] = host_memory,
+                 limit: Callable[[], SharedLimit | None] = shared_limit,
+                 say: Callable[[dict[str, object] | None], None] = lambda doc: None) -> None:
         self.enabled = enabled
+        self._limit = limit
+        self._say = say
+        self.worker = WorkerMemory(0, bound=memory_limit)  # the loop's samples (``observe``)
+        self._seen = 0
+        self._trained = False
+        self._told = False
+        self._scores: dict[int, int] = {}  # the OOM score last written to each worker process
+        self.held_back = ""  # why no spare is started now; said once a run (journal, status)
         self.dir = run_dir / "spare"
         self.cwd = cwd
         self.memory_limit = memory_limit
@@ -363,12 +394,17 @@ class Spares:
             self._command = None
             return
         self._command = (list(argv), dict(env))
+        self._scores.clear()  # a new worker: its pids are new (one may reuse an old one's)
         self._fill(reserve=False)
 
     def tick(self) -> None:
-        """Every loop tick: drop the reserve when the host's memory runs short, raise it to a spare's
-        priority once the spare before it has imported, start one when the policy says."""
+        """Every loop tick: drop a spare the kernel killed, and the newest when the worker has grown
+        into its room under the limit that holds them; drop the reserve when the host's memory runs
+        short, raise it to a spare's priority once the spare before it has imported, start one when
+        the policy says."""
         if not self.enabled or self._command is None:
+            return
+        if self._gone() or self._over_budget():
             return
         if len(self.pool) >= POOL and not self._reserve_fits(self._reserve_size(), held=True):
             self.reserve = False
@@ -386,10 +422,96 @@ class Spares:
                 spare.renice(spare.nice)
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 
+    def observe(self, now: int, trained: bool, pids: Sequence[int] = ()) -> None:
+        """The worker's memory at a sample (its cgroup's working set, else its RSS); ``trained``: an
+        attempt of this run has taken a step, so the highest figure seen is its peak. ``pids``, the
+        worker's processes, get the OOM score that keeps the kernel taking a spare first."""
+        peak = max(now, self.worker.peak or 0, self._seen)
+        self._seen = peak
+        self._trained = self._trained or trained
+        self.worker = WorkerMemory(now, peak if self._trained else None, self.memory_limit)
+        if pids and (self.pool or self._scores):
+            self._score(pids)
+
+    def _score(self, pids: Sequence[int]) -> None:
+        """Each worker process's oom_score_adj: below a spare's by enough that the kernel takes a
+        spare first (``worker_score``), back to a worker's usual score once none is held. Where it
+        cannot be lowered, no spares for the run: the kernel could end the worker in a spare's place."""
+        sizes = [spare.rss() for spare in self.pool]
+        own = worker_oom_score_adj() - WORKER_OOM_SCORE_ADJ
+        target = worker_score(own, [size for size in sizes if size], self.budget().limit + psutil.swap_memory().total)
+        for pid in pids:
+            # Only the scores of processes that a spare stands beside, or that we lowered: any other
+            # is the launcher's, or the script's own choice.
+            if self._scores.get(pid) == target or (not sizes and pid not in self._scores):
+                continue
+            try:
+                Path(f"/proc/{pid}/oom_score_adj").write_text(str(target))
+            except FileNotFoundError:
+                continue  # it exited since the sample
+            except OSError as exc:
+                self._turn_off(f"the worker's OOM score cannot be lowered below a spare's ({exc.strerror})")
+                return
+            self._scores[pid] = target
+
+    def _turn_off(self, why: str) -> None:
+        self.enabled = False
+        self.discard()
+        self._event("spare_off", why=why)
+
+    def budget(self) -> Limit:
+        """The tightest limit that holds the worker and its spares: a cgroup limit above both where
+        one is set below the host's memory, else the host."""
+        available, total = self._memory()
+        shared = self._limit()
+        if shared is None or shared.limit_bytes >= total:
+            return Limit(total, total - available, "the host's memory", False)
+        return Limit(shared.limit_bytes, shared.counted_bytes, "the cgroup limit", True)
+
+    def _gone(self) -> bool:
+        """Drop spares killed while they waited (the kernel's OOM killer takes a spare first):
+        a spare's death is never the worker's, and ``_drop`` ends the reserve for the run."""
+        gone = [spare for spare in self.pool if spare.proc is not None and spare.proc.poll() == -signal.SIGKILL]
+        for spare in gone:
+            assert spare.proc is not None
+            self._drop(spare, "the spare was killed (SIGKILL) while it waited")
+        return bool(gone)
+
+    def _over_budget(self) -> bool:
+        """Drop the newest spare when the worker has grown into the room it holds."""
+        if not self.pool:
+            return False
+        newest, held = self.pool[-1], sum(spare.rss() for spare in self.pool)
+        why = spare_room(self.budget(), self.worker, held, newest.rss(), running=True)
+        if why:
+            self._drop(newest, why)
+            self._hold_back(why)
+        return bool(why)
+
+    def _hold_back(self, why: str) -> None:
+        """Say once a run, in the journal and for status, why a spare is not started (or kept)."""
+        if not self._told:
+            self._told = True
+            self._event("spare_held_back", why=why)
+        if not self.held_back:
+            self._say({"state": "not started", "why": why})
+        self.held_back = why
+
     def _fill(self, reserve: bool) -> None:
-        """Start what the policy says; one started behind a spare still importing waits at RESERVE_NICE."""
+        """Start what the policy says, where the limit that holds the worker leaves room for one
+        more spare; one started behind a spare still importing waits at RESERVE_NICE."""
         importing = sum(not spare.is_ready() for spare in self.pool)
-        for _ in range(spares_to_start(len(self.pool) - importing, importing, reserve, can_restore_priority())):
+        count = spares_to_start(len(self.pool) - importing, importing, reserve, can_restore_priority())
+        if count:
+            held = sum(spare.rss() for spare in self.pool)
+            why = spare_room(self.budget(), self.worker, held, self._reserve_size() or SPARE_GUESS)
+            if why:
+                self._hold_back(why)
+                return
+            if self.held_back:
+                self.held_back = ""
+                self._say(None)
+        for _ in range(count):
             behind = any(not spare.is_ready() for spare in self.pool)
             if self._command is None or not self._start(*self._command, RESERVE_NICE if behind else SPARE_NICE):
                 return
