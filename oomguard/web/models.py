@@ -72,6 +72,7 @@ class Status(_Open):
     resume_command: str | None = None  # after a stop: the command that resumes the run
     warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
     own_failures: list[dict[str, Any]] = []  # oomguard's probe or spare that failed an attempt, off since
+    spare: dict[str, Any] | None = None  # why no spare interpreter is held (said once a run), or none
 
 
 class Attempt(_Open):
