@@ -554,7 +554,7 @@ class Supervisor:
         self._board.clear()
         self.guarded("checkpoints", self._check_checkpoints, current, False)  # its last ones may carry its last step
         if watch.progress is not None:
-            self.journal.set_meta(progress=watch.progress)
+            self.journal.set_meta(progress={**watch.progress, "attempt": self.attempt})
 
     def guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
         """Run one observer or hook; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
@@ -828,8 +828,11 @@ class Supervisor:
             return None
         scan, alloc = watch.scanner, watch.allocator.oom if verdict.kind is FailureKind.CUDA_OOM else None
         capacity = scan.allowed_bytes or (alloc.limit if alloc is not None and alloc.fraction else None)
+        progress = watch.allocator.progress
+        rlimit = progress if verdict.kind is FailureKind.HOST_OOM and progress is not None \
+            and progress.memory == "address_space" else None  # the probe saw the address-space limit met
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
-                                                    capacity, alloc, step_peaks(self.journal.attempts())),
+                                                    capacity, alloc, step_peaks(self.journal.attempts()), rlimit),
                                            self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
                                            self._exited_at(), earlier_plateaus(self.journal.event_data("attribution"),
                                                                                self.journal.attempts()))
