@@ -231,8 +231,9 @@ def test_headroom_in_words() -> None:
     trend = steady_rise(creep())
     assert trend is not None
     assert Headroom("cgroup", LIMIT, trend, trend.t_last).describe() == (
-        f"the cgroup trend line was at {trend.last / MIB:.0f} MiB, {(LIMIT - trend.last) / MIB:.0f} MiB short of the 400 MiB "
-        f"limit (~{(LIMIT - trend.last) / trend.per_step:.0f} steps at this rate; within 8 MiB counts as reaching it)")
+        f"the cgroup trend line was at {trend.last / MIB:.0f} MiB, {(LIMIT - trend.last) / MIB:.0f} MiB short of the "
+        f"400 MiB limit (~{(LIMIT - trend.last) / trend.per_step:.0f} steps at this rate; within 8 MiB counts as "
+        "reaching it)")
     past = Headroom("GPU", 100 * MIB, trend, trend.t_last)
     assert past.reached and past.seconds == 0 and "MiB past the 100 MiB limit" in past.describe()
     flat = steady_rise([Reading(float(i), 100 * MIB) for i in range(20)])
