@@ -80,19 +80,28 @@ CRASH = textwrap.dedent('''
 ''')
 
 
-def test_a_crash_is_told_by_its_exception_line_and_a_run_without_a_step_redoes_none(tmp_path: Path) -> None:
-    """A real script's chained traceback whose last output line is a hint: the evidence is the
-    exception line; the report of the two attempts (neither took a step) never says "?"."""
-    (tmp_path / "train.py").write_text(CRASH)
-    out = run(tmp_path, "--micro-batch", "4", "--grad-accum", "1", "--max-restarts", "1", "--",
+def crashed(tmp: Path) -> None:
+    """Two attempts of a real script that crashes before any step (``--max-restarts 1``)."""
+    (tmp / "train.py").write_text(CRASH)
+    out = run(tmp, "--micro-batch", "4", "--grad-accum", "1", "--max-restarts", "1", "--",
               PY, "train.py", "{micro_batch}", timeout=120)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_a_crash_is_told_by_its_exception_line(tmp_path: Path) -> None:
+    """A real script's chained traceback whose last output line is a hint: the evidence is the
+    exception line that ends the last traceback."""
+    crashed(tmp_path)
     log = (tmp_path / "run" / "logs" / "attempt-1.log").read_text()
     assert log.rstrip().splitlines()[-1].startswith("Set TORCHDYNAMO_VERBOSE=1")  # the output's last line
     doc = status(tmp_path / "run")
     evidence = [f["evidence"] for f in doc["failures"]]
     assert evidence == ["exit code 1: AssertionError: UnspecializedNNModuleVariable(LM) is already tracked "
                         "for mutation"] * 2, evidence
+
+
+def test_the_report_of_a_run_that_never_took_a_step_says_so_and_no_question_mark(tmp_path: Path) -> None:
+    crashed(tmp_path)
     report = oomguard("report", "--run-dir", str(tmp_path / "run"))
     assert report.returncode == 0, report.stderr
     assert "?" not in report.stdout and "unknown steps" not in report.stdout, report.stdout
