@@ -478,7 +478,8 @@ def _steps_text(failure: dict[str, Any]) -> str:
     where = f"step {resumed['step']}" if resumed["step"] is not None else "a checkpoint of unknown step"
     origin = f" ({resumed['path']})" if resumed["path"] else " (started over)"
     if last is None:  # no step seen in the attempt: none is known to have been taken, so none to redo
-        return f"no step seen in this attempt, none seen redone; the next resumed from {where}{origin}"
+        nxt = f"resumed from {where}{origin}" if resumed["path"] else "started over"
+        return f"no step seen in this attempt, none seen redone; the next {nxt}"
     lost = "?" if failure["steps_lost"] is None else str(failure["steps_lost"])
     if resumed.get("resumed") is False:  # started from the checkpoint, but the script did not load it
         first = resumed["first_step"]
