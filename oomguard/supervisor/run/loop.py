@@ -829,8 +829,10 @@ class Supervisor:
         scan, alloc = watch.scanner, watch.allocator.oom if verdict.kind is FailureKind.CUDA_OOM else None
         capacity = scan.allowed_bytes or (alloc.limit if alloc is not None and alloc.fraction else None)
         progress = watch.allocator.progress
-        rlimit = progress if verdict.kind is FailureKind.HOST_OOM and progress is not None \
-            and progress.memory == "address_space" else None  # the probe saw the address-space limit met
+        # The probe saw an allocation fail against the address-space limit, and the worker died of that
+        # error (not of a kernel kill after an RLIMIT_AS error the script caught).
+        rlimit = progress if verdict.kind is FailureKind.HOST_OOM and verdict.signal is None \
+            and progress is not None and progress.memory == "address_space" else None
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
                                                     capacity, alloc, step_peaks(self.journal.attempts()), rlimit),
                                            self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
