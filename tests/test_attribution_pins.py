@@ -25,9 +25,9 @@ SHORT_TREND = {**TREND, "samples": 6, "span_s": 5.0, "steps": 50}
 SHORT_ROOM = {"budget": "cgroup", "limit_bytes": LIMIT, "trend_at_failure_bytes": 160 * MIB,
               "below_limit_bytes": 240 * MIB, "tolerance_bytes": 8 * MIB, "noise_bytes": 0, "rise_bytes": 50 * MIB,
               "seconds_to_limit": 24.0, "steps_to_limit": 240, "jump_bytes": None}
-SHORT_ROOM_WORDS = ("at the failure the cgroup trend was 160 MiB, 240 MiB below its 400 MiB limit (~240 steps at "
-                    "this rate; within 8 MiB counts as reaching it), so the memory that reached it came between two "
-                    "readings")
+SHORT_ROOM_WORDS = ("at the failure the cgroup trend line was at 160 MiB, 240 MiB short of the 400 MiB limit "
+                    "(~240 steps at this rate; within 8 MiB counts as reaching it), so the memory that reached it "
+                    "came between two readings")
 
 
 def test_a_spike_on_a_noisy_creep_is_told_with_every_figure_rounded_as_shown() -> None:
@@ -40,10 +40,11 @@ def test_a_spike_on_a_noisy_creep_is_told_with_every_figure_rounded_as_shown() -
         "cause": "per_sample",
         "summary": "per-sample, by elimination: a spike on a steady rise (worker RSS grew 1.1 MB/step, 10.6 MB/s "
                    "(R² 1.00 over 17 samples, 12 s)), at least 300 MiB at micro-batch 16 (the highest reading before "
-                   "the failure: a lower bound); at the failure the cgroup trend was 232 MiB, 168 MiB below its 400 "
-                   "MiB limit (~166 steps at this rate; within 8 MiB counts as reaching it), and memory jumped 68 MiB "
-                   "above it; the trend rose only 126 MiB in this attempt, less than the 168 MiB the jump needed "
-                   "beyond it, so the jump, not the rise, reached the limit; only micro-batch 16 measured so far",
+                   "the failure: a lower bound); at the failure the cgroup trend line was at 232 MiB, 168 MiB short of "
+                   "the 400 MiB limit (~166 steps at this rate; within 8 MiB counts as reaching it), and memory "
+                   "jumped 68 MiB above it; the trend rose only 126 MiB in this attempt, less than the 168 MiB the "
+                   "jump needed beyond it, so the jump, not the rise, reached the limit; only micro-batch 16 measured "
+                   "so far",
         "bytes_per_s": 10616167, "bytes_per_step": 1061239, "r2": 0.998, "samples": 17, "span_s": 11.7,
         "steps": 117, "budget": "cgroup", "limit_bytes": LIMIT, "trend_at_failure_bytes": 243056234,
         "below_limit_bytes": 176374166, "tolerance_bytes": 8 * MIB, "noise_bytes": 2017789,
@@ -57,8 +58,8 @@ def test_a_leak_that_added_the_room_the_jump_needed_names_the_jump_and_the_phase
     assert found.cause is Cause.LEAK and found.also is Cause.EVALUATION
     assert found.summary == (
         "leak and a spike: worker RSS grew 1.0 MB/step, 10.5 MB/s (R² 1.00 over 17 samples, 16 s) at micro-batch "
-        "16; at the failure the cgroup trend was 280 MiB, 120 MiB below its 400 MiB limit (~120 steps at this "
-        "rate; within 8 MiB counts as reaching it), and memory jumped above the trend (a reading saw 20 MiB above "
+        "16; at the failure the cgroup trend line was at 280 MiB, 120 MiB short of the 400 MiB limit (~120 steps at "
+        "this rate; within 8 MiB counts as reaching it), and memory jumped above the trend (a reading saw 20 MiB above "
         "the trend); it failed in evaluation (traceback through evaluate()); the leak added 170 MiB in this "
         "attempt, at least the 120 MiB the jump needed beyond the trend, so a fresh restart at the same size has "
         "room for the spike")
@@ -74,8 +75,8 @@ def test_a_leak_and_a_spike_no_reading_saw_in_no_phase() -> None:
     assert found.cause is Cause.LEAK and found.also is Cause.PER_SAMPLE
     assert found.summary == (
         "leak and a spike: worker RSS grew 1.0 MB/step, 10.5 MB/s (R² 1.00 over 17 samples, 16 s) at micro-batch "
-        "16; at the failure the cgroup trend was 275 MiB, 125 MiB below its 400 MiB limit (~125 steps at this "
-        "rate; within 8 MiB counts as reaching it), and memory jumped above the trend; the leak added 165 MiB in "
+        "16; at the failure the cgroup trend line was at 275 MiB, 125 MiB short of the 400 MiB limit (~125 steps at "
+        "this rate; within 8 MiB counts as reaching it), and memory jumped above the trend; the leak added 165 MiB in "
         "this attempt, at least the 125 MiB the jump needed beyond the trend, so a fresh restart at the same size "
         "has room for the spike")
     assert found.figures["seconds_to_limit"] == 12.5 and found.figures["jump_bytes"] is None
@@ -223,4 +224,4 @@ def test_memory_that_falls_never_reaches_the_limit_in_seconds_or_steps() -> None
     falling = creep(n=20, every=1.0, steps_per_s=10, base=300 * MIB, per_step=-0.5 * MIB)
     found = attribute(falling, Evidence(), 16, limit=cgroup(falling))
     assert found.figures["seconds_to_limit"] is None and found.figures["steps_to_limit"] is None
-    assert "195 MiB below its 400 MiB limit (within 8 MiB counts as reaching it)" in found.summary
+    assert "195 MiB short of the 400 MiB limit (within 8 MiB counts as reaching it)" in found.summary

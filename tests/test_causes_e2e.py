@@ -160,7 +160,7 @@ def test_a_spike_on_a_slow_creep_is_the_batchs_and_halves_at_the_first_kill(
     cause = doc["failures"][0]["cause"]
     assert cause["cause"] == "per_sample" and cause["budget"] == "cgroup" and cause["limit_bytes"] == 400 * MIB
     assert cause["below_limit_bytes"] > 150 * MIB and cause["rise_bytes"] < cause["below_limit_bytes"]
-    assert "MiB below its 400 MiB limit" in cause["summary"] and "the jump, not the rise" in cause["summary"]
+    assert "MiB short of the 400 MiB limit" in cause["summary"] and "the jump, not the rise" in cause["summary"]
     report = read_report(run_dir)
     assert report["steps_lost"] <= 20 and steps_redone(run_dir) <= 20
     # The forecast status showed before the kill, carried forward to the failure, is where the report
@@ -170,7 +170,7 @@ def test_a_spike_on_a_slow_creep_is_the_batchs_and_halves_at_the_first_kill(
     foreseen = last["limit"] - last["bytes_per_s"] * (last["t"] + last["seconds_to_limit"] - ended)
     assert foreseen == pytest.approx(cause["trend_at_failure_bytes"], abs=8 * MIB), (last, cause)
     recovered = next(n for n in notes if "recovered" in n["title"])
-    assert "cause: per-sample" in recovered["message"] and "MiB below its 400 MiB limit" in recovered["message"]
+    assert "cause: per-sample" in recovered["message"] and "MiB short of the 400 MiB limit" in recovered["message"]
     assert recovered["details"]["cause"]["below_limit_bytes"] == cause["below_limit_bytes"]
     said = [out.stdout, out.stderr, json.dumps(doc), format_status(doc), json.dumps(report), format_report(report),
             journal_text(run_dir), json.dumps(notes), json.dumps(shown)]

@@ -76,7 +76,7 @@ def test_the_issue_a_perfect_creep_far_below_the_limit_is_no_leak() -> None:
     assert f["below_limit_bytes"] == pytest.approx(LIMIT - (100 * MIB + 0.5 * MIB * 3.4 * 29.6), rel=0.02)
     assert f["below_limit_bytes"] > 200 * MIB and f["tolerance_bytes"] == int(TOLERANCE_FRACTION * LIMIT)
     assert f["rise_bytes"] < f["below_limit_bytes"] and f["steps_to_limit"] == pytest.approx(500, rel=0.02)
-    assert "250 MiB below its 400 MiB limit (~500 steps at this rate" in found.summary
+    assert "250 MiB short of the 400 MiB limit (~500 steps at this rate" in found.summary
     assert "the jump, not the rise, reached the limit" in found.summary
     d = decide(Failure(1, FailureKind.HOST_OOM, 16, "killed", attribution=found), [], Plan(BatchPlan(16, 64, 1)),
                PolicyConfig())
@@ -145,7 +145,7 @@ def test_when_the_leak_added_less_than_the_spike_needed_the_batch_shrinks() -> N
 def test_a_phase_named_in_the_output_is_the_spike_on_a_creep() -> None:
     series = creep()
     found = attribute(series, Evidence(tail=("Evaluating at step 100",)), 16, limit=cgroup(series))
-    assert found.cause is Cause.EVALUATION and "below its 400 MiB limit" in found.summary
+    assert found.cause is Cause.EVALUATION and "short of the 400 MiB limit" in found.summary
     assert "leak" not in why(found).lower()
 
 
@@ -231,10 +231,11 @@ def test_headroom_in_words() -> None:
     trend = steady_rise(creep())
     assert trend is not None
     assert Headroom("cgroup", LIMIT, trend, trend.t_last).describe() == (
-        f"the cgroup trend was {trend.last / MIB:.0f} MiB, {(LIMIT - trend.last) / MIB:.0f} MiB below its 400 MiB "
-        f"limit (~{(LIMIT - trend.last) / trend.per_step:.0f} steps at this rate; within 8 MiB counts as reaching it)")
+        f"the cgroup trend line was at {trend.last / MIB:.0f} MiB, {(LIMIT - trend.last) / MIB:.0f} MiB short of the "
+        f"400 MiB limit (~{(LIMIT - trend.last) / trend.per_step:.0f} steps at this rate; within 8 MiB counts as "
+        "reaching it)")
     past = Headroom("GPU", 100 * MIB, trend, trend.t_last)
-    assert past.reached and past.seconds == 0 and "MiB past its 100 MiB limit" in past.describe()
+    assert past.reached and past.seconds == 0 and "MiB past the 100 MiB limit" in past.describe()
     flat = steady_rise([Reading(float(i), 100 * MIB) for i in range(20)])
     assert flat is not None and math.isinf(Headroom("host", LIMIT, flat, 19.0).seconds)
 

@@ -45,4 +45,4 @@ def test_status_says_why_there_is_no_probe(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "logs" / "attempt-1.events.jsonl").exists()
     (tmp_path / "run").rename(tmp_path / "run-off")
     doc, text = supervise(tmp_path, "--", "bash", "-c", "echo step 1 of batch {micro_batch}")
-    assert doc["probe"]["state"] == "none" and "probe:      none seen: the command (bash) is not Python" in text
+    assert doc["probe"]["state"] == "none" and "probe:      none seen: the command (echo) is not Python" in text

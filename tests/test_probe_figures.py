@@ -210,7 +210,7 @@ def test_the_forecast_and_a_leak_are_measured_on_the_allocators_step_peaks_again
     assert watch.leaking()
     blamed = watch.attribute(Evidence(), 16, kind=FailureKind.CUDA_OOM, failed_at=61.0)
     assert blamed.cause is Cause.LEAK and "allocator grew" in blamed.summary, blamed.summary
-    assert "its 24576 MiB limit" in blamed.summary
+    assert "the 24576 MiB limit" in blamed.summary
 
 
 def test_metrics_export_the_probes_figures() -> None:

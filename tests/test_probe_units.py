@@ -89,13 +89,15 @@ def test_not_python_from_argv0_and_shebang(tmp_path: Path) -> None:
     script = tmp_path / "launch"
     script.write_text("#!/usr/bin/env python3\n")
     assert not_python([sys.executable, "train.py"]) is None and not_python([str(script)]) is None
-    assert not_python(["bash", "-c", "true"]) == "the command (bash) is not Python"
+    assert not_python(["bash", "-c", "true"]) == "the command (true) is not Python"
     assert not_python(["train.py"]) is None and not_python(["no-such-command-here"]) is None
 
 
 def test_what_status_says_about_the_probe() -> None:
-    report = ProbeReport.for_command(True, ["bash", "run.sh"])
-    assert probe_text(report.as_meta()) == "none seen: the command (bash) is not Python"
+    report = ProbeReport.for_command(True, ["bash", "-c", "true"])
+    assert probe_text(report.as_meta()) == "none seen: the command (true) is not Python"
+    shell = ProbeReport.for_command(True, ["bash", "run.sh"])  # a shell script may start Python
+    assert probe_text(shell.as_meta()) == "none seen: no process has imported torch and taken an optimizer step yet"
     report.take({"type": "probe", "state": "failed", "detail": "OOM observer not attached: x", "pid": 9, "rank": 1})
     assert probe_text(report.as_meta()) == "failed to load: OOM observer not attached: x (the run goes on without it)"
     for pid, rank in ((7, 0), (8, 1)):

@@ -166,23 +166,23 @@ def headroom(limit: int, per_step: float | None = 3.0 * MIB) -> Headroom:
 
 def test_a_line_past_the_limit_says_how_far_past() -> None:
     text = headroom(250 * MIB).describe()
-    assert text == ("the cgroup trend was 260 MiB, 10 MiB past its 250 MiB limit "
+    assert text == ("the cgroup trend line was at 260 MiB, 10 MiB past the 250 MiB limit "
                     "(within 5 MiB counts as reaching it)")
 
 
 def test_a_line_exactly_at_the_limit_is_below_it_and_on_its_way_nowhere() -> None:
     for per_step in (3.0 * MIB, None):
         text = headroom(260 * MIB, per_step).describe()
-        assert text == ("the cgroup trend was 260 MiB, 0 MiB below its 260 MiB limit "
+        assert text == ("the cgroup trend line was at 260 MiB, 0 MiB short of the 260 MiB limit "
                         "(within 5 MiB counts as reaching it)")
 
 
 def test_a_line_one_byte_below_the_limit_says_how_far_away_it_is() -> None:
-    assert "0 MiB below its 260 MiB limit (~0 steps at this rate; " in headroom(260 * MIB + 1).describe()
+    assert "0 MiB short of the 260 MiB limit (~0 steps at this rate; " in headroom(260 * MIB + 1).describe()
     assert "(~0 s at this rate; " in headroom(260 * MIB + 1, None).describe()
 
 
 def test_without_steps_the_distance_is_in_seconds() -> None:
     text = headroom(400 * MIB, None).describe()
-    assert text == ("the cgroup trend was 260 MiB, 140 MiB below its 400 MiB limit (~140 s at this rate; "
+    assert text == ("the cgroup trend line was at 260 MiB, 140 MiB short of the 400 MiB limit (~140 s at this rate; "
                     "within 8 MiB counts as reaching it)")

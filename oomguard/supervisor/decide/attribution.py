@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 from oomguard.supervisor.decide.memmodel import Fit, Point, fit
 from oomguard.supervisor.decide.trend import MIB, Headroom, Reading, Trend, steady_rise
-from oomguard.supervisor.observe.allocator import AllocatorOom
+from oomguard.supervisor.observe.allocator import AllocatorOom, OomProgress
 from oomguard.supervisor.observe.phase import Phase, phase_of
 from oomguard.supervisor.units import format_size
 
@@ -86,6 +86,9 @@ class Evidence:
     capacity: int | None = None  # the per-process cap its CUDA OOM message names ("23.75 GiB allowed")
     allocator: AllocatorOom | None = None  # the probe's figures at the CUDA OOM
     step_peaks: Mapping[int, int] = field(default_factory=dict)  # micro-batch -> allocator's step peak there
+    # The probe's figures at a host OOM under RLIMIT_AS: the limit the failure met, which no reading
+    # from outside counts (the cgroup's and the host's memory were not what ran out).
+    address_space: OomProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,15 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
         return Attribution(Cause.DATA_LOADER, f"a DataLoader worker died ({line}){_spike(None, room)}",
                            {**figures, "evidence": line})
     if trend is not None and trend.steady():
-        found = _rising(trend, room, phase, micro_batch, what, figures)
+        met = f"; {_address_space_line(evidence.address_space)}" if evidence.address_space else ""
+        found = _rising(trend, room, phase, micro_batch, what, {**figures, **_address_space_figures(
+            evidence.address_space)}, met)
         if found is not None:
             return found
     spike = _spike(trend, room)
+    if (rlimit := evidence.address_space) is not None:
+        figures.update(_address_space_figures(rlimit))
+        spike = f"; {_address_space_line(rlimit)}"
     alloc = evidence.allocator
     if alloc is not None:  # the allocator's own figures say more than any reading from outside
         figures.update(_allocator_figures(alloc, micro_batch, evidence.step_peaks))
@@ -178,13 +186,14 @@ def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Re
 
 
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
-            figures: dict[str, Any]) -> Attribution | None:
+            figures: dict[str, Any], met: str = "") -> Attribution | None:
     """Memory rose steadily: a leak when its line explains the failure, a leak that also spiked when
-    the rise used as much room as the jump needed; None when the jump alone is to blame."""
+    the rise used as much room as the jump needed; None when the jump alone is to blame. ``met``: the
+    limit the failure met, where its figures come from the probe and no reading counts against it."""
     where = f"; it failed in {phase[0].value} ({phase[1]})" if phase else ""
     rate = f"{trend.describe(what)} at micro-batch {micro_batch}"
     if room is None:  # nothing to measure the line against: it stands on its own readings
-        return None if trend.jump else Attribution(Cause.LEAK, f"leak: {rate}{where}", figures)
+        return None if trend.jump else Attribution(Cause.LEAK, f"leak: {rate}{met}{where}", figures)
     jump = room.trend.jump
     if room.reached and jump is None:
         return Attribution(Cause.LEAK, f"leak: {rate}; at the failure {room.describe()}{where}", figures)
@@ -216,7 +225,7 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
         text += f", and memory jumped {jump.above / MIB:.0f} MiB above it"
     elif not room.reached:
         text += ", so the memory that reached it came between two readings"
-    if trend is not None and trend.steady():  # a steady rise that did not reach the limit
+    if trend is not None and trend.steady() and not room.falling_below_zero:  # a rise that did not reach it
         rise = room.expected - room.trend.first
         text += (f"; the trend rose only {rise / MIB:.0f} MiB in this attempt, less than the "
                  f"{max(room.distance, jump.above if jump else 0) / MIB:.0f} MiB the jump needed beyond it, "
@@ -316,6 +325,24 @@ def _allocator_line(alloc: AllocatorOom, micro_batch: int, figures: Mapping[str,
     return text
 
 
+def _address_space_line(oom: OomProgress) -> str:
+    """``an allocation of 64 MiB failed against the 1192 MiB address-space limit (RLIMIT_AS); 1150 MiB
+    was mapped when the error was seen``: the probe's figures at a host OOM under ``RLIMIT_AS``."""
+    what = f"an allocation of {oom.requested / MIB:.0f} MiB" if oom.requested is not None else "an allocation"
+    text = f"{what} failed against the {oom.limit / MIB:.0f} MiB address-space limit (RLIMIT_AS)" \
+        if oom.limit else f"{what} failed against the address-space limit (RLIMIT_AS)"
+    if oom.held is not None:
+        text += f"; {oom.held / MIB:.0f} MiB was mapped when the error was seen"
+    return text
+
+
+def _address_space_figures(oom: OomProgress | None) -> dict[str, Any]:
+    if oom is None:
+        return {}
+    return {"budget": "address space (RLIMIT_AS)", "limit_bytes": oom.limit, "requested_bytes": oom.requested,
+            "mapped_bytes": oom.held, "source": "probe"}
+
+
 def _allocator_figures(alloc: AllocatorOom, micro_batch: int, step_peaks: Mapping[int, int]) -> dict[str, Any]:
     """The allocator's figures at the OOM, and the per-sample memory its step peaks at the other
     micro-batches measured: the slope of the line through two sizes or more, else the peak of one
@@ -346,9 +373,12 @@ def _room_figures(room: Headroom | None) -> dict[str, Any]:
         return {}
     steps = room.steps
     jump = room.trend.jump
-    return {"budget": room.budget, "limit_bytes": room.limit, "trend_at_failure_bytes": room.expected,
-            "below_limit_bytes": room.distance, "tolerance_bytes": room.tolerance,
-            "noise_bytes": round(room.trend.noise), "rise_bytes": room.expected - room.trend.first,
+    # A line carried below 0 is no memory: neither it nor its distance to the limit is a figure.
+    falling = room.falling_below_zero
+    return {"budget": room.budget, "limit_bytes": room.limit,
+            "trend_at_failure_bytes": None if falling else room.expected,
+            "below_limit_bytes": None if falling else room.distance, "tolerance_bytes": room.tolerance,
+            "noise_bytes": round(room.trend.noise), "rise_bytes": None if falling else room.expected - room.trend.first,
             "seconds_to_limit": round(room.seconds, 1) if room.seconds != float("inf") else None,
             "steps_to_limit": None if steps is None else round(steps),
             "jump_bytes": jump.above if jump else None}

@@ -109,7 +109,8 @@ def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = No
     if cause is not None:
         return verdict(FailureKind.CRASH, f"exit code {cause.exitcode}: {cause.message}"
                        if cause.exitcode is not None else cause.message)
-    last = next((line.strip() for line in reversed(scan.tail[-20:]) if line.strip()), "")
+    # The exception that ended the traceback, not the hints a library prints after it; else the last line.
+    last = scan.exception or next((line.strip() for line in reversed(scan.tail[-20:]) if line.strip()), "")
     return verdict(FailureKind.CRASH, f"exit code {code}" + (f": {last}" if last else ""))
 
 

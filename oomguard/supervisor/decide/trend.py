@@ -7,7 +7,7 @@ the slope (bytes per second, and per step when the worker reports steps), the fi
 and the readings' noise about the line. Readings at the end that jump above the line of those
 before them are a ``Jump``, kept apart from the line: a spike is not the trend. ``Headroom``
 extends the line to a limit at one moment: how long until it reaches the limit (the forecast), or
-how far below the limit it was when the worker failed (the attribution). A single reading can
+how far from the limit the line was when the worker failed (the attribution). A single reading can
 never tell a leak from a spike; a line through many readings can. Pure: no I/O, no clock.
 """
 
@@ -200,18 +200,27 @@ class Headroom:
             return None
         return max(0.0, self.distance / per_step)
 
+    @property
+    def falling_below_zero(self) -> bool:
+        """The line, carried to the moment, is below 0 bytes: a falling line says no memory figure there."""
+        return self.trend.at(self.t) < 0
+
     def describe(self) -> str:
-        """``the cgroup trend was 117 MiB, 283 MiB below its 400 MiB limit (~561 steps at this rate;
-        within 8 MiB counts as reaching it)``."""
+        """``the cgroup trend line was at 117 MiB, 283 MiB short of the 400 MiB limit (~561 steps at this
+        rate; within 8 MiB counts as reaching it)``. It speaks of the line, never of memory below the
+        limit: the failure met the limit, and a line that fell below 0 is no memory at all."""
+        if self.falling_below_zero:
+            return (f"the {self.budget} trend line was falling ({-self.trend.per_s / 1e6:.1f} MB/s down) and had "
+                    f"gone below 0, which is no memory: it says nothing of the {self.limit / MIB:.0f} MiB limit")
         where = (f"{-self.distance / MIB:.0f} MiB past" if self.distance < 0
-                 else f"{self.distance / MIB:.0f} MiB below")
+                 else f"{self.distance / MIB:.0f} MiB short of")
         away = ""
         if 0 < self.distance and (steps := self.steps) is not None:
             away = f"~{steps:.0f} steps at this rate; "
         elif 0 < self.distance and math.isfinite(self.seconds):
             away = f"~{self.seconds:.0f} s at this rate; "
-        return (f"the {self.budget} trend was {self.expected / MIB:.0f} MiB, {where} its {self.limit / MIB:.0f} MiB "
-                f"limit ({away}within {self.tolerance / MIB:.0f} MiB counts as reaching it)")
+        return (f"the {self.budget} trend line was at {self.expected / MIB:.0f} MiB, {where} the "
+                f"{self.limit / MIB:.0f} MiB limit ({away}within {self.tolerance / MIB:.0f} MiB counts as reaching it)")
 
 
 def _without_jump(points: list[Reading]) -> tuple[list[Reading], Jump | None]:

@@ -33,6 +33,10 @@ _DATALOADER = re.compile(r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:exited u
 # the traceback's own, innermost last, as the code it was tracing when it failed.
 _FRAME = re.compile(r'^\s*File "([^"]*)", line (\d+), in (\S+)')
 _TRACEBACK = "Traceback (most recent call last)"
+# The line that ends a traceback: ``SomeError: message`` (or the bare name), flush left, after the
+# frames (indented), optionally behind torchrun's ``[rank0]:`` prefix.
+_EXCEPTION = re.compile(r"^(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?::\s.*|:)?)$")
+_RANK_PREFIX = re.compile(r"^\[[^\]]*\]:?\s?")
 # The worker (or a library under it) ran out of disk: a checkpoint or a log write failed.
 _DISK_FULL = re.compile(r"(No space left on device|\bENOSPC\b|\[Errno 28\]|Disk quota exceeded|\bEDQUOT\b)")
 # The last line of an exception no restart can fix (at the start of a line, or after torchrun's
@@ -100,6 +104,10 @@ class OutputScanner:
     fatal: str | None = None  # the newest exception line of a kind no restart can fix (``_FATAL``)
     fatal_untraced: bool = False  # ... with no traceback before it: python could not compile the script itself
     usage_error: str | None = None  # argparse's ``prog: error: ...`` after its ``usage:`` line
+    # The exception line that ended the newest traceback (``AssertionError: ...``): a crash's evidence,
+    # not the hints a library prints after it (dynamo's ``Set TORCHDYNAMO_VERBOSE=1 ...``).
+    exception: str | None = None
+    _in_traceback: bool = False  # between a traceback's header and its exception line
     _traced: bool = False  # a traceback was seen
     _usage: bool = False  # a ``usage:`` line was seen
 
@@ -108,6 +116,10 @@ class OutputScanner:
         self.tail.append(line)
         if len(self.tail) > 40:  # trimmed now and then, not on every line
             del self.tail[:-20]
+        if self._in_traceback:  # before the markers: an exception's name may contain none of them
+            self._traced_line(line)
+        elif _TRACEBACK in line and _RANK_PREFIX.sub("", line, count=1).startswith(_TRACEBACK):
+            self._in_traceback = True
         for marker in MARKERS:
             if marker in line:
                 break
@@ -137,6 +149,16 @@ class OutputScanner:
             self.capacity_bytes = _bytes(*m.groups())
             if m.re is _ALLOWED:
                 self.allowed_bytes = self.capacity_bytes
+
+    def _traced_line(self, line: str) -> None:
+        """A line after a traceback's header: its frames and source are indented; the first line
+        flush left ends it, the exception line when it reads as one (``Name: message``)."""
+        text = _RANK_PREFIX.sub("", line, count=1).rstrip("\n")
+        if not text.strip() or text[:1].isspace() or text.startswith(_TRACEBACK):
+            return
+        self._in_traceback = False
+        if (m := _EXCEPTION.match(text.strip())) is not None:
+            self.exception = m.group(1).strip()[:500]
 
     def _fatal(self, line: str) -> None:
         if (m := _FATAL.match(line)) is not None:

@@ -13,17 +13,21 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+from oomguard.supervisor.command.wrappers import SHELLS, unwrap
+
 MAX_FAILURES = 8  # the first failures are the story; a thousand ranks failing alike are not news
 
 
-def not_python(argv: list[str] | tuple[str, ...]) -> str | None:
-    """Why the command is not a Python program (its argv[0] is no interpreter and its file has no
+def not_python(command: list[str] | tuple[str, ...]) -> str | None:
+    """Why the command is not a Python program (the program it runs behind its wrappers, ``prlimit``,
+    ``env``, ``nice``, ``taskset``, ``numactl``, ``bash -c``, is no interpreter and its file has no
     python shebang), or None when it is or cannot be told. A shell script may still start Python:
     its processes get the probe all the same."""
+    argv = unwrap(command)
     if not argv:
         return None
     name = os.path.basename(argv[0])
-    if name.startswith(("python", "pypy")) or name.endswith(".py"):
+    if name.startswith(("python", "pypy")) or name.endswith(".py") or name in SHELLS:
         return None
     path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
     try:

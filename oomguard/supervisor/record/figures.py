@@ -30,6 +30,8 @@ def progress_text(progress: dict[str, Any]) -> str:
             text += f" of {format_size(progress['limit_bytes'])}"
     if progress.get("source") == "probe":
         text += " [probe]"
+    elif progress.get("source") == "resume_point":  # a new attempt before its first step
+        text += " [resumed from its checkpoint]"
     if progress.get("t"):
         text += f" (at {time.strftime('%H:%M:%S', time.localtime(progress['t']))})"
     return text

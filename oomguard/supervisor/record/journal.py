@@ -161,8 +161,9 @@ class Journal:
             db.execute("UPDATE attempts SET peak_rss = max(coalesce(peak_rss, 0), coalesce(?, 0)), "
                        "peak_gpu = max(coalesce(peak_gpu, 0), coalesce(?, 0)), "
                        "last_step = coalesce(?, last_step) WHERE attempt = ?", (rss, gpu, step, attempt))
-            if progress is not None:
-                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)", (json.dumps(progress),))
+            if progress is not None:  # tagged with its attempt: status tells it from an earlier attempt's
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)",
+                           (json.dumps({**progress, "attempt": attempt}),))
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
         """Record a checkpoint; True when it is new to the journal, or rewritten at a later step (a

@@ -365,7 +365,10 @@ def build_report(journal: Journal) -> dict[str, Any]:
     finish = end if end is not None else last
     total = finish - start if start is not None and finish is not None else 0.0
     lost = sum(f["lost_s"] + f["gap_s"] for f in failures)
-    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None]
+    # Unknown: steps were seen but the resume point's step is not known. An attempt that showed no
+    # step is no unknown: none was seen, so none is counted redone.
+    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None
+               and f["last_step"] is not None]
     return {
         "run_dir": meta.get("run_dir"), "state": meta.get("state", "starting"),
         "reason": meta.get("reason", ""),
@@ -474,6 +477,9 @@ def _steps_text(failure: dict[str, Any]) -> str:
         return f"{last_text}; not resumed"
     where = f"step {resumed['step']}" if resumed["step"] is not None else "a checkpoint of unknown step"
     origin = f" ({resumed['path']})" if resumed["path"] else " (started over)"
+    if last is None:  # no step seen in the attempt: none is known to have been taken, so none to redo
+        nxt = f"resumed from {where}{origin}" if resumed["path"] else "started over"
+        return f"no step seen in this attempt, none seen redone; the next {nxt}"
     lost = "?" if failure["steps_lost"] is None else str(failure["steps_lost"])
     if resumed.get("resumed") is False:  # started from the checkpoint, but the script did not load it
         first = resumed["first_step"]

@@ -68,7 +68,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "rank_pids": (meta.get("rank_pids") or {}) if alive else {},  # under torchrun/accelerate: rank -> pid
         "checkpoint": current.get("checkpoint"),
         "newest_checkpoint": checkpoints[0] if checkpoints else None,
-        "progress": meta.get("progress"),
+        "progress": current_progress(meta.get("progress"), current, journal.event_data("resume_point")),
         "peaks": attempt_peaks(attempts),  # per attempt: the allocator's step peak (probe), NVML's, the RSS
         "memory": latest[-1] if (latest := journal.latest_samples(1)) else None,
         "started": meta.get("started"),
@@ -85,6 +85,23 @@ def status_document(journal: Journal) -> dict[str, Any]:
         # after a stop: the command that resumes the run (the same line, in the same directory)
         "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
     }
+
+
+def current_progress(progress: dict[str, Any] | None, current: dict[str, Any],
+                     resume_points: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The progress of the newest attempt. Until it reports a step, the journal's progress is the
+    previous attempt's, whose step the new one went back from: the step it resumed from (its
+    ``resume_point``) is where it stands, and nothing when it started over or that step is unknown."""
+    if not current or progress is None:
+        return progress
+    attempt = progress.get("attempt")
+    if attempt == current["attempt"] or (attempt is None and (progress.get("t") or 0) >= current["started"]):
+        return progress
+    point = resume_points.get(current["attempt"]) or {}
+    if not current.get("checkpoint") or not isinstance(point.get("step"), int):
+        return None
+    return {"step": point["step"], "total_steps": progress.get("total_steps"), "t": current["started"],
+            "source": "resume_point", "checkpoint": current["checkpoint"], "attempt": current["attempt"]}
 
 
 def _pid_text(doc: dict[str, Any]) -> str:

@@ -564,7 +564,7 @@ class Supervisor:
         self._board.clear()
         self.guarded("checkpoints", self._check_checkpoints, current, False)  # its last ones may carry its last step
         if watch.progress is not None:
-            self.journal.set_meta(progress=watch.progress)
+            self.journal.set_meta(progress={**watch.progress, "attempt": self.attempt})
 
     def guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
         """Run one observer or hook; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
@@ -861,8 +861,13 @@ class Supervisor:
             return None
         scan, alloc = watch.scanner, watch.allocator.oom if verdict.kind is FailureKind.CUDA_OOM else None
         capacity = scan.allowed_bytes or (alloc.limit if alloc is not None and alloc.fraction else None)
+        progress = watch.allocator.progress
+        # The probe saw an allocation fail against the address-space limit, and the worker died of that
+        # error (not of a kernel kill after an RLIMIT_AS error the script caught).
+        rlimit = progress if verdict.kind is FailureKind.HOST_OOM and verdict.signal is None \
+            and progress is not None and progress.memory == "address_space" else None
         attribution = self.trend.attribute(Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader,
-                                                    capacity, alloc, step_peaks(self.journal.attempts())),
+                                                    capacity, alloc, step_peaks(self.journal.attempts()), rlimit),
                                            self.plan.batch.micro_batch, fit(self.tuner.points), verdict.kind,
                                            self._exited_at(), earlier_plateaus(self.journal.event_data("attribution"),
                                                                                self.journal.attempts()))

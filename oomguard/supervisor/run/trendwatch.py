@@ -98,11 +98,12 @@ class TrendWatch:
                   earlier: Sequence[Plateau] = ()) -> Attribution:
         """The cause of this attempt's memory failure, from the series that matters: the allocator's
         step peaks where the probe reports them, else the GPU's when there is one, else the worker
-        tree's RSS; measured against the limit a failure of ``kind``
-        hit at ``failed_at`` (monotonic). Without a kind (a planned restart) there is no failure
-        for the trend to explain, and the readings are no lower bounds."""
+        tree's RSS; measured against the limit a failure of ``kind`` hit at ``failed_at`` (monotonic),
+        or, under RLIMIT_AS, told in the probe's figures at the failure. Without a kind (a planned
+        restart) there is no failure for the trend to explain, and the readings are no lower bounds."""
         name = self._own()
-        limit = self.limit(kind, failed_at, evidence.capacity)
+        # Under RLIMIT_AS the probe names the limit the failure met; the cgroup's or the host's did not apply.
+        limit = None if evidence.address_space is not None else self.limit(kind, failed_at, evidence.capacity)
         return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier,
                          failed=kind is not None)
 

@@ -118,6 +118,7 @@ function renderStatus(doc) {
 function progressText(p) {
   if (!p || p.step === undefined || p.step === null) return "";
   let text = ` · step ${p.step}${p.total_steps ? `/${p.total_steps}` : ""}`;
+  if (p.source === "resume_point") text += " (resumed from its checkpoint)";  // a new attempt before its first step
   if (p.steps_per_s) text += ` · ${Number(p.steps_per_s).toPrecision(3)} steps/s`;
   if (p.eta_s !== null && p.eta_s !== undefined) text += ` · ETA ${Math.round(p.eta_s / 60)} min`;
   if (p.allocated_peak) text += ` · allocated peak ${bytes(p.allocated_peak)}${p.limit_bytes ? ` of ${bytes(p.limit_bytes)}` : ""}`;
