@@ -104,8 +104,9 @@ def test_the_probe_raising_in_its_hook_turns_it_off_and_the_run_finishes(tmp_pat
     assert report.count("oomguard's probe failed") == 1 and f"done:     restart: {reason}" in report
 
 
-# A package run as a directory (``python app``): a cold start runs app/__main__.py, a spare's handover
-# opens the directory as the script's file and fails in sparestart.py.
+# The script's own failure in attempt 1; attempt 2 is handed to a spare, whose handover the user's
+# sitecustomize breaks in the spare alone (its os.chdir made a builtin that raises on a path): the
+# exception leaves sparestart.py's own frame, as a bug of ours in the handover would.
 APP = """
 import os, sys
 micro, accum = int(sys.argv[2]), int(sys.argv[4])
@@ -115,14 +116,19 @@ if attempt == "1":
     sys.exit("the script's own failure, once")
 print("trained", flush=True)
 """
+BREAK_THE_HANDOVER = """
+import os, sys
+if any(arg.endswith("sparestart.py") for arg in sys.orig_argv):
+    os.chdir = int
+"""
 
 
 def test_a_spare_failing_at_its_handover_turns_spares_off_and_the_run_finishes(tmp_path: Path) -> None:
-    (tmp_path / "app").mkdir()
-    (tmp_path / "app" / "__main__.py").write_text(APP)
+    (tmp_path / "app.py").write_text(APP)
+    (tmp_path / "sitecustomize.py").write_text(BREAK_THE_HANDOVER)
     # --max-restarts 1: the script's own crash in attempt 1 uses it up; the spare's failure must not count.
     out = supervise(tmp_path, "--micro-batch", "4", "--global-batch", "8", "--",
-                    PY, "app", "--mb", "{micro_batch}", "--ga", "{grad_accum}")
+                    PY, "app.py", "--mb", "{micro_batch}", "--ga", "{grad_accum}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run_dir = tmp_path / "run"
     assert "sparestart.py\", line" in (run_dir / "logs" / "attempt-2.log").read_text()  # it died in our handover

@@ -26,6 +26,7 @@ from oomguard.supervisor.run.spare import (
     Target,
     env_differences,
     heavy_imports,
+    runs_as_file,
     target_of,
 )
 
@@ -88,6 +89,21 @@ def test_only_a_plain_script_run_can_have_a_spare() -> None:
     assert isinstance(target_of([PY, "-c", "pass"]), str)
     assert isinstance(target_of([PY, "-I", "train.py"]), str)  # no script directory on sys.path
     assert isinstance(target_of(["bash", "train.sh"]), str)
+
+
+def test_a_package_directory_or_zip_run_by_its_main_has_no_spare(tmp_path: Path) -> None:
+    # ``python app`` and ``python app.zip`` run app's __main__.py: a spare's handover would read the path
+    # itself as the script's source (it failed in sparestart.py), so only a plain file has a spare.
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text("print('hi')\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.write(tmp_path / "app" / "__main__.py", "__main__.py")
+    assert runs_as_file(tmp_path / "train.py")
+    assert not runs_as_file(tmp_path / "app") and not runs_as_file(tmp_path / "app.zip")
+    assert not runs_as_file(tmp_path / "missing.py")
 
 
 def test_imports_are_read_from_the_script_and_its_own_modules(tmp_path: Path) -> None:

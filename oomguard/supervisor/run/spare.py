@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,15 @@ def target_of(argv: Sequence[str]) -> Target | str:
     if i >= len(argv):
         return "no script"
     return Target(argv[0], tuple(flags), argv[i], tuple(argv[i + 1:]))
+
+
+def runs_as_file(script: Path) -> bool:
+    """Whether ``python script`` runs the file's own source, as a spare's handover does: a package
+    directory or a zip archive runs its ``__main__.py`` instead, which only a cold start does."""
+    try:
+        return script.is_file() and not zipfile.is_zipfile(script)
+    except OSError:
+        return False
 
 
 def path0(script: str, cwd: Path) -> str:
@@ -390,7 +400,8 @@ class Spares:
     def prepare(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         """Start a spare for the next attempt of this command (none when it cannot have one); the
         ticks that follow add the reserve."""
-        if not self.enabled or isinstance(target_of(argv), str):
+        target = target_of(argv)
+        if not self.enabled or isinstance(target, str) or not runs_as_file(self.cwd / target.script):
             self._command = None
             return
         self._command = (list(argv), dict(env))
