@@ -83,8 +83,10 @@ def test_a_resumed_run_reports_the_scripts_own_steps(tmp_path: Path, optimizer: 
         assert optimizer == "sgd" or adam_steps(Path(c["path"])) == {c["step"]}, c
     events = journal.events()
     assert [e["data"]["step"] for e in events if e["kind"] == "resume_point"] == [4, 4]
-    # Each attempt's first step, as the script printed it: 1, none before the OOM at 5, then 5 after the resume.
-    assert [(e["attempt"], e["data"]["step"]) for e in events if e["kind"] == "worker_step"] == [(1, 1), (3, 5)]
+    # The step records journaled (each attempt's first, then at most one every few seconds) are steps the
+    # script printed; the last attempt's first is 5, one past the step it resumed at.
+    steps = [(e["attempt"], e["data"]["step"]) for e in events if e["kind"] == "worker_step"]
+    assert {s for _, s in steps} <= set(printed) and [s for a, s in steps if a == 3][:1] == [5], steps
     assert journal.attempts()[-1]["last_step"] == 8
     text = oomguard("report", "--run-dir", str(run_dir)).stdout
     assert f"newest {out}/checkpoint-8 (step 8)" in text and "last progress: step 8/8," in text, text
