@@ -36,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--long-every", type=int, default=5, help="every Nth step has long sequences")
     p.add_argument("--memory-budget-mb", type=int, default=0, help="host memory budget (RLIMIT_AS)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="sgd keeps no step count in its state")
     return p.parse_args()
 
 
@@ -83,7 +85,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     model = TokenMLP()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt: torch.optim.Optimizer = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.optimizer == "adamw"
+                                  else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     start = 0
     if args.resume_from:
         state = torch.load(args.resume_from / "state.pt")
@@ -95,8 +98,7 @@ def main() -> None:
     print(f"micro-batch {args.batch_size} x accumulation {args.gradient_accumulation_steps} "
           f"= {global_batch}", flush=True)
     if args.memory_budget_mb:
-        train_step(model, opt, batch_for_step(0, 1, 10**9, args.seed), 1)  # map the allocator's pools
-        opt.zero_grad(set_to_none=True)
+        warm_up(model, batch_for_step(0, 1, 10**9, args.seed))
         limit_memory(args.memory_budget_mb)
     for step in range(start, args.steps):
         tokens = batch_for_step(step, global_batch, args.long_every, args.seed)
@@ -104,6 +106,15 @@ def main() -> None:
         print(f"step {step + 1}/{args.steps} seq {tokens.shape[1] - 1} loss {loss:.4f}", flush=True)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save(args.output, step + 1, model, opt)
+
+
+def warm_up(model: nn.Module, tokens: torch.Tensor) -> None:
+    """Map the allocator's pools with one forward and backward pass, and no optimizer step: a step
+    here would train on a batch that is no step's, on every start (a resume's too), and its count
+    (the optimizer's, a supervisor's) would run ahead of the script's own step."""
+    logits = model(tokens[:, :-1])
+    nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    model.zero_grad(set_to_none=True)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, micro: int) -> float:
