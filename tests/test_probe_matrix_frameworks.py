@@ -16,6 +16,7 @@ misses are left out of the comparison, and nothing else of theirs is compared).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -55,7 +56,8 @@ class Process:
 
 @pytest.fixture(scope="session")
 def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("inductor-cache"))
+    """One inductor cache for the session (the one in the environment, if any): a graph compiled once."""
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(tmp_path_factory.mktemp("inductor-cache"))
 
 
 def train(tmp: Path, argv: list[str], cache: str, probe: bool, **extra: str) -> dict[int, Process]:
