@@ -19,7 +19,7 @@ import argparse
 import resource
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,6 +76,7 @@ class MemoryBudget(TrainerCallback):
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
+    set_seed(0)  # before the model, as HF's example scripts do: its weights are the same in every run
     config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=32, n_layer=args.n_layer, n_head=2)
     model = GPT2LMHeadModel(config)
     steps_data = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps

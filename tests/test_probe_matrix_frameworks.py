@@ -48,10 +48,16 @@ class Process:
     compiles: list[dict[str, Any]]
 
     def dynamo(self) -> dict[str, dict[str, int]]:
-        return {section: self.counters.get(section, {}) for section in DYNAMO_SECTIONS}
+        # A section no one counted in is absent, or empty where something only looked (a cold cache's).
+        return {section: self.counters.get(section) or {} for section in DYNAMO_SECTIONS}
+
+    def frames(self) -> list[dict[str, Any]]:
+        """The frames dynamo compiled, each with its ops and the guard that failed for a recompile. Not
+        the metrics of a compile that is no frame's (``None None``: a backward compiled on a cold cache)."""
+        return [c for c in self.compiles if c["code"] != "None None"]
 
     def recompiles(self) -> list[str]:
-        return [c["recompile_reason"] for c in self.compiles if c["recompile_reason"] is not None]
+        return [c["recompile_reason"] for c in self.frames() if c["recompile_reason"] is not None]
 
 
 @pytest.fixture(scope="session")
@@ -96,10 +102,9 @@ def assert_invisible(tmp: Path, argv: list[str], cache: str, **extra: str) -> tu
         assert with_probe.losses == without.losses, rank  # exact floats: the same bits
         assert [s["params"] for s in with_probe.steps] == [s["params"] for s in without.steps], rank
         assert with_probe.dynamo() == without.dynamo(), rank
-        assert with_probe.recompiles() == without.recompiles(), rank
-        assert [c["code"] for c in with_probe.compiles] == [c["code"] for c in without.compiles], rank
+        assert with_probe.frames() == without.frames(), rank  # the same frames, ops and recompiles
         assert with_probe.counters["stats"]["unique_graphs"] >= 1  # it compiled: the case tests what it says
-    failed = [r for r in records(tmp / "probed", "probe") if r["state"] != "loaded"]
+    failed = [r for r in records(tmp / "probed", "probe") if r["state"] == "failed"]
     assert not failed, failed
     return probed_all, probed.get("0", probed.get(None, next(iter(probed.values()))))
 
@@ -113,8 +118,9 @@ def probe_counted(tmp: Path, processes: dict[int, Process], steps: int) -> None:
     for pid, process in processes.items():
         if not process.steps:
             continue
-        loaded = [r for r in records(tmp / "probed", "probe") if r["pid"] == pid]
-        assert [r["state"] for r in loaded] == ["loaded"]
+        states = [r["state"] for r in records(tmp / "probed", "probe") if r["pid"] == pid]
+        # loaded once; what it left out where the program compiles is said once, never a failure
+        assert states.count("loaded") == 1 and "failed" not in states and len(states) <= 2, states
         assert last_step(tmp / "probed", pid) == steps == optimizer_steps(process)
 
 
