@@ -76,7 +76,7 @@ def plain_step(model: nn.Module, opt: torch.optim.Optimizer, forward: Callable[.
 def compiled_opt_case(steps: int, out: Steps) -> None:
     model = LM()
     opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-2))  # a tensor lr: no recompile per value
-    opt_step = torch.compile(opt.step)
+    opt_step = torch.compile(opt.step, backend="aot_eager")  # dynamo's side is what the probe meets
 
     def step(i: int) -> Any:
         loss = model(*batch(i))
@@ -148,9 +148,38 @@ def two_case(steps: int, out: Steps) -> None:
     train(step, steps, out)
 
 
+# fullgraph and dynamic go through aot_eager: what the probe meets is dynamo's tracing (the same for
+# every backend); inductor's code generation would only add minutes to CI (it has its own cases).
+class Tokens(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx, targets = batch(index)
+        return idx[0], targets[0]
+
+
+def loader_case(steps: int, out: Steps, context: str) -> None:
+    """Batches from a DataLoader worker started by ``context`` (fork or spawn): it imports torch and
+    gets the probe too, and never steps."""
+    model = LM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(Tokens(), batch_size=BATCH, num_workers=1, multiprocessing_context=context)
+    data = iter(loader)
+
+    def step(_: int) -> Any:
+        loss = model(*next(data))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    train(step, steps, out)
+
+
 COMPILES: dict[str, dict[str, Any]] = {
-    "compile": {}, "fullgraph": {"fullgraph": True}, "dynamic": {"dynamic": True},
-    "max_autotune": {"mode": "max-autotune-no-cudagraphs"},
+    "compile": {}, "fullgraph": {"fullgraph": True, "backend": "aot_eager"},
+    "dynamic": {"dynamic": True, "backend": "aot_eager"}, "max_autotune": {"mode": "max-autotune-no-cudagraphs"},
 }
 
 
@@ -162,9 +191,13 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     out = Steps()
-    special = {"compiled_opt": compiled_opt_case, "func": func_case, "amp": amp_case, "two": two_case}
+    special = {"compiled_opt": compiled_opt_case, "func": func_case, "amp": amp_case, "two": two_case,
+               "loader_fork": loader_case, "loader_spawn": loader_case}
     if args.case in special:
-        special[args.case](args.steps, out)
+        if args.case.startswith("loader_"):
+            loader_case(args.steps, out, args.case.removeprefix("loader_"))
+        else:
+            special[args.case](args.steps, out)
         if args.case != "amp":
             out.write()
         return
