@@ -43,6 +43,7 @@ out_dir = "out"
 init_from = "scratch"
 memory_budget_mb = 0
 budget_from_iter = 4
+compile = False  # nanoGPT's switch (its default is True): torch.compile the model (inductor on CPU)
 
 
 def configure(argv: list[str]) -> None:
@@ -50,7 +51,8 @@ def configure(argv: list[str]) -> None:
         key, eq, value = arg.removeprefix("--").partition("=")
         if key not in globals() or not eq:
             sys.exit(f"unknown or malformed override {arg!r}")
-        globals()[key] = type(globals()[key])(value)
+        kind = type(globals()[key])
+        globals()[key] = value in ("True", "1") if kind is bool else kind(value)
 
 
 class TinyLM(nn.Module):
@@ -121,6 +123,9 @@ def main() -> None:
         optimizer.load_state_dict(checkpoint["optimizer"])
         iter_num = checkpoint["iter_num"]
     model: nn.Module = DDP(raw_model) if ddp else raw_model
+    if compile:
+        print("compiling the model... (takes a ~minute)", flush=True)
+        model = torch.compile(model)  # type: ignore[assignment]
     while True:
         if iter_num % eval_interval == 0 and master_process:
             print(f"step {iter_num}: train loss {0.0:.4f}, val loss {0.0:.4f}", flush=True)
