@@ -67,7 +67,8 @@ def run_once(tmp: Path, argv: list[str], probed: bool, timeout: float = 300, **e
     if probed:  # as the supervisor's attempt gets it (run/runtime.py)
         env.update(PYTHONPATH=with_probe(env["PYTHONPATH"]), OOMGUARD_EVENTS=str(tmp / "events.jsonl"))
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
-    assert done.returncode == 0, f"{'probed' if probed else 'plain'} run failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
+    which = "probed" if probed else "plain"
+    assert done.returncode == 0, f"{which} run failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
     data = json.loads(out_file.read_text())
     events = tmp / "events.jsonl"
     records = [json.loads(line) for line in events.read_text().splitlines()] if probed and events.exists() else []

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from probing_matrix import MATRIX_DIR, Run, assert_invisible, run_once, run_pair, tax
 
 TINY = str(MATRIX_DIR / "tiny.py")

@@ -68,7 +68,7 @@ def wrap_compile(torch: Any, disarm: Callable[[], None]) -> None:
         return  # torch before 2.0 has none: nothing compiles through it
 
     @functools.wraps(original)
-    def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - the name torch's users see
+    def compile(*args: Any, **kwargs: Any) -> Any:
         try:
             disarm()
         except Exception as exc:

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from matrix_report import Steps
 from tiny import LM, batch
 

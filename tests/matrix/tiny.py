@@ -8,10 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from matrix_report import Steps
 from torch import nn
 from torch.nn import functional as F
-
-from matrix_report import Steps
 
 VOCAB, WIDTH, SEQ, BATCH = 64, 32, 16, 4
 
