@@ -64,7 +64,7 @@ class ProbeReport:
                 self.partial.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
 
     def as_meta(self) -> dict[str, Any]:
-        """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, why."""
+        """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, partial, why."""
         if not self.enabled:
             return {"state": "off", "why": "turned off (--no-probe)", "processes": 0, "failures": []}
         ranks = sorted({rank for rank in self.loaded.values() if rank is not None})
