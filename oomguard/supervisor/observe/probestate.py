@@ -76,5 +76,5 @@ class ProbeReport:
             state = "none"
             why = self.command_note or "no process has imported torch and taken an optimizer step yet"
         return {"state": state, "why": why, "processes": len(self.loaded), "ranks": ranks,
-                "failures": list(self.failures), "partial": list(self.partial)}
+                "failures": list(self.failures), **({"partial": list(self.partial)} if self.partial else {})}
 
