@@ -64,7 +64,7 @@ class ProbeReport:
                 self.partial.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
 
     def as_meta(self) -> dict[str, Any]:
-        """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, why."""
+        """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, partial, why."""
         if not self.enabled:
             return {"state": "off", "why": "turned off (--no-probe)", "processes": 0, "failures": []}
         ranks = sorted({rank for rank in self.loaded.values() if rank is not None})
@@ -76,5 +76,5 @@ class ProbeReport:
             state = "none"
             why = self.command_note or "no process has imported torch and taken an optimizer step yet"
         return {"state": state, "why": why, "processes": len(self.loaded), "ranks": ranks,
-                "failures": list(self.failures), "partial": list(self.partial)}
+                "failures": list(self.failures), **({"partial": list(self.partial)} if self.partial else {})}
 
