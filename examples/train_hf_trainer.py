@@ -19,7 +19,7 @@ import argparse
 import resource
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 
 def parse_args() -> argparse.Namespace:
@@ -35,6 +35,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--disable_tqdm", action="store_true", help="no progress bar (usual in batch jobs)")
     p.add_argument("--log_level", default="passive", help="the Trainer's log level, e.g. info")
     p.add_argument("--n_layer", type=int, default=1)
+    p.add_argument("--torch_compile", action="store_true", help="the Trainer compiles the model (inductor)")
     p.add_argument("--quiet", action="store_true", help="print nothing of its own")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--vocab", type=int, default=16384)
@@ -75,6 +76,7 @@ class MemoryBudget(TrainerCallback):
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
+    set_seed(0)  # before the model, as HF's example scripts do: its weights are the same in every run
     config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=32, n_layer=args.n_layer, n_head=2)
     model = GPT2LMHeadModel(config)
     steps_data = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -84,6 +86,7 @@ def main() -> None:
         save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit,
         logging_steps=args.logging_steps, disable_tqdm=args.disable_tqdm, log_level=args.log_level,
         report_to="none", use_cpu=True, dataloader_num_workers=0, seed=0, learning_rate=1e-3,
+        torch_compile=args.torch_compile,
     )
     say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
     say(f"micro-batch {args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps}")

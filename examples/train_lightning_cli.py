@@ -6,7 +6,8 @@ It prints nothing itself: what reaches the output is Lightning's own (its progre
 A small MLP on synthetic data, CPU. With ``--model.memory_budget_mb`` the process gets a host memory
 budget (RLIMIT_AS) once step ``--model.budget_from_step`` is done: a micro-batch too large for it then
 fails in PyTorch's real allocator (``DefaultCPUAllocator: can't allocate memory``) after a checkpoint
-exists.
+exists. With ``--model.compile true`` the module compiles its network in ``configure_model`` (the hook
+Lightning runs before the optimizers are configured, where its docs apply ``torch.compile``).
 
     oomguard run --micro-batch 16 --global-batch 32 \\
         --checkpoint 'lightning_logs/version_*/checkpoints/*.ckpt' --resume-args '--ckpt_path {checkpoint}' -- \\
@@ -29,12 +30,16 @@ class TinyRegressor(L.LightningModule):
     """An MLP over (batch, tokens, features) inputs: each sample's activations take a few MiB."""
 
     def __init__(self, features: int = 256, hidden: int = 1024, lr: float = 1e-3, memory_budget_mb: int = 0,
-                 budget_from_step: int = 4) -> None:
+                 budget_from_step: int = 4, compile: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(features, hidden), nn.GELU(), nn.Linear(hidden, features))
         self.budget_set = False
         self.stepped = False  # an optimizer step ran in this process: its state exists before the budget
+
+    def configure_model(self) -> None:
+        if self.hparams["compile"] and not isinstance(self.net, torch._dynamo.eval_frame.OptimizedModule):
+            self.net = torch.compile(self.net)  # the same parameters: the optimizer and checkpoints see them
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

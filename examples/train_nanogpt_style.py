@@ -1,6 +1,9 @@
 """A nanoGPT-style training script: ``--key=value`` overrides of module globals, one ``out/ckpt.pt``
 rewritten at each evaluation, ``--init_from=resume``, and the log lines nanoGPT prints
-(``step N: train loss ...`` at evaluations, ``iter N: loss ...`` each iteration).
+(``step N: train loss ...`` at evaluations, ``iter N: loss ...`` each iteration), and nanoGPT's
+``compile = True``: the model is ``torch.compile``d (inductor, on CPU too) before DDP wraps it, and
+the checkpoint holds the compiled module's state (keys ``_orig_mod.*``), which a resume strips as
+nanoGPT does. ``--compile=False`` trains it eagerly, as nanoGPT's README runs it on a laptop.
 
 The checkpoint's name carries no step, so oomguard takes its step from the output. With
 ``--memory_budget_mb`` the process gets a host memory budget (RLIMIT_AS) after iteration
@@ -27,6 +30,7 @@ import os
 import resource
 import sys
 import time
+from ast import literal_eval
 
 import torch
 from torch import nn
@@ -43,6 +47,7 @@ out_dir = "out"
 init_from = "scratch"
 memory_budget_mb = 0
 budget_from_iter = 4
+compile = True  # nanoGPT's default: use PyTorch 2.0 to compile the model to be faster
 
 
 def configure(argv: list[str]) -> None:
@@ -50,7 +55,13 @@ def configure(argv: list[str]) -> None:
         key, eq, value = arg.removeprefix("--").partition("=")
         if key not in globals() or not eq:
             sys.exit(f"unknown or malformed override {arg!r}")
-        globals()[key] = type(globals()[key])(value)
+        try:
+            parsed = literal_eval(value)  # as nanoGPT's: --compile=False is a bool, --init_from=resume a str
+        except (SyntaxError, ValueError):
+            parsed = value
+        if type(parsed) is not type(globals()[key]):
+            sys.exit(f"override {arg!r} is a {type(parsed).__name__}, not a {type(globals()[key]).__name__}")
+        globals()[key] = parsed
 
 
 class TinyLM(nn.Module):
@@ -110,17 +121,26 @@ def main() -> None:
         fixed_mmap_threshold()
     torch.manual_seed(1337)
     torch.set_num_threads(1)
-    raw_model = TinyLM()
+    raw_model: nn.Module = TinyLM()
     optimizer = torch.optim.AdamW(raw_model.parameters(), lr=1e-3)
     iter_num = 0
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     if init_from == "resume":
         print(f"Resuming training from {out_dir}", flush=True)
         checkpoint = torch.load(ckpt_path)
-        raw_model.load_state_dict(checkpoint["model"])
+        # a compiled model's checkpoint says _orig_mod. before each key; nanoGPT strips it the same way
+        unwanted_prefix = "_orig_mod."
+        state_dict = {k.removeprefix(unwanted_prefix): v for k, v in checkpoint["model"].items()}
+        raw_model.load_state_dict(state_dict)
         optimizer.load_state_dict(checkpoint["optimizer"])
         iter_num = checkpoint["iter_num"]
-    model: nn.Module = DDP(raw_model) if ddp else raw_model
+    model: nn.Module = raw_model
+    if compile:
+        print("compiling the model... (takes a ~minute)", flush=True)
+        model = torch.compile(model)
+    if ddp:
+        model = DDP(model)
+    raw_model = model.module if ddp else model  # nanoGPT's: the compiled module, whose state it saves
     while True:
         if iter_num % eval_interval == 0 and master_process:
             print(f"step {iter_num}: train loss {0.0:.4f}, val loss {0.0:.4f}", flush=True)

@@ -42,3 +42,8 @@ def failed(detail: str) -> None:
 
 def loaded(detail: str) -> None:
     emit(protocol.PROBE, state="loaded", detail=detail)
+
+
+def partial(detail: str) -> None:
+    """One ``probe`` record saying what the probe does not do in this process, by design (the rest runs)."""
+    emit(protocol.PROBE, state="partial", detail=detail[:500])

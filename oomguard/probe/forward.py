@@ -16,6 +16,12 @@ fixed memory: weights, and after a step the optimizer state) so the rest can be 
 The hooks are armed only until the process's first optimizer step (``stepped``): the OOM a too-large
 micro-batch meets comes in the first step, and after it a module call takes torch's fast path
 again (no global hook), so a training run pays the hooks for one step only.
+
+Under ``torch.compile`` the hooks must be gone before dynamo traces anything: dynamo inlines every
+global module hook into the graph it builds (our side effects broke its tracing: "already tracked
+for mutation") and guards on how many there are (removing them at the first step then recompiled
+every graph). ``compiled()``, called at dynamo's compile start (probe/compiled.py), disarms the
+tracker for good: such a process has no forward figures, and says so once at its first step.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ class ForwardTracker:
     def __init__(self, torch: Any) -> None:
         self._torch = torch
         self._handles: list[Any] = []
+        compiler = getattr(torch, "compiler", None)
+        # True while dynamo traces (a hook traced into a graph must do nothing); torch < 2.3 has none.
+        self._compiling: Any = getattr(compiler, "is_compiling", None) or (lambda: False)
+        self.off_for_compile = False  # disarmed at a torch.compile before the first step: no forward figures
         self.forget()
 
     def forget(self) -> None:
@@ -55,6 +65,12 @@ class ForwardTracker:
         for handle in handles:
             handle.remove()
 
+    def compiled(self) -> None:
+        """Dynamo is about to trace: disarm before it sees the hooks (once armed, never again)."""
+        if self._handles:
+            self.disarm()
+            self.off_for_compile = True
+
     def stepped(self) -> None:
         """The process's first optimizer step: disarm, and read what it holds now that its optimizer
         state and gradients exist and the step's activations are freed (a truer fixed memory than
@@ -71,6 +87,8 @@ class ForwardTracker:
 
     def pre(self, module: Any, args: Any) -> None:
         """The global forward pre-hook. Never raises into the program."""
+        if self._compiling():
+            return  # traced by dynamo (a torch without its compile-start callback): nothing in the graph
         try:
             # The outermost module entered again inside its own forward: that forward never returned (an
             # OOM the script caught, its post hooks skipped), so this is a new one, not more of it.
@@ -85,6 +103,8 @@ class ForwardTracker:
 
     def post(self, module: Any, args: Any, output: Any) -> None:
         """The global forward hook: at the outermost module's return, the forward is complete."""
+        if self._compiling():
+            return
         self._depth -= 1
         if self._depth <= 0:
             self._depth = 0
@@ -101,7 +121,7 @@ class ForwardTracker:
     def figures(self, measure: str) -> dict[str, Any]:
         """The progress and the fixed memory in ``measure`` (``memory.held``'s keys), at an OOM."""
         fixed = None if self._fixed is None else self._fixed.get(measure)
-        if self._root is None:
+        if self._root is None or self.off_for_compile:  # the count stopped mid-forward: no fraction
             return {"fixed_bytes": fixed, "forward_fraction": None, "forward_basis": None, "forward_leaves": None}
         if self._done:
             whole, basis = self._leaves, "done"

@@ -101,8 +101,10 @@ def limit_bytes(cuda: Any, index: int) -> int:
 
 
 def device_peaks(torch: Any) -> dict[str, dict[str, int]]:
-    """Per device this process allocated on: the allocator's peak allocated and reserved since the
-    last reading (then reset, so the next reading is the next interval's), and the limit."""
+    """Per device this process allocated on: the allocator's peak allocated and reserved as the
+    allocator reports them (since the process started, or since the program's own
+    ``reset_peak_memory_stats``), and the limit. Never reset here: the program's own
+    ``max_memory_allocated()`` and ``memory_stats()`` must read what they would without the probe."""
     cuda = torch.cuda
     if not cuda.is_initialized():
         return {}
@@ -111,8 +113,6 @@ def device_peaks(torch: Any) -> dict[str, dict[str, int]]:
         reserved = int(cuda.max_memory_reserved(index))
         if not reserved:
             continue  # a device this process never allocated on (another rank's)
-        allocated = int(cuda.max_memory_allocated(index))
-        cuda.reset_peak_memory_stats(index)
-        peaks[f"cuda:{index}"] = {"allocated_peak": allocated, "reserved_peak": reserved,
+        peaks[f"cuda:{index}"] = {"allocated_peak": int(cuda.max_memory_allocated(index)), "reserved_peak": reserved,
                                   "limit_bytes": limit_bytes(cuda, index)}
     return peaks

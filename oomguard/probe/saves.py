@@ -39,9 +39,12 @@ def install(torch: Any, step: Callable[[], int | None]) -> None:
     original = torch.save
     if getattr(original, _MARK, False):
         return
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
     @functools.wraps(original)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        if compiling():  # traced by dynamo (a save inside compiled code): the save alone, as without us
+            return original(obj, f, *args, **kwargs)
         started, at = time.time(), step()
         result = original(obj, f, *args, **kwargs)  # its exception is the program's
         try:

@@ -51,6 +51,10 @@ def _attach(torch: ModuleType) -> None:
         if tracker is not None:
             counter.extra = tracker.step_figures
             os.register_at_fork(after_in_child=tracker.forget)
+            from . import compiled
+
+            compiled.wrap_compile(torch, tracker.compiled)  # gone before dynamo sees them (probe/compiled.py)
+            compiled.watch(tracker.compiled)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
     counter.first_step = _at_first_step(tracker)
@@ -69,10 +73,13 @@ def _attach(torch: ModuleType) -> None:
 def _at_first_step(tracker: Any) -> Callable[[Any], None]:
     """What the process's first optimizer step does: disarm the forward tracker (armed for the first
     step only, probe/forward.py) and read it, then say which model it trains (probe/model.py)."""
-    from . import model
+    from . import channel, model
 
     def first(optimizer: Any) -> None:
         if tracker is not None:
+            if tracker.off_for_compile:  # said once, by a process that trains (a compile worker never steps)
+                channel.partial("no forward figures in this process: it compiled (torch.compile) before its first "
+                                "optimizer step, and the forward hooks were removed before dynamo could see them")
             tracker.stepped()
         model.report(optimizer)
 

@@ -9,6 +9,12 @@ in its restored state (``state[p]["step"]``), else the supervisor's ``OOMGUARD_C
 
 The hook does a dictionary lookup, two additions and a clock read; a ``step`` record is written at
 most every ``every`` seconds (the first step at once, the last one at exit).
+
+An optimizer step the program runs inside ``torch.compile`` (``torch.compile(opt.step)``, a compiled
+function that steps) is not counted: dynamo traces the hook into the compiled code, where anything
+it did would be a graph break or a guard (a count read is an int dynamo specializes on: a recompile
+per step). Traced, the hook only stores a constant (``compiled_steps_seen``), which dynamo replays
+after each compiled step without a guard; the probe says once that such steps go uncounted.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ class StepCounter:
         # Called once, at this process's first step, with the optimizer that took it.
         self.first_step: Callable[[Any], None] | None = None
         self.extra: Callable[[], dict[str, Any]] | None = None  # more fields for each step record
+        compiler = getattr(torch, "compiler", None)
+        # True while dynamo traces the hook (torch < 2.3 has no such test: its dynamo did not trace hooks).
+        self._compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
         self.forget()
 
     def forget(self) -> None:
@@ -56,15 +65,21 @@ class StepCounter:
         self._last: float | None = None
         self._next = 0.0
         self._said: set[str] = set()
+        self.compiled_steps_seen = False  # set by compiled code after a step it ran (never reset)
 
     @property
     def known(self) -> int | None:
         """The step reached, or None before this process's first optimizer step: a resumed count is
         read at that step (``resumed_step``), so before it the count says 0 after a resume."""
+        self.tell_compiled()  # a save: one of the few moments a fully compiled loop runs our code
         return self.step if self._local > 0 else None
 
     def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """torch's global optimizer post hook: one step of ``optimizer``. Never raises into it."""
+        if self._compiling():
+            # Traced into compiled code: a constant store is all dynamo replays without a guard or a break.
+            self.compiled_steps_seen = True
+            return
         try:
             entry = self._counts.get(id(optimizer))
             if entry is None:
@@ -79,6 +94,13 @@ class StepCounter:
                 self.report(now)
         except Exception as exc:  # a bug of ours must not end a training run
             self._broken(f"step hook: {type(exc).__name__}: {exc}")
+
+    def tell_compiled(self) -> None:
+        """Say once that optimizer steps ran compiled, uncounted (the step is then read from the output)."""
+        if self.compiled_steps_seen and "compiled" not in self._said:
+            self._said.add("compiled")
+            channel.partial("optimizer steps run inside torch.compile are not counted: dynamo would trace "
+                            "the step hook into the compiled code")
 
     def _broken(self, detail: str) -> None:
         if detail not in self._said:
@@ -102,6 +124,7 @@ class StepCounter:
     def report(self, now: float | None = None) -> None:
         """Write a ``step`` record: the steps since the last one, how long they took, the memory."""
         now = self._clock() if now is None else now
+        self.tell_compiled()
         steps, self._reported = self._local - self._reported, self._local
         seconds = None if self._last is None else round(now - self._last, 6)  # the first step's start is unknown
         self._last, self._next = now, now + self._every
@@ -119,6 +142,7 @@ class StepCounter:
 
     def flush(self) -> None:
         """At exit: the steps taken since the last record."""
+        self.tell_compiled()
         if self._local > self._reported:
             self.report()
 

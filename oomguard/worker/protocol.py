@@ -39,10 +39,12 @@ BATCH = "batch"  # micro_batch, grad_accum, reason (oom | grow | grow_failed | r
 # Written by the in-process probe (oomguard/probe/), which the supervisor loads into every Python
 # process of the worker through a sitecustomize on PYTHONPATH. Every probe record also carries pid,
 # rank, local_rank and world_size (None outside a launcher).
-PROBE = "probe"  # state (loaded | off | failed), detail: once per process that imports torch, and on failures
+PROBE = "probe"  # state (loaded | off | failed | partial), detail: once per process that trains, on failures, and
+#                   once per part it does not do there by design (partial: forward figures, compiled steps)
 STEP = "step"  # step (the optimizer step reached, resumed count included), steps (optimizer steps since the
 #                last step record), seconds (wall time those steps took), rss_bytes, and per CUDA device
-#                "cuda:N": allocated_peak, reserved_peak (since the last step record, then reset),
+#                "cuda:N": allocated_peak, reserved_peak (the allocator's peaks as it reports them: since the
+#                process started or the program's own reset_peak_memory_stats; the probe never resets them),
 #                limit_bytes (the per-process fraction's cap, else total) in the mapping ``devices``;
 #                vm_limit_bytes (RLIMIT_AS, or None) and, under it, vm_peak_bytes (the address space's peak);
 #                held_after_first_step: {"address_space"|"rss"|"cuda_allocated": bytes} read right after the

@@ -1,7 +1,8 @@
 """Whether the probe (oomguard/probe/) is in the worker, and if not, why: for the journal and status.
 
 The probe writes one ``probe`` record per process that trains (state loaded, at its first optimizer
-step) and one per failure. ``ProbeReport`` folds them into the ``probe`` entry of the journal's
+step), one per failure, and one per part it leaves undone there by design (state partial: under
+``torch.compile``, docs/probe.md). ``ProbeReport`` folds them into the ``probe`` entry of the journal's
 meta: loaded in N processes, failed with the probe's own words, turned off (--no-probe), or none
 seen yet and the likely reason (a command that is not Python, or no optimizer step taken yet).
 """
@@ -49,6 +50,7 @@ class ProbeReport:
     loaded: dict[int, int | None] = field(default_factory=dict)  # pid -> rank
     failures: list[dict[str, Any]] = field(default_factory=list)
     off_why: str | None = None  # why it is off, when not by --no-probe (it failed an earlier attempt)
+    partial: list[dict[str, Any]] = field(default_factory=list)  # what it does not do there, by design
 
     @staticmethod
     def for_command(enabled: bool, argv: list[str] | tuple[str, ...], off_why: str | None = None) -> ProbeReport:
@@ -61,9 +63,13 @@ class ProbeReport:
             self.loaded[pid] = record.get("rank")
         elif state == "failed" and len(self.failures) < MAX_FAILURES:
             self.failures.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
+        elif state == "partial" and isinstance(pid, int):
+            self.loaded[pid] = record.get("rank")  # only a loaded probe knows what it left undone
+            if len(self.partial) < MAX_FAILURES:
+                self.partial.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
 
     def as_meta(self) -> dict[str, Any]:
-        """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, why."""
+        """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, partial, why."""
         if not self.enabled:
             return {"state": "off", "why": self.off_why or "turned off (--no-probe)", "processes": 0, "failures": []}
         ranks = sorted({rank for rank in self.loaded.values() if rank is not None})
@@ -75,5 +81,5 @@ class ProbeReport:
             state = "none"
             why = self.command_note or "no process has imported torch and taken an optimizer step yet"
         return {"state": state, "why": why, "processes": len(self.loaded), "ranks": ranks,
-                "failures": list(self.failures)}
+                "failures": list(self.failures), **({"partial": list(self.partial)} if self.partial else {})}
 

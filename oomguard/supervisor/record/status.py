@@ -204,6 +204,9 @@ def probe_text(probe: dict[str, Any]) -> str:
         text = f"loaded in {count} process{'es' if count != 1 else ''}"
         if probe.get("ranks"):
             text += " (ranks " + ", ".join(str(rank) for rank in probe["ranks"]) + ")"
+        partial = probe.get("partial") or []
+        if partial:
+            text += f"; not done in {len(partial)}: {partial[0]['detail']}"
         return text + (f"; a part failed in {len(failures)}: {failures[0]['detail']}" if failures else "")
     if state == "failed":
         return f"failed to load: {probe.get('why')} (the run goes on without it)"
