@@ -80,6 +80,8 @@ def test_nanogpt_default_compile_under_oomguard_run(tmp_path: Path, monkeypatch:
     assert doc["state"] == "succeeded" and doc["attempt"] == 1 and doc["failures"] == [], doc
     assert doc["progress"]["step"] == NANOGPT_STEPS and doc["newest_checkpoint"]["step"] == 4
     assert doc["probe"]["state"] == "loaded" and doc["probe"]["failures"] == [], doc["probe"]
+    assert "no forward figures" in doc["probe"]["partial"][0]["detail"]  # said once: it compiled before its first step
+    assert doc["progress"]["source"] == "probe"
     assert f"iter {NANOGPT_STEPS - 1}: loss" in out.stdout
 
 
