@@ -91,9 +91,11 @@ def test_log_requests_with_paths_or_huge_numbers_are_rejected(live_run: Run, pat
 
 def test_healthz_and_metrics(live_run: Run) -> None:
     assert live_run.get("healthz").json() == {"ok": True, "state": "running", "supervisor_alive": True}
-    # The newest sample may fall between two attempts, with no worker to read: wait for one that has it
+    # The newest sample may fall between two attempts, with no worker to read, and a fresh attempt has no
+    # rate before its first progress records: wait for a sample with both (run alone, the test came first)
     deadline = time.monotonic() + 30
-    while "oomguard_worker_rss_bytes" not in (text := live_run.get("metrics").text) and time.monotonic() < deadline:
+    while not ("oomguard_worker_rss_bytes" in (text := live_run.get("metrics").text)
+               and "oomguard_samples_per_second" in text) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert 'oomguard_state{state="running"} 1.0' in text
     assert "oomguard_micro_batch 4.0" in text and "oomguard_grad_accum 16.0" in text
