@@ -28,11 +28,24 @@ def pair(tmp: Path, case: str, steps: int = 8) -> tuple[Run, Run]:
     return plain, probed
 
 
+def assert_no_tax(tmp: Path, case: str, steps: int, plain: Run, probed: Run) -> None:
+    """The probed run's steady step time within TAX_BOUND of the plain run's, in the best of three
+    pairs: a tax of ours shows in every pair, while the other test process on a 2-core box slows one
+    run of a pair now and then (a compiled step of 2 ms read 1.61 once in a full CI run)."""
+    ratios = [tax(plain, probed, warmup=5)]
+    for again in range(2):
+        if min(ratios) < TAX_BOUND:
+            break
+        plain, probed = run_pair(tmp / f"again-{again}", [TINY, "--case", case, "--steps", str(steps)])
+        ratios.append(tax(plain, probed, warmup=5))
+    assert min(ratios) < TAX_BOUND, ratios
+
+
 def test_eager(tmp_path: Path) -> None:
     plain, probed = pair(tmp_path, "eager", steps=30)
     assert_invisible(plain, probed)
     assert probed.steps() == 30 and not plain.counters  # eager: dynamo never imported
-    assert tax(plain, probed, warmup=5) < TAX_BOUND
+    assert_no_tax(tmp_path, "eager", 30, plain, probed)
 
 
 @pytest.mark.parametrize("case", ["compile", "fullgraph", "dynamic", "max_autotune"])
@@ -44,7 +57,7 @@ def test_compiled_model(tmp_path: Path, case: str) -> None:
     [said] = probed.probe("partial")  # once: no forward figures in a process that compiled before its first step
     assert "no forward figures" in said["detail"]
     if case == "compile":
-        assert tax(plain, probed, warmup=5) < TAX_BOUND
+        assert_no_tax(tmp_path, case, 30, plain, probed)
 
 
 def test_compiled_optimizer_step(tmp_path: Path) -> None:
