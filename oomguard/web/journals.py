@@ -3,6 +3,12 @@
 The supervisor's own ``Journal`` serialises its users with a lock; if request threads shared it, a
 slow query would hold up the loop's next write. Each web thread instead opens its own read-only
 connection (SQLite WAL: readers never block the writer) and keeps it for later requests.
+
+A kept connection must never serve an old snapshot: under WAL, a connection with a statement left
+open stays inside its read transaction and sees the journal as it was when that began (``/metrics``
+once served step 100 for 30 s while the run went on). So each hand-out checks that a connection
+whose journal files changed since it last looked also saw a commit (``PRAGMA data_version``), and
+replaces one that did not.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ class JournalPool:
 
     def get(self) -> Journal:
         journal: Journal | None = getattr(self._local, "journal", None)
+        if journal is not None and self._pinned(journal):
+            self._drop(journal)
+            journal = None
         if journal is None:
             try:
                 journal = Journal(self.run_dir, readonly=True)
@@ -39,7 +48,24 @@ class JournalPool:
             self._local.journal = journal
             with self._lock:
                 self._all.append(journal)
+            self._pinned(journal)  # where it starts: its files and the commits it has seen
         return journal
+
+    def _pinned(self, journal: Journal) -> bool:
+        """Did the journal's files change (a commit, or a checkpoint of the WAL) while this
+        connection saw no commit? Then it is held in an old read snapshot. A checkpoint alone
+        answers yes too: the connection is replaced for nothing, which costs one open."""
+        key, version = journal_key(self.path), journal.data_version()
+        seen = (getattr(self._local, "key", None), getattr(self._local, "version", None))
+        self._local.key, self._local.version = key, version
+        return seen[0] is not None and key != seen[0] and version == seen[1]
+
+    def _drop(self, journal: Journal) -> None:
+        with self._lock:
+            self._all = [j for j in self._all if j is not journal]
+        self._local.journal = None
+        self._local.key = self._local.version = None
+        journal.close()
 
     def close(self) -> None:
         with self._lock:
@@ -49,10 +75,21 @@ class JournalPool:
 
 
 def last_event_id(journal: Journal) -> int:
-    """The newest event id, where a fresh live stream starts. ``Journal`` has no public query for
-    it and paging through ``events()`` from 0 costs a scan of the whole run."""
-    rows = journal._query("SELECT coalesce(max(id), 0) AS id FROM events")
-    return int(rows[0]["id"])
+    """The newest event id, where a fresh live stream starts."""
+    return journal.last_event_id()
+
+
+def journal_key(path: Path) -> tuple[int, ...]:
+    """What changes when anything is committed to the journal: the database and its WAL's
+    modification time, size and inode."""
+    key: list[int] = []
+    for file in (path, path.with_name(path.name + "-wal")):
+        try:
+            st = file.stat()
+            key += [st.st_mtime_ns, st.st_size, st.st_ino]
+        except FileNotFoundError:
+            key += [0, 0, 0]
+    return tuple(key)
 
 
 class StatusCache:
@@ -71,18 +108,8 @@ class StatusCache:
         self._at = 0.0
         self._body = b""
 
-    def _journal_key(self) -> tuple[int, ...]:
-        key: list[int] = []
-        for path in (self.pool.path, self.pool.path.with_name(self.pool.path.name + "-wal")):
-            try:
-                st = path.stat()
-                key += [st.st_mtime_ns, st.st_size, st.st_ino]
-            except FileNotFoundError:
-                key += [0, 0, 0]
-        return tuple(key)
-
     def get(self) -> bytes:
-        key, now = self._journal_key(), time.monotonic()  # before reading: a later commit re-keys
+        key, now = journal_key(self.pool.path), time.monotonic()  # before reading: a later commit re-keys
         with self._lock:
             if key == self._key and now - self._at < self.max_age:
                 return self._body

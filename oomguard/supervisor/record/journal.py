@@ -105,8 +105,14 @@ class Journal:
             yield self._db
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """Every row, and the statement closed whatever happens: an open statement keeps its
+        connection's read snapshot (WAL), and later reads on it would not see newer commits."""
         with self._lock:
-            return list(self._db.execute(sql, args))
+            cursor = self._db.execute(sql, args)
+            try:
+                return cursor.fetchall()
+            finally:
+                cursor.close()
 
     # --- writes (the supervisor) -------------------------------------------------------------
 
@@ -245,6 +251,16 @@ class Journal:
         rows = self._query("SELECT attempt, data FROM events WHERE kind = ? AND attempt IS NOT NULL ORDER BY id",
                            (kind,))
         return {r["attempt"]: json.loads(r["data"]) for r in rows}
+
+    def data_version(self) -> int:
+        """SQLite's count of commits by other connections as this connection sees them: unchanged
+        while a statement left open holds it in an old snapshot."""
+        return int(self._query("PRAGMA data_version")[0][0])
+
+    def all_event_data(self, kind: str) -> list[tuple[int | None, dict[str, Any]]]:
+        """(attempt, data) of every event of ``kind``, oldest first."""
+        rows = self._query("SELECT attempt, data FROM events WHERE kind = ? ORDER BY id", (kind,))
+        return [(r["attempt"], json.loads(r["data"])) for r in rows]
 
     def last_activity(self, attempt: int) -> float | None:
         """When an attempt was last heard of (its newest event or memory sample): when it ended, for

@@ -1,0 +1,250 @@
+"""One typed picture of a run, read from its journal: what status, the report, ``oomguard ls``, the
+API and the dashboard all render.
+
+Everything here comes from the journal's columns and its events' data, never from the words the
+supervisor wrote for people (a decision's reason is shown as written, never read back). A journal
+written before a structured field existed is brought up to date once, as it is read
+(``record/migration.py``). ``read_picture`` is cheap enough for every status poll; the report's
+full history (every event, every checkpoint write) is ``record/history.py``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from oomguard.supervisor.lifecycle.states import Ending
+from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.migration import ending_of
+
+TERMINAL = ("succeeded", "failed", "stopped")
+
+Data = Mapping[str, Any]  # an event's data or a meta value, as the journal holds it
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One ``memory_breakdown`` event: what held memory at a failure (or at an attempt's peak), in
+    bytes; None where it was not seen (the event's format is fixed, see docs/journal.md)."""
+
+    attempt: int
+    at: str  # "oom", "peak" or "last_reading"
+    micro_batch: int | None
+    rank: int | None
+    device: str
+    weights: int
+    frozen_weights: int
+    gradients: int
+    optimizer_state: int
+    optimizers: tuple[str, ...]
+    activations: int | None
+    cache: int | None
+    total: int | None
+    limit: int | None
+    limit_kind: str | None
+    processes: tuple[Data, ...] | None
+
+    @classmethod
+    def of(cls, attempt: int, data: Data) -> Breakdown:
+        processes = data.get("processes")
+        return cls(attempt=attempt, at=str(data.get("at")), micro_batch=data.get("micro_batch"),
+                   rank=data.get("rank"), device=str(data.get("device")), weights=int(data.get("weights") or 0),
+                   frozen_weights=int(data.get("frozen_weights") or 0), gradients=int(data.get("gradients") or 0),
+                   optimizer_state=int(data.get("optimizer_state") or 0),
+                   optimizers=tuple(data.get("optimizers") or ()), activations=data.get("activations"),
+                   cache=data.get("cache"), total=data.get("total"), limit=data.get("limit"),
+                   limit_kind=data.get("limit_kind"),
+                   processes=None if processes is None else tuple(processes))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt: the plan it ran with, how it ended, its peaks, and what was decided after it."""
+
+    number: int
+    started: float
+    ended: float | None
+    pid: int | None
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    world_size: int
+    checkpoint: str | None  # the checkpoint it started from
+    command: tuple[str, ...]
+    log_path: str
+    expandable_segments: bool
+    fallbacks_applied: int
+    returncode: int | None
+    exit_code: int | None
+    signal: int | None
+    kind: str | None  # the failure kind (classify.py), for a failure
+    evidence: str | None
+    decision: str | None  # what was done after it, in the words written then: shown, never parsed
+    last_step: int | None
+    peak_rss: int | None
+    peak_gpu: int | None
+    peak_allocated: int | None
+    ending: Ending | None  # None while it runs
+    stop_reason: str | None
+    breakdowns: tuple[Breakdown, ...] = ()  # memory_breakdown events, one per rank per failure
+
+    @property
+    def failed(self) -> bool:
+        """The one definition of a failure: the attempt ended failing, hanging, or by a lost peer."""
+        return self.ending is not None and self.ending.is_failure
+
+    @property
+    def exit(self) -> str:
+        """How its process ended (``exit 1``, ``signal 9 (SIGKILL)``), as everything says it."""
+        return exit_text(self.exit_code, self.signal, self.returncode)
+
+    def row(self) -> dict[str, Any]:
+        """The journal row's shape, with the ending migrated: what the API's attempts list gives."""
+        return {"attempt": self.number, "started": self.started, "ended": self.ended, "pid": self.pid,
+                "micro_batch": self.micro_batch, "grad_accum": self.grad_accum, "global_batch": self.global_batch,
+                "world_size": self.world_size, "checkpoint": self.checkpoint, "command": list(self.command),
+                "log_path": self.log_path, "expandable_segments": int(self.expandable_segments),
+                "fallbacks_applied": self.fallbacks_applied, "returncode": self.returncode,
+                "exit_code": self.exit_code, "signal": self.signal, "kind": self.kind, "evidence": self.evidence,
+                "decision": self.decision, "last_step": self.last_step, "peak_rss": self.peak_rss,
+                "peak_gpu": self.peak_gpu, "ending": None if self.ending is None else self.ending.value,
+                "stop_reason": self.stop_reason, "peak_allocated": self.peak_allocated}
+
+    @classmethod
+    def of(cls, row: Data, breakdowns: tuple[Breakdown, ...] = ()) -> Attempt:
+        return cls(number=row["attempt"], started=row["started"], ended=row["ended"], pid=row["pid"],
+                   micro_batch=row["micro_batch"], grad_accum=row["grad_accum"], global_batch=row["global_batch"],
+                   world_size=row["world_size"], checkpoint=row["checkpoint"], command=tuple(row["command"]),
+                   log_path=row["log_path"], expandable_segments=bool(row["expandable_segments"]),
+                   fallbacks_applied=row["fallbacks_applied"], returncode=row["returncode"],
+                   exit_code=row["exit_code"], signal=row["signal"], kind=row["kind"], evidence=row["evidence"],
+                   decision=row["decision"], last_step=row["last_step"], peak_rss=row["peak_rss"],
+                   peak_gpu=row["peak_gpu"], peak_allocated=row.get("peak_allocated"), ending=ending_of(row),
+                   stop_reason=row.get("stop_reason"), breakdowns=breakdowns)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint file as last seen: its newest write's step, and whether it failed to load."""
+
+    path: str
+    step: int | None
+    mtime: float
+    first_seen: float
+    attempt: int | None
+    bad: bool
+    reason: str | None
+
+    def row(self) -> dict[str, Any]:
+        return {"path": self.path, "step": self.step, "mtime": self.mtime, "first_seen": self.first_seen,
+                "attempt": self.attempt, "bad": int(self.bad), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The batch plan the run is at now (the journal's ``plan``)."""
+
+    micro_batch: int | None
+    grad_accum: int | None
+    global_batch: int | None
+    asked_global: int | None  # set once a script that takes no accumulation was shrunk
+    world_size: int | None
+    expandable_segments: bool
+    fallbacks_applied: int
+
+
+@dataclass(frozen=True)
+class Supervisor:
+    """The process that writes the journal: is it still there?"""
+
+    pid: int | None
+    started: float | None
+    alive: bool
+
+
+@dataclass(frozen=True)
+class RunPicture:
+    """A run as its journal tells it."""
+
+    run_dir: str | None
+    state: str
+    reason: str
+    command: tuple[str, ...] | None
+    attempt: int  # the current (or last) attempt's number
+    plan: Plan
+    supervisor: Supervisor
+    attempts: tuple[Attempt, ...]
+    checkpoints: tuple[Checkpoint, ...]  # newest step first, bad ones included
+    progress: Data | None  # the journal's latest progress record, whichever attempt it was
+    resume_points: Mapping[int, Data]  # per attempt: the checkpoint (and step) it started from
+    causes: Mapping[int, Data]  # per attempt: the attribution of its memory failure (decide/attribution.py)
+    own_failures: tuple[Data, ...]  # oomguard's own additions that failed an attempt (decide/ownfault.py)
+    latest_sample: Data | None
+    started: float | None
+    updated: float | None
+    meta: Data = field(repr=False)  # the rest (probe, spare, liveness, forecast...), rendered as is
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def failures(self) -> tuple[Attempt, ...]:
+        return tuple(a for a in self.attempts if a.failed)
+
+    @property
+    def good_checkpoints(self) -> tuple[Checkpoint, ...]:
+        return tuple(c for c in self.checkpoints if not c.bad)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+
+def read_picture(journal: Journal, alive: bool) -> RunPicture:
+    """The run's picture from one journal connection; ``alive``: is its supervisor still running
+    (the caller asks the OS, see ``status.supervisor_alive``)."""
+    meta = journal.meta()
+    breakdowns = _breakdowns(journal)
+    attempts = tuple(Attempt.of(row, breakdowns.get(row["attempt"], ())) for row in journal.attempts())
+    latest = journal.latest_samples(1)
+    return RunPicture(
+        run_dir=meta.get("run_dir"), state=meta.get("state", "starting"), reason=meta.get("reason", ""),
+        command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
+        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), alive),
+        attempts=attempts, checkpoints=tuple(_checkpoint(c) for c in journal.checkpoints()),
+        progress=meta.get("progress"), resume_points=journal.event_data("resume_point"),
+        causes=journal.event_data("attribution"),
+        own_failures=tuple({"attempt": n, **data} for n, data in journal.event_data("own_failure").items()),
+        latest_sample=latest[-1] if latest else None, started=meta.get("started"), updated=meta.get("updated"),
+        meta=meta)
+
+
+def _command(meta: Data) -> tuple[str, ...] | None:
+    command = (meta.get("config") or {}).get("command")
+    return None if command is None else tuple(command)
+
+
+def _plan(meta: Data) -> Plan:
+    plan, config = meta.get("plan") or {}, meta.get("config") or {}
+    return Plan(micro_batch=plan.get("micro_batch", config.get("micro_batch")), grad_accum=plan.get("grad_accum"),
+                global_batch=plan.get("global_batch"), asked_global=plan.get("asked_global"),
+                world_size=plan.get("world_size", config.get("world_size")),
+                expandable_segments=bool(plan.get("expandable_segments", False)),
+                fallbacks_applied=plan.get("fallbacks_applied", 0))
+
+
+def _checkpoint(row: Data) -> Checkpoint:
+    return Checkpoint(path=row["path"], step=row["step"], mtime=row["mtime"], first_seen=row["first_seen"],
+                      attempt=row["attempt"], bad=bool(row["bad"]), reason=row["reason"])
+
+
+def _breakdowns(journal: Journal) -> dict[int, tuple[Breakdown, ...]]:
+    """Every ``memory_breakdown`` event, by attempt, in the order they were written."""
+    found: dict[int, list[Breakdown]] = {}
+    for attempt, data in journal.all_event_data("memory_breakdown"):
+        if attempt is not None:
+            found.setdefault(attempt, []).append(Breakdown.of(attempt, data))
+    return {n: tuple(items) for n, items in found.items()}
