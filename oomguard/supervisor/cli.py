@@ -111,6 +111,49 @@ def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace, command: Sequence[str]) -> int:
+    if command:
+        raise UsageError("report", "takes no command after --",
+                         f"run: oomguard report --run-dir {shlex.quote(str(args.run_dir))}")
+    doc = report.read_report(Path(args.run_dir))
+    print(json.dumps(doc, indent=2, ensure_ascii=False) if args.json else report.format_report(doc))
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace, command: Sequence[str]) -> int:
+    roots = [Path(d) for d in args.dirs] or [Path.cwd()]
+    for root in roots:
+        if not root.is_dir():
+            raise UsageError("DIR", f"{root} is not a directory", "give directories that hold run directories")
+    rows = runs.list_runs(roots, args.depth)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif rows:
+        print(runs.format_runs(rows))
+    else:
+        print(f"no oomguard runs under {', '.join(map(str, roots))} (searched {args.depth} levels deep)")
+    return 0
+
+
+def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
+    """``status``, ``report`` and ``ls``: each renders the picture of a run its journal gives."""
+    status = sub.add_parser("status", help="show a run's state, batch and failures")
+    status.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
+    status.add_argument("--json", action="store_true", help="print the status document as JSON")
+    status.set_defaults(func=_cmd_status)
+    parser = sub.add_parser("report", help="summarise a run: time lost, failures, batch, checkpoints")
+    parser.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=_cmd_report)
+    parser = sub.add_parser("ls", help="list every run under directories: state, batch, failures, "
+                            "checkpoint, progress, supervisor, dashboard")
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help="where to look (default: the current directory)")
+    parser.add_argument("--depth", type=runs.depth, default=runs.MAX_DEPTH, metavar="N",
+                        help=f"how many directory levels below each DIR to search (default: {runs.MAX_DEPTH})")
+    parser.add_argument("--json", action="store_true", help="print the runs as a JSON list")
+    parser.set_defaults(func=_cmd_ls)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="oomguard", description="Keep PyTorch training alive through OOMs.")
     parser.add_argument("--version", action="version", version=f"oomguard {__version__}")
@@ -118,23 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
     add_arguments(run)
     run.set_defaults(func=_cmd_run)
-    status = sub.add_parser("status", help="show a run's state, batch and failures")
-    status.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
-    status.add_argument("--json", action="store_true", help="print the status document as JSON")
-    status.set_defaults(func=_cmd_status)
+    _add_reading_commands(sub)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser
 
 
-# Other modules' subcommands: each takes the subparsers object and sets ``func`` on its parser.
-EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
-EXTRA_COMMANDS.append(web_commands)  # oomguard checkpoint | restart | stop
-EXTRA_COMMANDS += [report.add_report_command, logs.add_logs_command]  # oomguard report | logs
-EXTRA_COMMANDS += [systemd.add_service_command, doctor.add_doctor_command]  # oomguard service | doctor
-EXTRA_COMMANDS.append(runs.add_ls_command)  # oomguard ls
-EXTRA_COMMANDS.append(notify.add_notify_test_command)  # oomguard notify-test
-EXTRA_COMMANDS.append(register_dashboard)  # oomguard dashboard: the many-runs page
+# Every other subcommand, in the order ``--help`` lists them: each takes the subparsers object and
+# sets ``func`` on its parser (run, status, report and ls are above).
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    web_commands,  # oomguard checkpoint | restart | stop
+    logs.add_logs_command,  # oomguard logs
+    systemd.add_service_command, doctor.add_doctor_command,  # oomguard service | doctor
+    notify.add_notify_test_command,  # oomguard notify-test
+    register_dashboard,  # oomguard dashboard: the many-runs page
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from oomguard.supervisor.lifecycle.states import Ending
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal
@@ -203,10 +205,24 @@ class RunPicture:
         return self.state in TERMINAL
 
 
-def read_picture(journal: Journal, alive: bool) -> RunPicture:
-    """The run's picture from one journal connection; ``alive``: is its supervisor still running
-    (the caller asks the OS, see ``status.supervisor_alive``)."""
+def supervisor_alive(meta: Data) -> bool:
+    """Is the supervisor that wrote this journal still running? (pid and start time must match, so a
+    reused pid is not mistaken for it)."""
+    pid, started = meta.get("supervisor_pid"), meta.get("supervisor_started")
+    if not pid or started is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        # A killed supervisor nobody has reaped yet is a zombie: its pid and start time still match.
+        return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def read_picture(journal: Journal) -> RunPicture:
+    """The run's picture from one journal connection (and the OS, for whether its supervisor runs)."""
     meta = journal.meta()
+    alive = supervisor_alive(meta)
     breakdowns = _breakdowns(journal)
     attempts = tuple(Attempt.of(row, breakdowns.get(row["attempt"], ())) for row in journal.attempts())
     latest = journal.latest_samples(1)

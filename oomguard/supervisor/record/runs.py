@@ -9,7 +9,6 @@ never the end of the listing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sqlite3
 import time
@@ -193,22 +192,7 @@ def _why(row: dict[str, Any]) -> str:
     return "; ".join([*(f"warning: {w}" for w in row["warnings"]), why, *(f"degraded: {d}" for d in row["degraded"])])
 
 
-# --- the command ------------------------------------------------------------------------------
-
-
-def _cmd_ls(args: argparse.Namespace, command: Sequence[str]) -> int:
-    roots = [Path(d) for d in args.dirs] or [Path.cwd()]
-    for root in roots:
-        if not root.is_dir():
-            raise UsageError("DIR", f"{root} is not a directory", "give directories that hold run directories")
-    rows = list_runs(roots, args.depth)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    elif rows:
-        print(format_runs(rows))
-    else:
-        print(f"no oomguard runs under {', '.join(map(str, roots))} (searched {args.depth} levels deep)")
-    return 0
+# --- the command line ---------------------------------------------------------------------
 
 
 def depth(text: str) -> int:
@@ -219,13 +203,3 @@ def depth(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
     return value
-
-
-def add_ls_command(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ls", help="list every run under directories: state, batch, failures, "
-                                   "checkpoint, progress, supervisor, dashboard")
-    parser.add_argument("dirs", nargs="*", metavar="DIR", help="where to look (default: the current directory)")
-    parser.add_argument("--depth", type=depth, default=MAX_DEPTH, metavar="N",
-                        help=f"how many directory levels below each DIR to search (default: {MAX_DEPTH})")
-    parser.add_argument("--json", action="store_true", help="print the runs as a JSON list")
-    parser.set_defaults(func=_cmd_ls)

@@ -5,86 +5,79 @@ Built from the journal alone, so it works whether or not the supervisor is still
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
+from oomguard.supervisor.record.picture import Attempt, RunPicture, read_picture, supervisor_alive
 from oomguard.supervisor.units import format_size
 
+__all__ = ["format_status", "read_status", "status_document", "status_of", "supervisor_alive"]
 
-def supervisor_alive(meta: dict[str, Any]) -> bool:
-    """Is the supervisor that wrote this journal still running? (pid and start time must match, so a
-    reused pid is not mistaken for it)."""
-    pid, started = meta.get("supervisor_pid"), meta.get("supervisor_started")
-    if not pid or started is None:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        # A killed supervisor nobody has reaped yet is a zombie: its pid and start time still match.
-        return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+_FAILURE_KEYS = ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal", "evidence", "decision",
+                 "started", "ended", "checkpoint", "peak_allocated")
 
 
-def failure_records(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**{key: row[key] for key in ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal",
-                                          "evidence", "decision", "started", "ended", "checkpoint")},
-             "peak_allocated": row.get("peak_allocated"),
-             "exit": exit_text(row["exit_code"], row["signal"], row["returncode"])}
-            for row in attempts if row["kind"]]
+def failure_record(attempt: Attempt, cause: dict[str, Any] | None) -> dict[str, Any]:
+    """One failed attempt as status shows it, with its cause (attribution.py) when it has one."""
+    row = attempt.row()
+    return {**{key: row[key] for key in _FAILURE_KEYS}, "exit": attempt.exit, "cause": cause}
 
 
 def status_document(journal: Journal) -> dict[str, Any]:
-    meta = journal.meta()
-    attempts = journal.attempts()
-    plan = meta.get("plan") or {}
-    config = meta.get("config") or {}
-    alive = supervisor_alive(meta)
-    current = attempts[-1] if attempts else {}
-    checkpoints = [c for c in journal.checkpoints() if not c["bad"]]
+    return status_of(read_picture(journal))
+
+
+def status_of(run: RunPicture) -> dict[str, Any]:
+    """The status document: the picture of the run, as ``status --json``, the API and the pages give it."""
+    alive, meta, plan = run.supervisor.alive, run.meta, run.plan
+    current = run.current
+    good = run.good_checkpoints
     return {
-        "state": meta.get("state", "starting"),
-        "reason": meta.get("reason", ""),
-        "supervisor_alive": alive,
-        "supervisor_pid": meta.get("supervisor_pid"),
-        "run_dir": meta.get("run_dir"),
-        "command": config.get("command"),
-        "attempt": meta.get("attempt", 0),
-        "micro_batch": plan.get("micro_batch", config.get("micro_batch")),
-        "grad_accum": plan.get("grad_accum"),
-        "global_batch": plan.get("global_batch"),
+        "state": run.state, "reason": run.reason, "supervisor_alive": alive, "supervisor_pid": run.supervisor.pid,
+        "run_dir": run.run_dir, "command": None if run.command is None else list(run.command),
+        "attempt": run.attempt, "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
+        "global_batch": plan.global_batch,
         # the global batch asked for: above global_batch once a script that cannot accumulate was shrunk
-        "asked_global_batch": plan.get("asked_global") or plan.get("global_batch"),
-        "accumulates": plan.get("asked_global") is None,
-        "world_size": plan.get("world_size", config.get("world_size")),
-        "expandable_segments": plan.get("expandable_segments", False),
-        "fallbacks_applied": plan.get("fallbacks_applied", 0),
+        "asked_global_batch": plan.asked_global or plan.global_batch,
+        "accumulates": plan.asked_global is None,
+        "world_size": plan.world_size, "expandable_segments": plan.expandable_segments,
+        "fallbacks_applied": plan.fallbacks_applied,
         "alloc_conf": meta.get("alloc_conf") or {},  # the allocator variables the worker got
         "worker_pid": meta.get("worker_pid") if alive else None,  # the training process, not the launcher
         "rank_pids": (meta.get("rank_pids") or {}) if alive else {},  # under torchrun/accelerate: rank -> pid
-        "checkpoint": current.get("checkpoint"),
-        "newest_checkpoint": checkpoints[0] if checkpoints else None,
-        "progress": current_progress(meta.get("progress"), current, journal.event_data("resume_point")),
-        "peaks": attempt_peaks(attempts),  # per attempt: the allocator's step peak (probe), NVML's, the RSS
-        "memory": latest[-1] if (latest := journal.latest_samples(1)) else None,
-        "started": meta.get("started"),
-        "updated": meta.get("updated"),
-        "failures": _with_causes(failure_records(attempts), journal.event_data("attribution")),
+        "checkpoint": current.checkpoint if current else None,
+        "newest_checkpoint": good[0].row() if good else None,
+        "progress": current_progress(dict(run.progress) if run.progress is not None else None,
+                                     _current_row(current), dict(run.resume_points)),
+        "peaks": attempt_peaks([a.row() for a in run.attempts]),  # per attempt: probe, NVML and RSS peaks
+        "memory": None if run.latest_sample is None else dict(run.latest_sample),
+        "started": run.started, "updated": run.updated,
+        "failures": [failure_record(a, _data(run.causes.get(a.number))) for a in run.failures],
         "forecast": meta.get("forecast") if alive else None,
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
         "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
         # oomguard's own additions that failed an attempt, each off for the attempts after (decide/ownfault.py)
-        "own_failures": [{"attempt": n, **data} for n, data in journal.event_data("own_failure").items()],
+        "own_failures": [dict(own) for own in run.own_failures],
         "spare": meta.get("spare"),  # why no spare interpreter is held (run/spare.py), said once a run
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
         # after a stop: the command that resumes the run (the same line, in the same directory)
-        "resume_command": meta.get("resume_command") if meta.get("state") == "stopped" and not alive else None,
+        "resume_command": meta.get("resume_command") if run.state == "stopped" and not alive else None,
     }
+
+
+def _current_row(current: Attempt | None) -> dict[str, Any]:
+    if current is None:
+        return {}
+    return {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint}
+
+
+def _data(data: Any) -> dict[str, Any] | None:
+    return None if data is None else dict(data)
 
 
 def current_progress(progress: dict[str, Any] | None, current: dict[str, Any],
@@ -125,18 +118,13 @@ def _process_name(pid: int) -> str | None:
         return None
 
 
-def _liveness(meta: dict[str, Any], alive: bool) -> dict[str, Any] | None:
+def _liveness(meta: Mapping[str, Any], alive: bool) -> dict[str, Any] | None:
     """Why a silent worker is held alive (``silent 42 min; busy: 97% of a core``), while it is: the
     note of the running attempt, from a supervisor that is still there."""
     note = meta.get("liveness")
     if not alive or not note or meta.get("state") != "running" or note.get("attempt") != meta.get("attempt"):
         return None
     return dict(note)
-
-
-def _with_causes(failures: list[dict[str, Any]], causes: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each memory failure's cause (attribution.py) with the figures that decided it."""
-    return [{**f, "cause": causes.get(f["attempt"])} for f in failures]
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:

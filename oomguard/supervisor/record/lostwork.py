@@ -1,0 +1,159 @@
+"""The lost-time rules: what each attempt that another followed cost, in time and in steps redone.
+
+* **lost time** of a failed attempt: from its last checkpoint the next attempt resumed from (the
+  attempt's start when it wrote none that was used) to its end, plus the gap until the next attempt
+  started (backoff and restart). A checkpoint counts as written when it was first seen: one the next
+  attempt rewrote under the same name (Lightning re-saves the one it resumed from) or that rotation
+  deleted later (``save_total_limit``) still counts for the attempt that wrote it.
+* **steps lost** (work redone): the attempt's last step minus the step of the checkpoint the next
+  attempt resumed from (0 when it started over; the step before the first one the next attempt
+  showed when it was started from a checkpoint but did not load it, a ``not_resumed`` event). The
+  last step comes from the worker's progress reports; for scripts that do not speak the worker
+  protocol it is the newest checkpoint the attempt wrote (or resumed from), a lower bound, marked as
+  such. Steps are redone whatever started the next attempt: after a failure, and also after the
+  user's ``oomguard restart``, a Ctrl-C and a rerun, a planned restart and ``--grow``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oomguard.supervisor.lifecycle.states import Ending
+from oomguard.supervisor.record.history import RunHistory, Write
+from oomguard.supervisor.record.picture import Attempt
+
+INTERRUPTED = Ending.INTERRUPTED.value
+
+
+def counts_as_failure(attempt: Attempt, nxt: Attempt | None) -> bool:
+    """A failure, or an attempt with no recorded end (or interrupted) that another followed."""
+    return attempt.failed or (nxt is not None and attempt.ending in (None, Ending.INTERRUPTED))
+
+
+def failures(history: RunHistory) -> list[dict[str, Any]]:
+    """One record per attempt that failed, or was interrupted (its supervisor died, or no end was
+    recorded, yet another attempt followed). The user's stop, a planned restart and ``--grow`` are
+    no failures: the attempt's ending says which it was."""
+    attempts = history.picture.attempts
+    return [_figures(a, nxt, history) for a, nxt in zip(attempts, (*attempts[1:], None), strict=True)
+            if counts_as_failure(a, nxt)]
+
+
+def restarts(history: RunHistory) -> list[dict[str, Any]]:
+    """The steps redone after each attempt that ended without failing and was followed by another
+    (a stop and a rerun, a restart asked for, a planned restart, --grow): counted like a failure's."""
+    out = []
+    attempts = history.picture.attempts
+    for attempt, nxt in zip(attempts, attempts[1:], strict=False):
+        if attempt.ending is None or attempt.failed or attempt.ending is Ending.INTERRUPTED:
+            continue  # counted among the failures
+        figures = _figures(attempt, nxt, history)
+        out.append({"attempt": attempt.number, "ending": attempt.ending.value, "reason": attempt.decision,
+                    **{k: figures[k] for k in ("last_step", "last_step_source", "resumed_from", "steps_lost")}})
+    return out
+
+
+def _written_during(writes: tuple[Write, ...], start: float, end: float) -> list[Write]:
+    """Good checkpoint writes made while the attempt ran, newest first."""
+    return sorted((w for w in writes if not w.bad and start <= w.mtime <= end), key=lambda w: w.mtime, reverse=True)
+
+
+def _last_step(attempt: Attempt, reported: int | None, written: list[Write],
+               resumed_step: int | None) -> tuple[int | None, str | None]:
+    """The attempt's last step and where that figure comes from."""
+    known = [s for s in (attempt.last_step, reported) if s is not None]
+    if known:
+        return max(known), "progress"
+    bounds = [w.step for w in written if w.step is not None]
+    if resumed_step is not None:
+        bounds.append(resumed_step)
+    return (max(bounds), "checkpoint") if bounds else (None, None)
+
+
+def _resume_point(nxt: Attempt | None, history: RunHistory) -> dict[str, Any] | None:
+    """The checkpoint ``nxt`` started from: ``{"path", "step", "mtime", "bad"}`` of the write it found
+    (not a later rewrite under the same name); step 0 with no path when it started over; None when
+    there is no next attempt."""
+    if nxt is None:
+        return None
+    if not nxt.checkpoint:
+        return {"path": None, "step": 0, "mtime": None, "bad": False}
+    known = next((c for c in history.picture.checkpoints if c.path == nxt.checkpoint), None)
+    step, mtime = (known.step, known.mtime) if known else (None, None)
+    found = [w for w in history.writes if w.path == nxt.checkpoint and w.mtime <= nxt.started]
+    if found:
+        # That write's step, unknown when it was unknown: the file's step now may be a later write's.
+        step, mtime = found[-1].step, found[-1].mtime
+    return {"path": nxt.checkpoint, "step": step, "mtime": mtime, "bad": bool(known and known.bad)}
+
+
+def _lost_seconds(start: float, end: float, resume: dict[str, Any] | None, written: list[Write]) -> float:
+    """Time after the checkpoint work continued from: the one the next attempt loaded if this attempt
+    wrote it; with no next attempt, or when that checkpoint turned out bad, this attempt's newest
+    good one; else the attempt's start (all of it is redone, as when the next attempt did not resume)."""
+    anchor = start
+    if resume is not None and resume.get("first_step") is not None:
+        return max(0.0, end - start)
+    if resume is not None and not resume["bad"] and resume["mtime"] is not None:
+        if start <= resume["mtime"] <= end:
+            anchor = resume["mtime"]
+    elif written:
+        anchor = written[0].mtime
+    return max(0.0, end - anchor)
+
+
+def _figures(attempt: Attempt, nxt: Attempt | None, history: RunHistory) -> dict[str, Any]:
+    n, start = attempt.number, attempt.started
+    # Closed later by the next supervisor: when that happened says nothing of when the attempt died.
+    end = (None if attempt.ending is Ending.INTERRUPTED else attempt.ended) or history.last_activity.get(n, start)
+    written = _written_during(history.writes, start, end)
+    own = (_resume_point(attempt, history) or {}) if attempt.checkpoint else {}
+    last_step, source = _last_step(attempt, history.steps.get(n), written, own.get("step"))
+    resume = _resume_point(nxt, history)
+    if resume is not None and resume["path"] and nxt is not None and nxt.number in history.resume_steps:
+        resume["step"] = history.resume_steps[nxt.number]
+    # The next attempt was started from a checkpoint but showed an earlier first step: it redid
+    # everything from that step on, whatever the checkpoint held.
+    missed = history.not_resumed.get(nxt.number) if nxt is not None else None
+    redone_from = resume["step"] if resume is not None else None
+    if resume is not None and missed is not None:
+        resume["first_step"] = missed["first_step"]
+        redone_from = missed["first_step"] - 1
+    steps_lost = None
+    if redone_from is not None and last_step is not None:
+        steps_lost = max(0, last_step - redone_from)
+    return {
+        **_attempt_facts(attempt, history), "ended": end,
+        "last_step": last_step, "last_step_source": source,
+        "resumed_from": None if resume is None else {"path": resume["path"], "step": resume["step"],
+                                                     **({"resumed": False, "first_step": missed["first_step"]}
+                                                        if missed else {})},
+        "steps_lost": steps_lost,
+        "lost_s": _lost_seconds(start, end, resume, written),
+        "gap_s": max(0.0, nxt.started - end) if nxt else 0.0,
+    }
+
+
+def _attempt_facts(attempt: Attempt, history: RunHistory) -> dict[str, Any]:
+    cause = history.picture.causes.get(attempt.number)
+    return {
+        "attempt": attempt.number, "kind": attempt.kind or INTERRUPTED, "started": attempt.started,
+        "micro_batch": attempt.micro_batch, "grad_accum": attempt.grad_accum,
+        "peak_allocated": attempt.peak_allocated, "exit_code": attempt.exit_code, "signal": attempt.signal,
+        "exit": attempt.exit,
+        "evidence": attempt.evidence or ("" if attempt.kind else "no exit recorded: the run was "
+                                         "stopped or its supervisor ended during this attempt"),
+        "decision": _decision_record(attempt, history),
+        "cause": None if cause is None else dict(cause),
+    }
+
+
+def _decision_record(attempt: Attempt, history: RunHistory) -> dict[str, Any] | None:
+    decision = history.decisions.get(attempt.number)
+    if decision is None and not attempt.decision:
+        return None
+    if decision is None:
+        return {"action": None, "reason": attempt.decision, "micro_batch": None, "grad_accum": None}
+    reason = decision.reason if decision.reason is not None else attempt.decision
+    return {"action": decision.action, "reason": reason, "micro_batch": decision.micro_batch,
+            "grad_accum": decision.grad_accum}
