@@ -22,8 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from oomguard.supervisor.record.exits import exit_text
-from oomguard.supervisor.record.status import supervisor_alive
+from oomguard.supervisor.record.picture import Attempt, supervisor_alive
 from oomguard.web import models, redact
 from oomguard.web.exposure import ANONYMOUS
 from oomguard.web.journals import JournalPool, JournalUnavailable, StatusCache
@@ -88,9 +87,10 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {"model": models.ProblemVi
 
 
 def _attempts(pool: JournalPool) -> list[dict[str, Any]]:
-    return [{**{k: v for k, v in row.items() if k != "log_path"}, "command": redact.argv(row["command"]),
-             "exit": exit_text(row["exit_code"], row["signal"], row["returncode"]) if row["ended"] else None}
-            for row in pool.get().attempts()]
+    """Every attempt as the picture has it (an old journal's endings migrated), without its log's path."""
+    attempts = [Attempt.of(row) for row in pool.get().attempts()]
+    return [{**{k: v for k, v in a.row().items() if k != "log_path"}, "command": redact.argv(list(a.command)),
+             "exit": a.exit if a.ended else None} for a in attempts]
 
 
 def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_dir: Path,
@@ -102,7 +102,8 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_d
         """The run's state, batch plan and failures: the document ``oomguard status --json`` prints."""
         body = status.get()
         if live is not None and (active := live.active()):  # newer than the journal when it is what failed
-            body = json.dumps({**json.loads(body), "degraded": active}).encode()
+            doc = models.Status.model_validate({**json.loads(body), "degraded": active})
+            body = doc.model_dump_json().encode()
         return Response(body, media_type="application/json")
 
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])

@@ -13,14 +13,13 @@ replaces one that did not.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 
 from oomguard.supervisor.record.journal import Journal, journal_path
 from oomguard.supervisor.record.status import status_document
-from oomguard.web import redact
+from oomguard.web import models, redact
 
 
 class JournalUnavailable(RuntimeError):
@@ -113,7 +112,8 @@ class StatusCache:
         with self._lock:
             if key == self._key and now - self._at < self.max_age:
                 return self._body
-        body = json.dumps(redact.status(status_document(self.pool.get())), default=str).encode()
+        # Validated by the API's model: what /api/status returns is what its schema says.
+        body = models.Status.model_validate(redact.status(status_document(self.pool.get()))).model_dump_json().encode()
         with self._lock:
             self._key, self._at, self._body = key, now, body
         return body

@@ -38,10 +38,13 @@ class FailureView(_Open):
     ended: float | None = None
     checkpoint: str | None = None
     exit: str | None = None  # how its process ended, in the words status, the report and the dashboard share
+    peak_allocated: int | None = None  # the allocator's highest step peak (probe)
+    cause: dict[str, Any] | None = None  # a memory failure's cause and the figures that decided it
 
 
 class Status(_Open):
-    """The document ``oomguard status --json`` prints."""
+    """The document ``oomguard status --json`` prints (``record/status.status_of``: a test keeps the
+    two to the same keys); /api/status validates what it returns with it."""
 
     state: str
     reason: str
@@ -73,6 +76,10 @@ class Status(_Open):
     warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
     own_failures: list[dict[str, Any]] = []  # oomguard's probe or spare that failed an attempt, off since
     spare: dict[str, Any] | None = None  # why no spare interpreter is held (said once a run), or none
+    memory: dict[str, Any] | None = None  # the newest memory sample
+    forecast: dict[str, Any] | None = None  # when the memory trend reaches the limit, while the run goes on
+    degraded: list[dict[str, Any]] = []  # oomguard's own parts that are failing (the run goes on)
+    probe: dict[str, Any] | None = None  # the in-process probe: loaded, failed, off, or none seen and why
 
 
 class Attempt(_Open):
