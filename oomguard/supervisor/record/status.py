@@ -52,7 +52,7 @@ def status_of(run: RunPicture) -> dict[str, Any]:
         "checkpoint": current.checkpoint if current else None,
         "newest_checkpoint": good[0].row() if good else None,
         "progress": current_progress(dict(run.progress) if run.progress is not None else None,
-                                     _current_row(current), dict(run.resume_points)),
+                                     _current_row(current), run.resume_points),
         "peaks": attempt_peaks([a.row() for a in run.attempts]),  # per attempt: probe, NVML and RSS peaks
         "memory": None if run.latest_sample is None else dict(run.latest_sample),
         "started": run.started, "updated": run.updated,
@@ -81,7 +81,7 @@ def _data(data: Any) -> dict[str, Any] | None:
 
 
 def current_progress(progress: dict[str, Any] | None, current: dict[str, Any],
-                     resume_points: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+                     resume_points: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
     """The progress of the newest attempt. Until it reports a step, the journal's progress is the
     previous attempt's, whose step the new one went back from: the step it resumed from (its
     ``resume_point``) is where it stands, and nothing when it started over or that step is unknown."""
