@@ -135,16 +135,21 @@ def _cmd_ls(args: argparse.Namespace, command: Sequence[str]) -> int:
     return 0
 
 
-def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
-    """``status``, ``report`` and ``ls``: each renders the picture of a run its journal gives."""
+def _add_status(sub: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="show a run's state, batch and failures")
     status.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
     status.add_argument("--json", action="store_true", help="print the status document as JSON")
     status.set_defaults(func=_cmd_status)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("report", help="summarise a run: time lost, failures, batch, checkpoints")
     parser.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=_cmd_report)
+
+
+def _add_ls(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("ls", help="list every run under directories: state, batch, failures, "
                             "checkpoint, progress, supervisor, dashboard")
     parser.add_argument("dirs", nargs="*", metavar="DIR", help="where to look (default: the current directory)")
@@ -161,18 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
     add_arguments(run)
     run.set_defaults(func=_cmd_run)
-    _add_reading_commands(sub)
+    _add_status(sub)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser
 
 
-# Every other subcommand, in the order ``--help`` lists them: each takes the subparsers object and
-# sets ``func`` on its parser (run, status, report and ls are above).
+# Every subcommand after run and status, in the order ``--help`` lists them: each takes the
+# subparsers object and sets ``func`` on its parser. status, report and ls render the picture of a
+# run (record/picture.py) and are registered here; the others' parsers live beside their commands.
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     web_commands,  # oomguard checkpoint | restart | stop
-    logs.add_logs_command,  # oomguard logs
+    _add_report, logs.add_logs_command,  # oomguard report | logs
     systemd.add_service_command, doctor.add_doctor_command,  # oomguard service | doctor
+    _add_ls,  # oomguard ls
     notify.add_notify_test_command,  # oomguard notify-test
     register_dashboard,  # oomguard dashboard: the many-runs page
 ]

@@ -1,7 +1,8 @@
 """The runs on a machine, found by their journals: what ``oomguard ls`` and the many-runs page list.
 
-Each run is summarised from its journal alone (``status.status_document``), so a finished run, a run
-whose supervisor was killed and a running one read the same way and no run's server has to be up.
+Each run is summarised from its journal alone (its picture, ``picture.read_picture``, as status
+renders it), so a finished run, a run whose supervisor was killed and a running one read the same
+way and no run's server has to be up.
 A journal that cannot be read is listed with the reason ``damage.py`` found, never a traceback and
 never the end of the listing.
 """
@@ -19,7 +20,8 @@ from typing import Any
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.journal import JOURNAL_NAME, open_existing
-from oomguard.supervisor.record.status import status_document
+from oomguard.supervisor.record.picture import read_picture
+from oomguard.supervisor.record.status import status_of
 
 TERMINAL = ("succeeded", "failed", "stopped")
 MAX_DEPTH = 4  # directories below each root that are searched: runs/<project>/<experiment>/<run> and no deeper
@@ -64,10 +66,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     except UsageError as exc:  # JournalDamaged, or the journal went away since it was found
         return _unreadable(run_dir, exc.problem)
     try:
-        doc = status_document(journal)
-        meta = journal.meta()
+        picture = read_picture(journal)
+        doc = status_of(picture)
         # on a network bind, the address others open (web/addresses.py), not this machine's loopback
-        web_url = (meta.get("web_public") or [meta.get("web_url")])[0]
+        web_url = (picture.meta.get("web_public") or [picture.meta.get("web_url")])[0]
     except sqlite3.OperationalError as exc:
         if str(exc).startswith("no such table"):  # damage.py let it through: a supervisor is creating it
             return {**_unreadable(run_dir, "the journal is being created"), "state": "starting"}
