@@ -102,8 +102,7 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_d
         """The run's state, batch plan and failures: the document ``oomguard status --json`` prints."""
         body = status.get()
         if live is not None and (active := live.active()):  # newer than the journal when it is what failed
-            doc = models.Status.model_validate({**json.loads(body), "degraded": active})
-            body = doc.model_dump_json().encode()
+            body = models.STATUS.dump_json(models.STATUS.validate_python({**json.loads(body), "degraded": active}))
         return Response(body, media_type="application/json")
 
     @app.get("/api/attempts", response_model=list[models.Attempt], responses=_UNAVAILABLE, tags=["read"])

@@ -113,7 +113,8 @@ class StatusCache:
             if key == self._key and now - self._at < self.max_age:
                 return self._body
         # Validated by the API's model: what /api/status returns is what its schema says.
-        body = models.Status.model_validate(redact.status(status_document(self.pool.get()))).model_dump_json().encode()
+        doc = models.STATUS.validate_python(redact.status(status_document(self.pool.get())))
+        body = models.STATUS.dump_json(doc)
         with self._lock:
             self._key, self._at, self._body = key, now, body
         return body

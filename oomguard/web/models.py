@@ -1,14 +1,17 @@
 """The API's response shapes, for the OpenAPI schema and for clients that read it.
 
-Models allow extra fields: the journal and the status document grow (GPU figures, new status
-keys) and the API passes new fields through rather than hiding them until this file catches up.
+The journal's rows allow extra fields: the journal grows (GPU figures, new columns) and the API
+passes new fields through rather than hiding them until this file catches up. The status document
+is not written here: its schema is ``record/status.StatusDoc``, and /api/status is validated by it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+from oomguard.supervisor.record.status import FailureRecord, StatusDoc
 
 
 class _Open(BaseModel):
@@ -25,61 +28,11 @@ class CheckpointView(_Open):
     reason: str | None = None
 
 
-class FailureView(_Open):
-    attempt: int
-    kind: str
-    micro_batch: int
-    grad_accum: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    evidence: str | None = None
-    decision: str | None = None
-    started: float | None = None
-    ended: float | None = None
-    checkpoint: str | None = None
-    exit: str | None = None  # how its process ended, in the words status, the report and the dashboard share
-    peak_allocated: int | None = None  # the allocator's highest step peak (probe)
-    cause: dict[str, Any] | None = None  # a memory failure's cause and the figures that decided it
-
-
-class Status(_Open):
-    """The document ``oomguard status --json`` prints (``record/status.status_of``: a test keeps the
-    two to the same keys); /api/status validates what it returns with it."""
-
-    state: str
-    reason: str
-    supervisor_alive: bool
-    supervisor_pid: int | None = None
-    run_dir: str | None = None
-    command: list[str] | None = None
-    attempt: int
-    micro_batch: int | None = None
-    grad_accum: int | None = None
-    global_batch: int | None = None
-    asked_global_batch: int | None = None  # above global_batch once a script without accumulation was shrunk
-    accumulates: bool = True  # False: the script takes no accumulation (global batch = micro × world)
-    world_size: int | None = None
-    expandable_segments: bool = False
-    fallbacks_applied: int = 0
-    alloc_conf: dict[str, str] | None = None  # PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the worker got them
-    worker_pid: int | None = None  # the training process (the launcher's child), not oomguard's launch.py
-    rank_pids: dict[str, int] = {}  # under torchrun or accelerate: each rank's training process, by rank
-    checkpoint: str | None = None
-    newest_checkpoint: CheckpointView | None = None
-    progress: dict[str, Any] | None = None  # with the probe: steps_per_s, allocated_peak, limit_bytes
-    peaks: list[dict[str, Any]] = []  # per attempt: peak_allocated (probe), peak_gpu (NVML), peak_rss
-    liveness: dict[str, Any] | None = None  # why a silent worker is held alive, while it is
-    started: float | None = None
-    updated: float | None = None
-    failures: list[FailureView]
-    resume_command: str | None = None  # after a stop: the command that resumes the run
-    warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
-    own_failures: list[dict[str, Any]] = []  # oomguard's probe or spare that failed an attempt, off since
-    spare: dict[str, Any] | None = None  # why no spare interpreter is held (said once a run), or none
-    memory: dict[str, Any] | None = None  # the newest memory sample
-    forecast: dict[str, Any] | None = None  # when the memory trend reaches the limit, while the run goes on
-    degraded: list[dict[str, Any]] = []  # oomguard's own parts that are failing (the run goes on)
-    probe: dict[str, Any] | None = None  # the in-process probe: loaded, failed, off, or none seen and why
+# The status document's one schema is its dataclass (record/status.py); FastAPI and pydantic read
+# the dataclass for the OpenAPI schema and for validating what /api/status returns.
+FailureView = FailureRecord
+Status = StatusDoc
+STATUS = TypeAdapter(StatusDoc)
 
 
 class Attempt(_Open):

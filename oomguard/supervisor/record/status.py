@@ -6,6 +6,7 @@ Built from the journal alone, so it works whether or not the supervisor is still
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,69 +16,118 @@ from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.picture import Attempt, RunPicture, read_picture, supervisor_alive
 from oomguard.supervisor.units import format_size
 
-__all__ = ["format_status", "read_status", "status_document", "status_of", "supervisor_alive"]
+__all__ = ["FailureRecord", "StatusDoc", "format_status", "read_status", "status_document", "status_of",
+           "supervisor_alive"]
 
-_FAILURE_KEYS = ("attempt", "kind", "micro_batch", "grad_accum", "exit_code", "signal", "evidence", "decision",
-                 "started", "ended", "checkpoint", "peak_allocated")
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failed attempt as status shows it."""
+
+    attempt: int
+    kind: str
+    micro_batch: int
+    grad_accum: int | None
+    exit_code: int | None
+    signal: int | None
+    evidence: str | None
+    decision: str | None
+    started: float | None
+    ended: float | None
+    checkpoint: str | None
+    peak_allocated: int | None  # the allocator's highest step peak (probe)
+    exit: str | None  # how its process ended, in the words status, the report and the dashboard share
+    cause: dict[str, Any] | None  # a memory failure's cause (decide/attribution.py) and the figures that decided it
+    # what held memory at the failure, one per rank (``memory_breakdown`` events; picture.Breakdown's fields)
+    breakdowns: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, attempt: Attempt, cause: Mapping[str, Any] | None) -> FailureRecord:
+        return cls(attempt=attempt.number, kind=attempt.kind or (attempt.ending.value if attempt.ending else ""),
+                   micro_batch=attempt.micro_batch, grad_accum=attempt.grad_accum, exit_code=attempt.exit_code,
+                   signal=attempt.signal, evidence=attempt.evidence, decision=attempt.decision,
+                   started=attempt.started, ended=attempt.ended, checkpoint=attempt.checkpoint,
+                   peak_allocated=attempt.peak_allocated, exit=attempt.exit,
+                   cause=None if cause is None else dict(cause),
+                   breakdowns=[asdict(b) for b in attempt.breakdowns])
 
 
-def failure_record(attempt: Attempt, cause: dict[str, Any] | None) -> dict[str, Any]:
-    """One failed attempt as status shows it, with its cause (attribution.py) when it has one."""
-    row = attempt.row()
-    return {**{key: row[key] for key in _FAILURE_KEYS}, "exit": attempt.exit, "cause": cause}
+@dataclass(frozen=True)
+class StatusDoc:
+    """The status document (``oomguard status --json``, /api/status, the pages' live status): its one
+    schema; the API's model is this class (web/models.py)."""
+
+    state: str
+    reason: str
+    supervisor_alive: bool
+    supervisor_pid: int | None
+    run_dir: str | None
+    command: list[str] | None
+    attempt: int
+    micro_batch: int | None
+    grad_accum: int | None
+    global_batch: int | None
+    asked_global_batch: int | None  # above global_batch once a script without accumulation was shrunk
+    accumulates: bool  # False: the script takes no accumulation (global batch = micro × world)
+    world_size: int | None
+    expandable_segments: bool
+    fallbacks_applied: int
+    alloc_conf: dict[str, str]  # PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the worker got them
+    worker_pid: int | None  # the training process (the launcher's child), not oomguard's launch.py
+    rank_pids: dict[str, int]  # under torchrun or accelerate: each rank's training process, by rank
+    checkpoint: str | None  # the checkpoint the current attempt started from
+    newest_checkpoint: dict[str, Any] | None  # the newest good one: /api/checkpoints' row
+    progress: dict[str, Any] | None  # with the probe: steps_per_s, allocated_peak, limit_bytes
+    peaks: list[dict[str, Any]]  # per attempt: peak_allocated (probe), peak_gpu (NVML), peak_rss
+    memory: dict[str, Any] | None  # the newest memory sample
+    started: float | None
+    updated: float | None
+    failures: list[FailureRecord]
+    forecast: dict[str, Any] | None  # when the memory trend reaches the limit, while the supervisor runs
+    liveness: dict[str, Any] | None  # why a silent worker is held alive, while it is
+    degraded: list[dict[str, Any]]  # oomguard's own parts that are failing (the run goes on)
+    probe: dict[str, Any] | None  # the in-process probe: loaded, failed, off, or none seen and why
+    own_failures: list[dict[str, Any]]  # oomguard's probe or spare that failed an attempt, off since
+    spare: dict[str, Any] | None  # why no spare interpreter is held (said once a run), or none
+    warnings: list[dict[str, Any]]  # said once each: an attempt that did not resume, a glob that matches nothing
+    resume_command: str | None  # after a stop: the command that resumes the run
 
 
 def status_document(journal: Journal) -> dict[str, Any]:
-    return status_of(read_picture(journal))
+    """The status document as plain data (what ``--json`` prints)."""
+    return asdict(status_of(read_picture(journal)))
 
 
-def status_of(run: RunPicture) -> dict[str, Any]:
-    """The status document: the picture of the run, as ``status --json``, the API and the pages give it."""
-    alive, meta, plan = run.supervisor.alive, run.meta, run.plan
-    current = run.current
+def status_of(run: RunPicture) -> StatusDoc:
+    """The picture of the run as status, the API and the pages give it."""
+    alive, meta, plan, current = run.supervisor.alive, run.meta, run.plan, run.current
     good = run.good_checkpoints
-    return {
-        "state": run.state, "reason": run.reason, "supervisor_alive": alive, "supervisor_pid": run.supervisor.pid,
-        "run_dir": run.run_dir, "command": None if run.command is None else list(run.command),
-        "attempt": run.attempt, "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
-        "global_batch": plan.global_batch,
-        # the global batch asked for: above global_batch once a script that cannot accumulate was shrunk
-        "asked_global_batch": plan.asked_global or plan.global_batch,
-        "accumulates": plan.asked_global is None,
-        "world_size": plan.world_size, "expandable_segments": plan.expandable_segments,
-        "fallbacks_applied": plan.fallbacks_applied,
-        "alloc_conf": meta.get("alloc_conf") or {},  # the allocator variables the worker got
-        "worker_pid": meta.get("worker_pid") if alive else None,  # the training process, not the launcher
-        "rank_pids": (meta.get("rank_pids") or {}) if alive else {},  # under torchrun/accelerate: rank -> pid
-        "checkpoint": current.checkpoint if current else None,
-        "newest_checkpoint": good[0].row() if good else None,
-        "progress": current_progress(dict(run.progress) if run.progress is not None else None,
-                                     _current_row(current), run.resume_points),
-        "peaks": attempt_peaks([a.row() for a in run.attempts]),  # per attempt: probe, NVML and RSS peaks
-        "memory": None if run.latest_sample is None else dict(run.latest_sample),
-        "started": run.started, "updated": run.updated,
-        "failures": [failure_record(a, _data(run.causes.get(a.number))) for a in run.failures],
-        "forecast": meta.get("forecast") if alive else None,
-        "liveness": _liveness(meta, alive),
-        "degraded": (meta.get("degraded") or []) if alive else [],
-        "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
-        # oomguard's own additions that failed an attempt, each off for the attempts after (decide/ownfault.py)
-        "own_failures": [dict(own) for own in run.own_failures],
-        "spare": meta.get("spare"),  # why no spare interpreter is held (run/spare.py), said once a run
-        "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing
-        # after a stop: the command that resumes the run (the same line, in the same directory)
-        "resume_command": meta.get("resume_command") if run.state == "stopped" and not alive else None,
-    }
+    return StatusDoc(
+        state=run.state, reason=run.reason, supervisor_alive=alive, supervisor_pid=run.supervisor.pid,
+        run_dir=run.run_dir, command=None if run.command is None else list(run.command), attempt=run.attempt,
+        micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, global_batch=plan.global_batch,
+        asked_global_batch=plan.asked_global or plan.global_batch, accumulates=plan.asked_global is None,
+        world_size=plan.world_size, expandable_segments=plan.expandable_segments,
+        fallbacks_applied=plan.fallbacks_applied, alloc_conf=dict(meta.get("alloc_conf") or {}),
+        worker_pid=meta.get("worker_pid") if alive else None,
+        rank_pids=dict(meta.get("rank_pids") or {}) if alive else {},
+        checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
+        progress=current_progress(dict(run.progress) if run.progress is not None else None,
+                                  _current_row(current), run.resume_points),
+        peaks=attempt_peaks([a.row() for a in run.attempts]),
+        memory=None if run.latest_sample is None else dict(run.latest_sample),
+        started=run.started, updated=run.updated,
+        failures=[FailureRecord.of(a, run.causes.get(a.number)) for a in run.failures],
+        forecast=meta.get("forecast") if alive else None, liveness=_liveness(meta, alive),
+        degraded=list(meta.get("degraded") or []) if alive else [], probe=meta.get("probe"),
+        own_failures=[dict(own) for own in run.own_failures], spare=meta.get("spare"),
+        warnings=list(meta.get("warnings") or []),
+        resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None)
 
 
 def _current_row(current: Attempt | None) -> dict[str, Any]:
     if current is None:
         return {}
     return {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint}
-
-
-def _data(data: Any) -> dict[str, Any] | None:
-    return None if data is None else dict(data)
 
 
 def current_progress(progress: dict[str, Any] | None, current: dict[str, Any],
