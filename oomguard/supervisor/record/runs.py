@@ -20,10 +20,9 @@ from typing import Any
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.journal import JOURNAL_NAME, open_existing
-from oomguard.supervisor.record.picture import read_picture
-from oomguard.supervisor.record.status import status_of
+from oomguard.supervisor.record.picture import TERMINAL, read_picture
+from oomguard.supervisor.record.status import StatusDoc, status_of
 
-TERMINAL = ("succeeded", "failed", "stopped")
 MAX_DEPTH = 4  # directories below each root that are searched: runs/<project>/<experiment>/<run> and no deeper
 # Never runs, often huge: walking them would make ``ls`` slow for nothing.
 SKIP = frozenset({"node_modules", "__pycache__", "site-packages", "venv", "wandb", "mlruns"})
@@ -81,25 +80,25 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     return _summary(run_dir, doc, web_url)
 
 
-def _summary(run_dir: Path, doc: dict[str, Any], web_url: str | None) -> dict[str, Any]:
-    alive = bool(doc["supervisor_alive"])
-    supervisor = ALIVE if alive else EXITED if doc["state"] in TERMINAL else GONE
-    kinds = Counter(str(f["kind"]) for f in doc["failures"])
-    newest = doc.get("newest_checkpoint") or {}
-    progress = doc.get("progress") or {}
+def _summary(run_dir: Path, doc: StatusDoc, web_url: str | None) -> dict[str, Any]:
+    alive = doc.supervisor_alive
+    supervisor = ALIVE if alive else EXITED if doc.state in TERMINAL else GONE
+    kinds = Counter(f.kind for f in doc.failures)
+    newest = doc.newest_checkpoint or {}
+    progress = doc.progress or {}
     return {
-        "run_dir": str(run_dir), "state": doc["state"], "reason": doc["reason"], "supervisor": supervisor,
-        "supervisor_pid": doc.get("supervisor_pid"), "attempt": doc["attempt"],
-        "micro_batch": doc["micro_batch"], "grad_accum": doc["grad_accum"], "world_size": doc["world_size"],
-        "global_batch": doc["global_batch"], "failures": sum(kinds.values()), "failure_kinds": dict(kinds),
+        "run_dir": str(run_dir), "state": doc.state, "reason": doc.reason, "supervisor": supervisor,
+        "supervisor_pid": doc.supervisor_pid, "attempt": doc.attempt,
+        "micro_batch": doc.micro_batch, "grad_accum": doc.grad_accum, "world_size": doc.world_size,
+        "global_batch": doc.global_batch, "failures": sum(kinds.values()), "failure_kinds": dict(kinds),
         "checkpoint": newest.get("path"), "checkpoint_step": newest.get("step"),
         "step": progress.get("step"), "total_steps": progress.get("total_steps"),
         "progress_time": progress.get("t"), "samples_per_s": progress.get("samples_per_s"),
-        "updated": doc.get("updated"), "dashboard": web_url if alive else None,
-        "degraded": [f"{p['component']}: {p['message']}" for p in doc.get("degraded") or []],
+        "updated": doc.updated, "dashboard": web_url if alive else None,
+        "degraded": [f"{p['component']}: {p['message']}" for p in doc.degraded],
         # said while it ran (a glob that missed the checkpoints, a resume that did not happen): a run
         # that succeeded with one is not plainly "succeeded"
-        "warnings": [str(w["message"]) for w in doc.get("warnings") or []],
+        "warnings": [str(w["message"]) for w in doc.warnings],
         "error": None,
     }
 
