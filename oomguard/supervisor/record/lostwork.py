@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from oomguard.supervisor.lifecycle.states import Ending
@@ -70,33 +71,61 @@ def _last_step(attempt: Attempt, reported: int | None, written: list[Write],
     return (max(bounds), "checkpoint") if bounds else (None, None)
 
 
-def _resume_point(nxt: Attempt | None, history: RunHistory) -> dict[str, Any] | None:
-    """The checkpoint ``nxt`` started from: ``{"path", "step", "mtime", "bad"}`` of the write it found
-    (not a later rewrite under the same name); step 0 with no path when it started over; None when
-    there is no next attempt."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where the next attempt went on from: the checkpoint write it found (path None: it started
+    over, at step 0), that write's step and mtime, whether the file is bad, and the first step it
+    showed when it did not load the checkpoint (a ``not_resumed`` event)."""
+
+    path: str | None
+    step: int | None
+    mtime: float | None
+    bad: bool
+    first_step: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's ``resumed_from``."""
+        missed = {"resumed": False, "first_step": self.first_step} if self.first_step is not None else {}
+        return {"path": self.path, "step": self.step, **missed}
+
+
+def _resume_point(nxt: Attempt | None, history: RunHistory) -> ResumePoint | None:
+    """The checkpoint ``nxt`` started from, as it was when it started; None when there is no next attempt."""
     if nxt is None:
         return None
     if not nxt.checkpoint:
-        return {"path": None, "step": 0, "mtime": None, "bad": False}
+        return ResumePoint(None, 0, None, False)
     known = next((c for c in history.picture.checkpoints if c.path == nxt.checkpoint), None)
     step, mtime = (known.step, known.mtime) if known else (None, None)
     found = [w for w in history.writes if w.path == nxt.checkpoint and w.mtime <= nxt.started]
     if found:
         # That write's step, unknown when it was unknown: the file's step now may be a later write's.
         step, mtime = found[-1].step, found[-1].mtime
-    return {"path": nxt.checkpoint, "step": step, "mtime": mtime, "bad": bool(known and known.bad)}
+    return ResumePoint(nxt.checkpoint, step, mtime, bool(known and known.bad))
 
 
-def _lost_seconds(start: float, end: float, resume: dict[str, Any] | None, written: list[Write]) -> float:
+def _next_resume(nxt: Attempt | None, history: RunHistory) -> ResumePoint | None:
+    """``_resume_point`` of the next attempt, with the step it knew when it started (a file rewritten
+    in place holds a later one now) and, when it did not load the checkpoint, the first step it showed."""
+    resume = _resume_point(nxt, history)
+    if resume is None or nxt is None:
+        return resume
+    if resume.path and nxt.number in history.resume_steps:
+        resume = replace(resume, step=history.resume_steps[nxt.number])
+    missed = history.not_resumed.get(nxt.number)
+    return resume if missed is None else replace(resume, first_step=missed["first_step"])
+
+
+def _lost_seconds(start: float, end: float, resume: ResumePoint | None, written: list[Write]) -> float:
     """Time after the checkpoint work continued from: the one the next attempt loaded if this attempt
     wrote it; with no next attempt, or when that checkpoint turned out bad, this attempt's newest
     good one; else the attempt's start (all of it is redone, as when the next attempt did not resume)."""
     anchor = start
-    if resume is not None and resume.get("first_step") is not None:
+    if resume is not None and resume.first_step is not None:
         return max(0.0, end - start)
-    if resume is not None and not resume["bad"] and resume["mtime"] is not None:
-        if start <= resume["mtime"] <= end:
-            anchor = resume["mtime"]
+    if resume is not None and not resume.bad and resume.mtime is not None:
+        if start <= resume.mtime <= end:
+            anchor = resume.mtime
     elif written:
         anchor = written[0].mtime
     return max(0.0, end - anchor)
@@ -107,27 +136,19 @@ def _figures(attempt: Attempt, nxt: Attempt | None, history: RunHistory) -> dict
     # Closed later by the next supervisor: when that happened says nothing of when the attempt died.
     end = (None if attempt.ending is Ending.INTERRUPTED else attempt.ended) or history.last_activity.get(n, start)
     written = _written_during(history.writes, start, end)
-    own = (_resume_point(attempt, history) or {}) if attempt.checkpoint else {}
-    last_step, source = _last_step(attempt, history.steps.get(n), written, own.get("step"))
-    resume = _resume_point(nxt, history)
-    if resume is not None and resume["path"] and nxt is not None and nxt.number in history.resume_steps:
-        resume["step"] = history.resume_steps[nxt.number]
-    # The next attempt was started from a checkpoint but showed an earlier first step: it redid
-    # everything from that step on, whatever the checkpoint held.
-    missed = history.not_resumed.get(nxt.number) if nxt is not None else None
-    redone_from = resume["step"] if resume is not None else None
-    if resume is not None and missed is not None:
-        resume["first_step"] = missed["first_step"]
-        redone_from = missed["first_step"] - 1
+    own = _resume_point(attempt, history) if attempt.checkpoint else None
+    last_step, source = _last_step(attempt, history.steps.get(n), written, own.step if own else None)
+    resume = _next_resume(nxt, history)
+    # The next attempt showed an earlier first step than its checkpoint's: it redid everything from
+    # that step on, whatever the checkpoint held.
+    redone_from = None if resume is None else resume.step if resume.first_step is None else resume.first_step - 1
     steps_lost = None
     if redone_from is not None and last_step is not None:
         steps_lost = max(0, last_step - redone_from)
     return {
         **_attempt_facts(attempt, history), "ended": end,
         "last_step": last_step, "last_step_source": source,
-        "resumed_from": None if resume is None else {"path": resume["path"], "step": resume["step"],
-                                                     **({"resumed": False, "first_step": missed["first_step"]}
-                                                        if missed else {})},
+        "resumed_from": None if resume is None else resume.as_dict(),
         "steps_lost": steps_lost,
         "lost_s": _lost_seconds(start, end, resume, written),
         "gap_s": max(0.0, nxt.started - end) if nxt else 0.0,
