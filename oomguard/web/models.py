@@ -73,6 +73,7 @@ class Status(_Open):
     warnings: list[dict[str, Any]] = []  # said once each: an attempt that did not resume, a glob that matches nothing
     own_failures: list[dict[str, Any]] = []  # oomguard's probe or spare that failed an attempt, off since
     spare: dict[str, Any] | None = None  # why no spare interpreter is held (said once a run), or none
+    memory_breakdown: list[dict[str, Any]] = []  # what filled memory per attempt (record/memoryparts.py)
 
 
 class Attempt(_Open):

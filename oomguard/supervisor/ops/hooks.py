@@ -72,11 +72,20 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     last_cause: list[dict[str, Any]] = []  # the cause of the failure the run gave up after
     told: set[str] = set()  # so is each kind of wiring warning (a resume missed at every restart)
 
+    breakdowns: list[dict[str, Any]] = []  # the failure's memory_breakdown events (one per rank)
+
     def on_event(name: str, data: dict[str, Any]) -> None:
         if name == "attribution":
             cause.clear()
             cause.update(data)
             return
+        if name == "memory_breakdown":
+            if data.get("at") != "peak":  # the peak of an attempt that fit is no failure's
+                breakdowns.append(data)
+            return
+        memory = notify.memory_line(breakdowns) if name == "decision" else None
+        if name == "decision":
+            breakdowns.clear()
         figures = {"cause": dict(cause)} if cause and name == "decision" else {}
         if name == "decision":
             cause.clear()  # told with this decision; a later failure has its own
@@ -87,7 +96,7 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
                 sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
             sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                  data["grad_accum"], figures["cause"].get("summary") if figures else None,
+                                  data["grad_accum"], figures["cause"].get("summary") if figures else None, memory,
                                   evidence=data["evidence"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["action"] == "give_up" and figures:
             last_cause[:] = [figures["cause"]]

@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
@@ -74,6 +75,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "started": meta.get("started"),
         "updated": meta.get("updated"),
         "failures": _with_causes(failure_records(attempts), journal.event_data("attribution")),
+        "memory_breakdown": memoryparts.bars(journal),  # what filled memory, per attempt (record/memoryparts.py)
         "forecast": meta.get("forecast") if alive else None,
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
@@ -187,6 +189,7 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
     if doc.get("resume_command"):
         lines.append(f"resume:     {doc['resume_command']}")
+    lines += [f"memory:     {text}" for text in memoryparts.status_lines(doc.get("memory_breakdown") or [])]
     for f in doc["failures"]:
         how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "
