@@ -129,6 +129,8 @@ def breakdown_metrics(shown: list[dict[str, object]], journal: Journal) -> Itera
                               "of an attempt that fit)", labels=["part", "rank", "at"])
     limits = GaugeMetricFamily("oomguard_memory_breakdown_limit_bytes", "the limit that applied to that "
                                "breakdown, per rank", labels=["rank", "kind"])
+    roles = GaugeMetricFamily("oomguard_memory_breakdown_process_bytes", "the last reading before a host or "
+                              "kernel OOM, per kind of process of the worker's tree", labels=["role", "rank"])
     for b in ranks:
         rank = "" if b.rank is None else str(b.rank)
         for part in b.parts:
@@ -136,8 +138,9 @@ def breakdown_metrics(shown: list[dict[str, object]], journal: Journal) -> Itera
                 parts.add_metric([part.key, rank, b.at], part.bytes)
         if b.limit is not None:
             limits.add_metric([rank, b.limit_kind or ""], b.limit)
-    yield parts
-    yield limits
+        for role, rss in memoryparts.by_role(b.processes or ()).items():
+            roles.add_metric([role, rank], rss)
+    yield from (parts, limits, roles)
     yield GaugeMetricFamily("oomguard_memory_breakdown_attempt", "the attempt the breakdown gauges describe",
                             value=ranks[0].attempt)
 

@@ -25,7 +25,7 @@ EVENT = "memory_breakdown"
 # allocator keeps for later. (key in the event, the words a user reads)
 PARTS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
          ("activations", "activations"), ("cache", "cache"))
-AT_WORDS = {"oom": "at the OOM", "peak": "at its peak (it fit)", "last_reading": "last reading before the kill"}
+AT_WORDS = {"oom": "at the OOM", "peak": "at its peak (it fit)", "last_reading": "last reading before the failure"}
 ROLES = ("trainer", "data-loader worker", "other")
 
 
@@ -131,6 +131,14 @@ def limit_text(value: MemoryBreakdown) -> str:
     if value.limit is None:
         return "limit not seen"
     return f"limit {format_size(value.limit)}" + (f" ({value.limit_kind})" if value.limit_kind else "")
+
+
+def by_role(processes: Sequence[Process]) -> dict[str, int]:
+    """The reading summed per kind of process (trainer, data-loader worker, other)."""
+    found: dict[str, int] = {}
+    for p in processes:
+        found[p.role] = found.get(p.role, 0) + p.rss
+    return found
 
 
 def processes_text(processes: Sequence[Process]) -> str:

@@ -144,7 +144,7 @@ function renderBatchHistory() {
 
 const PART_COLORS = { weights: "#2e86ab", gradients: "#76b041", optimizer_state: "#f18f01", activations: "#e4572e",
   cache: "#9aa3b5", trainer: "#7b61ff", "data-loader worker": "#17bebb", other: "#a23b72" };
-const AT_WORDS = { oom: "at the OOM", peak: "at its peak (it fit)", last_reading: "last reading before the kill" };
+const AT_WORDS = { oom: "at the OOM", peak: "at its peak (it fit)", last_reading: "last reading before the failure" };
 
 // The segments of one bar: the parts that were seen; where the probe saw none (a host or kernel OOM),
 // the last reading of each kind of process instead. A part not seen has no segment: it is named below.
@@ -198,6 +198,10 @@ function captionOf(b) {
     : el("span", { "data-part": p.key }, `${p.label} ${bytes(p.bytes)}`)));
   items.push(el("span", { class: b.limit ? "" : "not-seen" },
     b.limit ? `limit ${bytes(b.limit)}${b.limit_kind ? ` (${b.limit_kind})` : ""}` : "limit not seen"));
+  if (b.processes && b.processes.length) {  // the last reading per process: who held the memory
+    items.push(el("span", { class: "processes" }, `by process: ${b.processes.map((p) =>
+      `${p.role} ${p.name} (pid ${p.pid}) ${bytes(p.rss)}`).join(", ")}`));
+  }
   const out = [];
   items.forEach((item, i) => { if (i) out.push(" · "); out.push(item); });
   return out;
