@@ -71,21 +71,16 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     cause: dict[str, Any] = {}  # the newest attribution: its summary and the figures that decided it
     last_cause: list[dict[str, Any]] = []  # the cause of the failure the run gave up after
     told: set[str] = set()  # so is each kind of wiring warning (a resume missed at every restart)
-
-    breakdowns: list[dict[str, Any]] = []  # the failure's memory_breakdown events (one per rank)
+    filled = notify.FailureMemory()  # what filled memory at the failure, told with its decision
 
     def on_event(name: str, data: dict[str, Any]) -> None:
         if name == "attribution":
             cause.clear()
             cause.update(data)
             return
-        if name == "memory_breakdown":
-            if data.get("at") != "peak":  # the peak of an attempt that fit is no failure's
-                breakdowns.append(data)
+        if filled.heard(name, data):
             return
-        memory = notify.memory_line(breakdowns) if name == "decision" else None
-        if name == "decision":
-            breakdowns.clear()
+        memory = filled.take() if name == "decision" else None
         figures = {"cause": dict(cause)} if cause and name == "decision" else {}
         if name == "decision":
             cause.clear()  # told with this decision; a later failure has its own

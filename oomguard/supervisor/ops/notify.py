@@ -98,6 +98,26 @@ def recovered(
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
 
 
+class FailureMemory:
+    """The ``memory_breakdown`` events of the failure being handled (one per rank), until its
+    decision takes them as one line (the peak of an attempt that fit is no failure's)."""
+
+    def __init__(self) -> None:
+        self.events: list[Mapping[str, Any]] = []
+
+    def heard(self, name: str, data: Mapping[str, Any]) -> bool:
+        if name != memoryparts.EVENT:
+            return False
+        if data.get("at") != "peak":
+            self.events.append(data)
+        return True
+
+    def take(self) -> str | None:
+        line = memory_line(self.events)
+        self.events.clear()
+        return line
+
+
 def memory_line(breakdowns: Sequence[Mapping[str, Any]]) -> str | None:
     """One short line of what filled memory at a failure, from its ``memory_breakdown`` events (one
     per rank): the fullest rank's parts and limit (record/memoryparts.py), or None without one."""

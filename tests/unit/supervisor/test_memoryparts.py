@@ -126,4 +126,8 @@ def test_the_recovery_notification_says_what_filled_memory_in_one_line() -> None
     note = notify.recovered("run", "cuda_oom", 32, 16, 2, "micro-batch 32 needed ...", line)
     assert note.message.splitlines()[-1] == f"memory: {line}"
     assert notify.memory_line([]) is None
+    filled = notify.FailureMemory()  # as the notification hook hears the loop's events
+    assert filled.heard("memory_breakdown", cuda_oom(rank=1)) and not filled.heard("decision", {})
+    assert filled.heard("memory_breakdown", cuda_oom(attempt=2, at="peak"))  # an attempt that fit: no failure's
+    assert filled.take() == line.removeprefix("rank 1: ") and filled.take() is None
     assert "memory:" not in notify.recovered("run", "cuda_oom", 32, 16, 2).message
