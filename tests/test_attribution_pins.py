@@ -25,9 +25,8 @@ SHORT_TREND = {**TREND, "samples": 6, "span_s": 5.0, "steps": 50}
 SHORT_ROOM = {"budget": "cgroup", "limit_bytes": LIMIT, "trend_at_failure_bytes": 160 * MIB,
               "below_limit_bytes": 240 * MIB, "tolerance_bytes": 8 * MIB, "noise_bytes": 0, "rise_bytes": 50 * MIB,
               "seconds_to_limit": 24.0, "steps_to_limit": 240, "jump_bytes": None}
-SHORT_ROOM_WORDS = ("at the failure the cgroup trend line was at 160 MiB, 240 MiB short of the 400 MiB limit "
-                    "(~240 steps at this rate; within 8 MiB counts as reaching it), so the memory that reached it "
-                    "came between two readings")
+SHORT_ROOM_WORDS = ("its steady rise was at about 160.0 MiB when it failed, 240.0 MiB below the cgroup limit of "
+                    "400.0 MiB, so the memory that reached the limit came between two readings")
 
 
 def test_a_spike_on_a_noisy_creep_is_told_with_every_figure_rounded_as_shown() -> None:
@@ -38,13 +37,13 @@ def test_a_spike_on_a_noisy_creep_is_told_with_every_figure_rounded_as_shown() -
     found = attribute(series, Evidence(), 16, limit=cgroup(series))
     assert found.as_dict() == {
         "cause": "per_sample",
-        "summary": "per-sample, by elimination: a spike on a steady rise (worker RSS grew 1.1 MB/step, 10.6 MB/s "
-                   "(R² 1.00 over 17 samples, 12 s)), at least 300 MiB at micro-batch 16 (the highest reading before "
-                   "the failure: a lower bound); at the failure the cgroup trend line was at 232 MiB, 168 MiB short of "
-                   "the 400 MiB limit (~166 steps at this rate; within 8 MiB counts as reaching it), and memory "
-                   "jumped 68 MiB above it; the trend rose only 126 MiB in this attempt, less than the 168 MiB the "
-                   "jump needed beyond it, so the jump, not the rise, reached the limit; only micro-batch 16 measured "
-                   "so far",
+        "summary": "micro-batch 16 needed at least 300.0 MiB (the highest worker RSS reading before it failed: a "
+                   "lower bound); worker RSS rose steadily by 118.3 MiB in 12 s (about 1.0 MiB a step), then jumped; "
+                   "its steady rise was at about 231.8 MiB when it failed, 168.2 MiB below the cgroup limit of "
+                   "400.0 MiB, and memory jumped 68.2 MiB above it; the rise added only 125.6 MiB in this attempt, "
+                   "less than the 168.2 MiB the jump needed on top of it, so the jump, not the rise, reached the "
+                   "limit; no evaluation or checkpoint step was seen, so the batch is taken as the cause; only "
+                   "micro-batch 16 measured so far",
         "bytes_per_s": 10616167, "bytes_per_step": 1061239, "r2": 0.998, "samples": 17, "span_s": 11.7,
         "steps": 117, "budget": "cgroup", "limit_bytes": LIMIT, "trend_at_failure_bytes": 243056234,
         "below_limit_bytes": 176374166, "tolerance_bytes": 8 * MIB, "noise_bytes": 2017789,
@@ -57,12 +56,11 @@ def test_a_leak_that_added_the_room_the_jump_needed_names_the_jump_and_the_phase
     found = attribute(series, Evidence(frames=("main", "evaluate")), 16, limit=cgroup(series))
     assert found.cause is Cause.LEAK and found.also is Cause.EVALUATION
     assert found.summary == (
-        "leak and a spike: worker RSS grew 1.0 MB/step, 10.5 MB/s (R² 1.00 over 17 samples, 16 s) at micro-batch "
-        "16; at the failure the cgroup trend line was at 280 MiB, 120 MiB short of the 400 MiB limit (~120 steps at "
-        "this rate; within 8 MiB counts as reaching it), and memory jumped above the trend (a reading saw 20 MiB above "
-        "the trend); it failed in evaluation (traceback through evaluate()); the leak added 170 MiB in this "
-        "attempt, at least the 120 MiB the jump needed beyond the trend, so a fresh restart at the same size has "
-        "room for the spike")
+        "leak and a spike: worker RSS rose steadily by 160.0 MiB in 16 s (about 1.0 MiB a step) while training at "
+        "micro-batch 16; its steady rise was at about 280.0 MiB when it failed, 120.0 MiB below the cgroup limit of "
+        "400.0 MiB, and memory jumped above that rise (a reading saw 20.0 MiB above it); it failed in evaluation "
+        "(traceback through evaluate()); the leak added 170.0 MiB in this attempt, at least the 120.0 MiB the jump "
+        "needed on top of it, so a fresh restart at the same size has room for the spike")
     assert found.figures == {**TREND, "budget": "cgroup", "limit_bytes": LIMIT, "trend_at_failure_bytes": 280 * MIB,
                              "below_limit_bytes": 120 * MIB, "tolerance_bytes": 8 * MIB, "noise_bytes": 0,
                              "rise_bytes": 170 * MIB, "seconds_to_limit": 12.0, "steps_to_limit": 120,
@@ -74,11 +72,10 @@ def test_a_leak_and_a_spike_no_reading_saw_in_no_phase() -> None:
     found = attribute(CREEP, Evidence(), 16, limit=cgroup(CREEP, failed_at=CREEP[-1].t + 0.5))
     assert found.cause is Cause.LEAK and found.also is Cause.PER_SAMPLE
     assert found.summary == (
-        "leak and a spike: worker RSS grew 1.0 MB/step, 10.5 MB/s (R² 1.00 over 17 samples, 16 s) at micro-batch "
-        "16; at the failure the cgroup trend line was at 275 MiB, 125 MiB short of the 400 MiB limit (~125 steps at "
-        "this rate; within 8 MiB counts as reaching it), and memory jumped above the trend; the leak added 165 MiB in "
-        "this attempt, at least the 125 MiB the jump needed beyond the trend, so a fresh restart at the same size "
-        "has room for the spike")
+        "leak and a spike: worker RSS rose steadily by 160.0 MiB in 16 s (about 1.0 MiB a step) while training at "
+        "micro-batch 16; its steady rise was at about 275.0 MiB when it failed, 125.0 MiB below the cgroup limit of "
+        "400.0 MiB, and memory jumped above that rise; the leak added 165.0 MiB in this attempt, at least the "
+        "125.0 MiB the jump needed on top of it, so a fresh restart at the same size has room for the spike")
     assert found.figures["seconds_to_limit"] == 12.5 and found.figures["jump_bytes"] is None
 
 
@@ -95,32 +92,35 @@ def test_a_phase_spike_keeps_its_evidence_and_says_the_rise_was_too_small() -> N
     found = attribute(SHORT, Evidence(tail=("Saving model checkpoint to out",)), 16, limit=cgroup(SHORT))
     assert found.as_dict() == {
         "cause": "checkpoint_saving",
-        "summary": f"checkpoint saving-time spike (last output: Saving model checkpoint to out); {SHORT_ROOM_WORDS}; "
-                   "the trend rose only 50 MiB in this attempt, less than the 240 MiB the jump needed beyond it, so "
-                   "the jump, not the rise, reached the limit",
+        "summary": f"memory ran out during checkpoint saving (last output: Saving model checkpoint to out); "
+                   f"{SHORT_ROOM_WORDS}; the rise added only 50.0 MiB in this attempt, less than the 240.0 MiB the "
+                   "jump needed on top of it, so the jump, not the rise, reached the limit",
         **SHORT_TREND, **SHORT_ROOM, "evidence": "last output: Saving model checkpoint to out"}
 
 
 def test_without_a_limit_the_memory_named_and_the_micro_batch_are_in_the_line() -> None:
     assert attribute(creep(), Evidence(), 16, "GPU memory").summary == (
-        "leak: GPU memory grew 0.5 MB/step, 1.8 MB/s (R² 1.00 over 29 samples, 28 s) at micro-batch 16")
+        "leak: GPU memory rose steadily by 47.6 MiB in 28 s (about 512.0 KiB a step) while training at micro-batch 16")
     found = attribute(then(creep(), 300 * MIB), Evidence(), 16, "GPU memory")
     assert found.summary == (
-        "per-sample, by elimination: a spike on a steady rise (GPU memory grew 0.5 MB/step, 1.8 MB/s (R² 1.00 over "
-        "29 samples, 28 s)), at least 300 MiB at micro-batch 16 (the highest reading before the failure: a lower "
-        "bound); only micro-batch 16 measured so far")
+        "micro-batch 16 needed at least 300.0 MiB (the highest GPU memory reading before it failed: a lower bound); "
+        "GPU memory rose steadily by 47.6 MiB in 28 s (about 512.0 KiB a step), then jumped; no evaluation or "
+        "checkpoint step was seen, so the batch is taken as the cause; only micro-batch 16 measured so far")
 
 
 def test_too_few_readings_or_no_rise_say_so_with_the_plateau() -> None:
     assert attribute(SHORT[:3], Evidence(), 16).summary == (
-        "per-sample, by elimination: too few samples after warm-up to see a trend, at least 120 MiB at micro-batch "
-        "16 (the highest reading before the failure: a lower bound); only micro-batch 16 measured so far")
+        "micro-batch 16 needed at least 120.0 MiB (the highest worker RSS reading before it failed: a lower bound); "
+        "too few readings to tell whether memory was rising; no evaluation or checkpoint step was seen, so the batch "
+        "is taken as the cause; only micro-batch 16 measured so far")
     level = attribute(plateau_series(), Evidence(), 16, "GPU memory", failed=False)
-    assert level.summary == ("per-sample, by elimination: no steady rise after warm-up (slope 1.1 MB/s, R² 0.10), "
-                             "plateau 768 MiB at micro-batch 16; only micro-batch 16 measured so far")
+    assert level.summary == ("micro-batch 16 used 767.7 MiB at its highest GPU memory reading; memory did not keep "
+                             "rising after warm-up; no evaluation or checkpoint step was seen, so the batch is taken "
+                             "as the cause; only micro-batch 16 measured so far")
+    assert (level.figures["bytes_per_s"], level.figures["r2"]) == (1054369, 0.095)  # the statistics stay in the data
     assert level.figures["plateau_bytes"] == 804957035 and level.figures["plateau_censored"] is False
     model = attribute(plateau_series(), Evidence(), 16, "GPU memory", model=Fit(200 * MIB, 3.25 * MIB, 2))
-    assert model.summary.endswith("; the memory model measured 3.2 MiB a sample; memory follows the micro-batch")
+    assert model.summary.endswith("; the memory model measured 3.2 MiB a sample: memory follows the micro-batch")
     assert model.figures["per_sample_bytes"] == 3407872
 
 
@@ -143,8 +143,8 @@ def test_level_plateaus_stay_level_measured_from_the_largest_to_the_smallest_bat
     found = attribute((), Evidence(), 32, earlier=measured((128, 400 * MIB), (64, 300 * MIB), (32, 400 * MIB)),
                       failed=False)
     assert found.figures["follows"] is False
-    assert found.summary.endswith("but memory does not follow the micro-batch: its plateaus stayed level as the "
-                                  "micro-batch shrank (400 MiB at 128, 300 MiB at 64, 400 MiB at 32)")
+    assert found.summary.endswith("but memory does not follow the micro-batch: its highest readings stayed level as "
+                                  "the micro-batch shrank (400.0 MiB at 128, 300.0 MiB at 64, 400.0 MiB at 32)")
     assert found.figures["plateaus"] == {"128": 400 * MIB, "64": 300 * MIB, "32": 400 * MIB}
 
 
@@ -156,8 +156,8 @@ def test_a_jump_larger_than_the_room_left_needs_more_than_the_leak_gave_back() -
     f = found.figures
     assert (f["rise_bytes"], f["below_limit_bytes"], f["jump_bytes"]) == (150 * MIB, 140 * MIB, 220 * MIB)
     assert found.cause is Cause.PER_SAMPLE and found.also is None
-    assert ("; the trend rose only 150 MiB in this attempt, less than the 220 MiB the jump needed beyond it, so the "
-            "jump, not the rise, reached the limit") in found.summary
+    assert ("; the rise added only 150.0 MiB in this attempt, less than the 220.0 MiB the jump needed on top of it, "
+            "so the jump, not the rise, reached the limit") in found.summary
 
 
 def test_a_leak_that_gave_back_exactly_what_the_jump_needed_is_enough() -> None:
@@ -177,8 +177,9 @@ def test_the_allocators_figures_and_the_slope_of_the_other_sizes_peaks() -> None
     found = attribute((), Evidence(allocator=alloc, step_peaks=peaks), 256, "GPU memory")
     assert found.as_dict() == {
         "cause": "per_sample",
-        "summary": "per-sample: needed 1.0 GiB more with 70.0 GiB allocated of 72.0 GiB (90% of the device) at "
-                   "micro-batch 256 (4.0 GiB reserved but unallocated); 240.0 MiB per sample measured at 128 and 64",
+        "summary": "micro-batch 256 needed at least 71.0 GiB: it asked for 1.0 GiB more with 70.0 GiB allocated; "
+                   "the limit was 72.0 GiB (90% of the device); 4.0 GiB more was reserved but unallocated; about "
+                   "240.0 MiB a sample, measured at 128 and 64",
         "source": "allocator", "requested_bytes": 1 * GIB, "allocated_bytes": 70 * GIB, "reserved_bytes": 74 * GIB,
         "limit_bytes": 72 * GIB, "fraction": 0.9, "per_sample_bytes": 240 * MIB, "measured_at": [128, 64]}
 
@@ -186,24 +187,24 @@ def test_the_allocators_figures_and_the_slope_of_the_other_sizes_peaks() -> None
 def test_the_allocators_own_micro_batch_wins_and_missing_figures_are_left_out() -> None:
     bare = AllocatorOom("cuda:0", None, None, None, None, None, None, None, 512)
     found = attribute((), Evidence(allocator=bare, step_peaks={512: 90 * GIB, 256: 20 * GIB}), 128, "GPU memory")
-    assert found.summary == ("per-sample: an allocation failed at micro-batch 512; at most 80.0 MiB per sample "
-                             "measured at 256")
+    assert found.summary == "an allocation failed at micro-batch 512; at most 80.0 MiB a sample, measured at 256"
     unbounded = AllocatorOom("cuda:0", 2 * GIB, 70 * GIB, 70 * GIB, None, None, None, None, None)
     assert attribute((), Evidence(allocator=unbounded), 64, "GPU memory").summary == (
-        "per-sample: needed 2.0 GiB more with 70.0 GiB allocated at micro-batch 64")
+        "micro-batch 64 needed at least 72.0 GiB: it asked for 2.0 GiB more with 70.0 GiB allocated")
 
 
 def test_readings_that_saw_nothing_are_named_as_such() -> None:
     found = attribute([Reading(float(i), 0, i) for i in range(5)], Evidence(), 16, "GPU memory")
     assert found.as_dict() == {
         "cause": "per_sample", "unseen": "GPU memory",
-        "summary": "per-sample, by elimination: too few samples after warm-up to see a trend; the GPU memory readings "
-                   "saw none of its memory (all 0); only micro-batch 16 measured so far"}
+        "summary": "micro-batch 16 ran out of memory; too few readings to tell whether memory was rising; the GPU "
+                   "memory readings saw none of its memory (all 0); no evaluation or checkpoint step was seen, so "
+                   "the batch is taken as the cause; only micro-batch 16 measured so far"}
 
 
 @pytest.mark.parametrize(("this_failed", "earlier_failed", "bounds"), [
-    (True, False, "400 MiB at 64, at least 300 MiB at 32"),
-    (False, True, "at least 400 MiB at 64, 300 MiB at 32"),
+    (True, False, "400.0 MiB at 64, at least 300.0 MiB at 32"),
+    (False, True, "at least 400.0 MiB at 64, 300.0 MiB at 32"),
 ])
 def test_each_lower_bound_is_marked_and_only_it(this_failed: bool, earlier_failed: bool, bounds: str) -> None:
     found = attribute([Reading(float(i), 300 * MIB, i) for i in range(3)], Evidence(), 32,
@@ -224,4 +225,4 @@ def test_memory_that_falls_never_reaches_the_limit_in_seconds_or_steps() -> None
     falling = creep(n=20, every=1.0, steps_per_s=10, base=300 * MIB, per_step=-0.5 * MIB)
     found = attribute(falling, Evidence(), 16, limit=cgroup(falling))
     assert found.figures["seconds_to_limit"] is None and found.figures["steps_to_limit"] is None
-    assert "195 MiB short of the 400 MiB limit (within 8 MiB counts as reaching it)" in found.summary
+    assert "was at about 205.0 MiB when it failed, 195.0 MiB below the cgroup limit of 400.0 MiB" in found.summary

@@ -121,7 +121,7 @@ def test_a_leak_restarts_at_the_same_micro_batch_before_the_kernel_kills_it(
     planned = report["planned_restarts"]
     assert planned or causes, report  # the leak was seen, by the forecast or after a kill
     text = json.dumps(report)
-    assert "leak" in text and "MB/s" in text and "MB/step" in text
+    assert "leak" in text and "MB/s" in text and " a step)" in text
     assert set(causes) <= {"leak"}
     rate = next(iter(attributions(run_dir).values()))
     assert 2.5e6 < rate["bytes_per_step"] < 6e6 and rate["r2"] >= 0.9  # 4 MiB a step, measured
@@ -160,7 +160,8 @@ def test_a_spike_on_a_slow_creep_is_the_batchs_and_halves_at_the_first_kill(
     cause = doc["failures"][0]["cause"]
     assert cause["cause"] == "per_sample" and cause["budget"] == "cgroup" and cause["limit_bytes"] == 400 * MIB
     assert cause["below_limit_bytes"] > 150 * MIB and cause["rise_bytes"] < cause["below_limit_bytes"]
-    assert "MiB short of the 400 MiB limit" in cause["summary"] and "the jump, not the rise" in cause["summary"]
+    assert "MiB below the cgroup limit of 400.0 MiB" in cause["summary"]
+    assert "the jump, not the rise" in cause["summary"]
     report = read_report(run_dir)
     assert report["steps_lost"] <= 20 and steps_redone(run_dir) <= 20
     # The forecast status showed before the kill, carried forward to the failure, is where the report
@@ -170,7 +171,8 @@ def test_a_spike_on_a_slow_creep_is_the_batchs_and_halves_at_the_first_kill(
     foreseen = last["limit"] - last["bytes_per_s"] * (last["t"] + last["seconds_to_limit"] - ended)
     assert foreseen == pytest.approx(cause["trend_at_failure_bytes"], abs=8 * MIB), (last, cause)
     recovered = next(n for n in notes if "recovered" in n["title"])
-    assert "cause: per-sample" in recovered["message"] and "MiB short of the 400 MiB limit" in recovered["message"]
+    assert "cause: micro-batch 16 needed at least" in recovered["message"]
+    assert "MiB below the cgroup limit of 400.0 MiB" in recovered["message"]
     assert recovered["details"]["cause"]["below_limit_bytes"] == cause["below_limit_bytes"]
     said = [out.stdout, out.stderr, json.dumps(doc), format_status(doc), json.dumps(report), format_report(report),
             journal_text(run_dir), json.dumps(notes), json.dumps(shown)]
@@ -201,7 +203,7 @@ def test_a_leak_that_also_spikes_names_both_and_finishes(
     cause = first["cause"]
     assert (cause["cause"], cause["also"]) == ("leak", "per_sample"), cause
     assert cause["rise_bytes"] >= cause["below_limit_bytes"] > cause["tolerance_bytes"]
-    assert cause["summary"].startswith("leak and a spike: worker RSS grew")
+    assert cause["summary"].startswith("leak and a spike: worker RSS rose steadily by")
     assert "has room for the spike" in cause["summary"]
     assert "the leak's growth, not the batch, used the room" in first["decision"]
     assert all(f["micro_batch"] == 16 for f in doc["failures"])
@@ -220,7 +222,7 @@ def test_a_leak_faster_than_checkpoints_gives_up_with_one_line(
     assert doc["state"] == "failed" and [f["micro_batch"] for f in doc["failures"]] == [16, 16]
     assert [f["kind"] for f in doc["failures"]] == ["host_oom", "host_oom"]
     assert all(f["cause"]["cause"] == "leak" for f in doc["failures"])
-    assert "leak: worker RSS grew" in doc["reason"] and "MB/step" in doc["reason"]
+    assert "leak: worker RSS rose steadily by" in doc["reason"] and " a step)" in doc["reason"]
     assert "no progress between restarts" in doc["reason"] and "\n" not in doc["reason"]
 
 

@@ -76,7 +76,9 @@ def test_the_issue_a_perfect_creep_far_below_the_limit_is_no_leak() -> None:
     assert f["below_limit_bytes"] == pytest.approx(LIMIT - (100 * MIB + 0.5 * MIB * 3.4 * 29.6), rel=0.02)
     assert f["below_limit_bytes"] > 200 * MIB and f["tolerance_bytes"] == int(TOLERANCE_FRACTION * LIMIT)
     assert f["rise_bytes"] < f["below_limit_bytes"] and f["steps_to_limit"] == pytest.approx(500, rel=0.02)
-    assert "250 MiB short of the 400 MiB limit (~500 steps at this rate" in found.summary
+    # "~500 steps at this rate" stays in the data (steps_to_limit, above), not the sentence
+    assert "when it failed, 249.9 MiB below the cgroup limit of 400.0 MiB" in found.summary
+    assert "steps" not in found.summary
     assert "the jump, not the rise, reached the limit" in found.summary
     d = decide(Failure(1, FailureKind.HOST_OOM, 16, "killed", attribution=found), [], Plan(BatchPlan(16, 64, 1)),
                PolicyConfig())
@@ -101,7 +103,8 @@ def test_a_leak_whose_line_reaches_the_limit_is_a_leak() -> None:
     found = attribute(series, Evidence(), 16, limit=cgroup(series, failed_at=series[-1].t + 0.2))
     assert found.cause is Cause.LEAK and found.also is None
     assert found.figures["below_limit_bytes"] <= found.figures["tolerance_bytes"]
-    assert "leak: worker RSS grew 4.2 MB/step" in found.summary and "counts as reaching it" in found.summary
+    assert "leak: worker RSS rose steadily by 279.7 MiB in 7 s (about 4.0 MiB a step)" in found.summary
+    assert "had passed the cgroup limit of 400.0 MiB when it failed" in found.summary
 
 
 def test_without_a_limit_to_measure_against_a_steady_line_stands_on_its_readings() -> None:
@@ -111,7 +114,7 @@ def test_without_a_limit_to_measure_against_a_steady_line_stands_on_its_readings
     assert attribute(series, Evidence(), 16).cause is Cause.LEAK
     jumped = then(series, 300 * MIB)
     found = attribute(jumped, Evidence(), 16)
-    assert found.cause is Cause.PER_SAMPLE and "a spike on a steady rise" in found.summary
+    assert found.cause is Cause.PER_SAMPLE and "rose steadily by" in found.summary and ", then jumped" in found.summary
 
 
 def test_a_leak_that_also_spikes_names_both_and_the_figures_pick_the_remedy() -> None:
@@ -123,7 +126,8 @@ def test_a_leak_that_also_spikes_names_both_and_the_figures_pick_the_remedy() ->
     assert found.cause is Cause.LEAK and found.also is Cause.PER_SAMPLE
     f = found.figures
     assert f["rise_bytes"] >= f["below_limit_bytes"] > f["tolerance_bytes"]
-    assert found.summary.startswith("leak and a spike: worker RSS grew 1.0 MB/step")
+    assert found.summary.startswith("leak and a spike: worker RSS rose steadily by 160.0 MiB in 16 s "
+                                    "(about 1.0 MiB a step)")
     assert "a fresh restart at the same size has room for the spike" in found.summary
     assert found.as_dict()["also"] == "per_sample"
     d = decide(Failure(1, FailureKind.HOST_OOM, 16, "killed", new_checkpoint=True, attribution=found), [],
@@ -145,7 +149,7 @@ def test_when_the_leak_added_less_than_the_spike_needed_the_batch_shrinks() -> N
 def test_a_phase_named_in_the_output_is_the_spike_on_a_creep() -> None:
     series = creep()
     found = attribute(series, Evidence(tail=("Evaluating at step 100",)), 16, limit=cgroup(series))
-    assert found.cause is Cause.EVALUATION and "short of the 400 MiB limit" in found.summary
+    assert found.cause is Cause.EVALUATION and "below the cgroup limit of 400.0 MiB" in found.summary
     assert "leak" not in why(found).lower()
 
 
@@ -231,11 +235,10 @@ def test_headroom_in_words() -> None:
     trend = steady_rise(creep())
     assert trend is not None
     assert Headroom("cgroup", LIMIT, trend, trend.t_last).describe() == (
-        f"the cgroup trend line was at {trend.last / MIB:.0f} MiB, {(LIMIT - trend.last) / MIB:.0f} MiB short of the "
-        f"400 MiB limit (~{(LIMIT - trend.last) / trend.per_step:.0f} steps at this rate; within 8 MiB counts as "
-        "reaching it)")
+        f"its steady rise was at about {trend.last / MIB:.1f} MiB when it failed, {(LIMIT - trend.last) / MIB:.1f} MiB "
+        "below the cgroup limit of 400.0 MiB")
     past = Headroom("GPU", 100 * MIB, trend, trend.t_last)
-    assert past.reached and past.seconds == 0 and "MiB past the 100 MiB limit" in past.describe()
+    assert past.reached and past.seconds == 0 and "had passed the GPU limit of 100.0 MiB" in past.describe()
     flat = steady_rise([Reading(float(i), 100 * MIB) for i in range(20)])
     assert flat is not None and math.isinf(Headroom("host", LIMIT, flat, 19.0).seconds)
 
@@ -326,7 +329,7 @@ def test_a_cuda_leak_under_a_memory_fraction_is_measured_against_the_cap_its_oom
                   i * 2, None, 0.95)
     capped = watch.attribute(Evidence(capacity=4 * 2**30), 16, kind=FailureKind.CUDA_OOM, failed_at=14.6)
     assert capped.cause is Cause.LEAK and capped.figures["budget"] == "process's GPU"
-    assert capped.figures["limit_bytes"] == 4 * 2**30 and "GPU memory grew 67.1 MB/step" in capped.summary
+    assert capped.figures["limit_bytes"] == 4 * 2**30 and "(about 64.0 MiB a step)" in capped.summary
     device_only = watch.attribute(Evidence(), 16, kind=FailureKind.CUDA_OOM, failed_at=14.6)
     assert device_only.figures["budget"] == "GPU" and device_only.figures["limit_bytes"] == device
     assert device_only.cause is Cause.PER_SAMPLE  # 74 GiB below the device's capacity: the line did not reach it

@@ -9,7 +9,7 @@ from oomguard.supervisor.observe.allocator import AllocatorOom
 
 GIB = 2**30
 NO_FIGURES = Judgement(False, "the OOM message has no allocator figures")
-TEN_PERCENT = "8.0 GiB reserved but unallocated = 10% of 80.0 GiB"
+TEN_PERCENT = "8.0 GiB reserved but unallocated, 10% of the 80.0 GiB it may use"
 FRAGMENTED = Judgement(True, f"fragmentation: {TEN_PERCENT}")
 
 
@@ -37,7 +37,7 @@ def test_a_predicted_peak_at_the_capacity_still_fits_one_above_it_does_not() -> 
 def test_ten_percent_unallocated_is_fragmentation_nine_is_not() -> None:
     assert judge(1 * GIB, 8 * GIB, 80 * GIB) == FRAGMENTED
     assert judge(1 * GIB, 7 * GIB, 80 * GIB) == Judgement(
-        False, "not fragmentation: 7.0 GiB reserved but unallocated = 9% of 80.0 GiB (below 10%)")
+        False, "not fragmentation: 7.0 GiB reserved but unallocated, 9% of the 80.0 GiB it may use (below 10%)")
 
 
 def test_the_probes_figures_come_first_with_its_own_limit() -> None:
@@ -50,7 +50,8 @@ def test_the_probes_figures_come_first_with_its_own_limit() -> None:
         "(the allocator's figures at the OOM)")
     no_total = AllocatorOom("cuda:0", 1 * GIB, 62 * GIB, 70 * GIB, None, None, None)
     assert at_oom(no_total, 2 * GIB, 1 * GIB, 40 * GIB) == Judgement(
-        True, "fragmentation: 8.0 GiB reserved but unallocated = 20% of 40.0 GiB (the allocator's figures at the OOM)")
+        True, "fragmentation: 8.0 GiB reserved but unallocated, 20% of the 40.0 GiB it may use (the allocator's "
+        "figures at the OOM)")
 
 
 def test_a_probe_record_missing_a_figure_leaves_the_judgement_to_the_message() -> None:
@@ -61,4 +62,4 @@ def test_a_probe_record_missing_a_figure_leaves_the_judgement_to_the_message() -
         assert at_oom(probe, 1 * GIB, 8 * GIB, 80 * GIB, predicted_peak=90 * GIB) == Judgement(
             False, "the memory model predicts a 90.0 GiB peak at this micro-batch, above the 80.0 GiB available")
         assert at_oom(probe, 1 * GIB, 8 * GIB, 160 * GIB) == Judgement(
-            False, "not fragmentation: 8.0 GiB reserved but unallocated = 5% of 160.0 GiB (below 10%)")
+            False, "not fragmentation: 8.0 GiB reserved but unallocated, 5% of the 160.0 GiB it may use (below 10%)")

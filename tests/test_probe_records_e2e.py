@@ -31,10 +31,11 @@ def test_cuda_ooms_are_told_in_the_allocators_figures_and_steps_come_from_the_pr
     assert doc["progress"]["steps_per_s"] > 0 and doc["progress"]["limit_bytes"] == int(80 * GIB * 0.3)
     assert [p["peak_allocated"] for p in doc["peaks"]] == [(1024 + 256 * m) * MIB for m in (16, 8, 4)]
     first, second = (f["cause"]["summary"] for f in doc["failures"])
-    assert first == ("per-sample: needed 256.0 MiB more with 23.9 GiB allocated of 24.0 GiB (30% of the device) "
-                     "at micro-batch 16 (60.0 MiB reserved but unallocated)"), first
+    assert first == ("micro-batch 16 needed at least 24.2 GiB: it asked for 256.0 MiB more with 23.9 GiB allocated; "
+                     "the limit was 24.0 GiB (30% of the device); 60.0 MiB more was reserved but unallocated"), first
     # The per-sample figure from the allocator's step peaks at 16 (5 GiB over 16 samples, fixed memory included).
-    assert second.endswith("at micro-batch 8 (60.0 MiB reserved but unallocated); at most 320.0 MiB per sample "
+    assert second.startswith("micro-batch 8 needed at least "), second
+    assert second.endswith("; 60.0 MiB more was reserved but unallocated; at most 320.0 MiB a sample, "
                            "measured at 16"), second
     journal = Journal(run_dir, readonly=True)
     try:

@@ -123,7 +123,7 @@ def test_a_reading_of_nothing_yet_is_no_fall_and_a_fall_to_exactly_80_percent_is
 def test_flat_memory_has_no_fit_quality() -> None:
     trend = steady_rise([Reading(T0 + i, 100 * MIB) for i in range(10)])
     assert trend is not None and trend.r2 == 0.0 and not trend.steady()
-    assert "R² 0.00" in trend.describe("worker RSS")
+    assert trend.describe("worker RSS") == "worker RSS showed no steady rise (0 B over 7 s)"  # R² stays in the data
 
 
 def test_a_stretch_that_covers_one_step_has_a_rate_per_step() -> None:
@@ -132,7 +132,8 @@ def test_a_stretch_that_covers_one_step_has_a_rate_per_step() -> None:
                 for i in range(12)]
     trend = steady_rise(readings)
     assert trend is not None and trend.steps == 1 and trend.per_step is not None
-    assert "MB/step" in trend.describe("worker RSS")
+    assert trend.per_step == 16 * MIB  # one step is no steady rise (three are): its words say so
+    assert trend.describe("worker RSS") == "worker RSS showed no steady rise (28.0 MiB over 7 s)"
 
 
 def trend(**changes: float | int | None) -> Trend:
@@ -166,23 +167,27 @@ def headroom(limit: int, per_step: float | None = 3.0 * MIB) -> Headroom:
 
 def test_a_line_past_the_limit_says_how_far_past() -> None:
     text = headroom(250 * MIB).describe()
-    assert text == ("the cgroup trend line was at 260 MiB, 10 MiB past the 250 MiB limit "
-                    "(within 5 MiB counts as reaching it)")
+    assert text == ("its steady rise had passed the cgroup limit of 250.0 MiB when it failed (about 260.0 MiB, "
+                    "10.0 MiB over)")
 
 
 def test_a_line_exactly_at_the_limit_is_below_it_and_on_its_way_nowhere() -> None:
     for per_step in (3.0 * MIB, None):
         text = headroom(260 * MIB, per_step).describe()
-        assert text == ("the cgroup trend line was at 260 MiB, 0 MiB short of the 260 MiB limit "
-                        "(within 5 MiB counts as reaching it)")
+        assert text == ("its steady rise had reached the cgroup limit of 260.0 MiB when it failed (about 260.0 MiB, "
+                        "within the readings' noise)")
+        assert headroom(260 * MIB, per_step).seconds == 0 and round(headroom(260 * MIB, per_step).tolerance / MIB) == 5
 
 
 def test_a_line_one_byte_below_the_limit_says_how_far_away_it_is() -> None:
-    assert "0 MiB short of the 260 MiB limit (~0 steps at this rate; " in headroom(260 * MIB + 1).describe()
-    assert "(~0 s at this rate; " in headroom(260 * MIB + 1, None).describe()
+    """One byte short is within the readings' noise: reached, in words; the byte stays in the figures."""
+    assert "had reached the cgroup limit of 260.0 MiB" in headroom(260 * MIB + 1).describe()
+    assert headroom(260 * MIB + 1).distance == 1 and headroom(260 * MIB + 1).steps == 1 / (3 * MIB)
+    assert headroom(260 * MIB + 1, None).seconds == 1 / MIB
 
 
 def test_without_steps_the_distance_is_in_seconds() -> None:
     text = headroom(400 * MIB, None).describe()
-    assert text == ("the cgroup trend line was at 260 MiB, 140 MiB short of the 400 MiB limit (~140 s at this rate; "
-                    "within 8 MiB counts as reaching it)")
+    assert text == ("its steady rise was at about 260.0 MiB when it failed, 140.0 MiB below the cgroup limit of "
+                    "400.0 MiB")
+    assert headroom(400 * MIB, None).seconds == 140.0  # "~140 s at this rate": in the journal's figures, not the line

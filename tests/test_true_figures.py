@@ -41,16 +41,16 @@ def test_a_trend_line_carried_below_zero_is_no_memory_and_no_figure() -> None:
     assert room is not None and room.trend.at(room.t) < 0 and room.falling_below_zero
     text = room.describe()
     assert not NEGATIVE_MIB.search(text) and "below its" not in text, text
-    assert text.startswith("the host trend line was falling (") and "24106 MiB limit" in text, text
+    assert text == "its host readings were falling, which says nothing of the host's 23.5 GiB", text
     found = attribute(readings, Evidence(), 16, limit=Limit("host", HOST_TOTAL, readings, readings[-1].t + 30))
     assert not NEGATIVE_MIB.search(found.summary) and "below its" not in found.summary, found.summary
     assert found.figures["trend_at_failure_bytes"] is None and found.figures["below_limit_bytes"] is None
     assert found.figures["rise_bytes"] is None and found.figures["limit_bytes"] == HOST_TOTAL
 
 
-@pytest.mark.parametrize(("limit_mib", "words"), [(400, "MiB short of the 400 MiB limit"),
-                                                  (260, "0 MiB short of the 260 MiB limit"),
-                                                  (250, "MiB past the 250 MiB limit")])
+@pytest.mark.parametrize(("limit_mib", "words"), [(400, "140.0 MiB below the cgroup limit of 400.0 MiB"),
+                                                  (260, "had reached the cgroup limit of 260.0 MiB"),
+                                                  (250, "had passed the cgroup limit of 250.0 MiB")])
 def test_a_line_at_a_failure_is_told_as_the_line_never_as_memory_below_its_limit(limit_mib: int,
                                                                                 words: str) -> None:
     """A steady line that was 140 MiB short of the limit, exactly at it, or past it at the failure."""
@@ -59,7 +59,7 @@ def test_a_line_at_a_failure_is_told_as_the_line_never_as_memory_below_its_limit
     assert trend is not None
     room = Headroom("cgroup", limit_mib * MIB, trend, trend.t_last + (260 * MIB - trend.last) / trend.per_s)
     text = room.describe()
-    assert words in text and "below its" not in text and text.startswith("the cgroup trend line was at "), text
+    assert words in text and "below its" not in text and text.startswith("its steady rise "), text
     assert not NEGATIVE_MIB.search(text), text
 
 
@@ -79,7 +79,7 @@ def test_a_host_oom_under_rlimit_as_is_told_against_the_address_space_limit_not_
     watch.limits[MACHINE] = HOST_TOTAL
     watch.series[HOST] = [Reading(100.0 + i, 900 * MIB + (i % 3) * MIB, None) for i in range(40)]
     before = watch.attribute(Evidence(), 16, kind=FailureKind.HOST_OOM, failed_at=170.0)
-    assert "host trend line" in before.summary  # without the probe's record, the host is what is left
+    assert "its host readings were falling" in before.summary  # without the probe's record, the host is what is left
     found = watch.attribute(Evidence(address_space=address_space_oom()), 16, kind=FailureKind.HOST_OOM,
                             failed_at=170.0)
     assert "an allocation of 64 MiB failed against the 1192 MiB address-space limit (RLIMIT_AS); 1150 MiB was " \
@@ -92,7 +92,7 @@ def test_a_host_oom_under_rlimit_as_is_told_against_the_address_space_limit_not_
 def test_a_leak_under_rlimit_as_names_the_address_space_limit_too() -> None:
     rising = [Reading(100.0 + i, 400 * MIB + i * 4 * MIB, i) for i in range(40)]
     found = attribute(rising, Evidence(address_space=address_space_oom()), 16)
-    assert found.summary.startswith("leak: worker RSS grew"), found.summary
+    assert found.summary.startswith("leak: worker RSS rose steadily by"), found.summary
     assert "1192 MiB address-space limit (RLIMIT_AS)" in found.summary, found.summary
 
 

@@ -477,12 +477,12 @@ def test_memory_follows_the_micro_batch_only_where_measured_plateaus_do() -> Non
     earlier = [Plateau(128, 301 * MIB, False), Plateau(64, 377 * MIB, False)]
     grew = attribute(plateau(422, 3), Evidence(), 32, earlier=earlier, failed=False)
     assert "memory follows" not in grew.summary
-    assert re.search(r"but memory does not follow the micro-batch: its plateaus grew as the micro-batch shrank "
-                     r"\(301 MiB at 128, 377 MiB at 64, 42\d MiB at 32\)$", grew.summary), grew.summary
+    assert re.search(r"but memory does not follow the micro-batch: its highest readings grew as the micro-batch "
+                     r"shrank \(301\.0 MiB at 128, 377\.0 MiB at 64, 42\d\.\d MiB at 32\)$", grew.summary), grew.summary
     assert grew.figures["follows"] is False
     fell = attribute(plateau(200, 3), Evidence(), 32, earlier=[Plateau(64, 400 * MIB, False)], failed=False)
-    assert fell.summary.startswith("per-sample: ") and re.search(
-        r"memory follows the micro-batch \(plateaus 400 MiB at 64, 20\d MiB at 32\)$", fell.summary)
+    assert fell.summary.startswith("micro-batch 32 used ") and re.search(
+        r"memory follows the micro-batch \(highest readings 400\.0 MiB at 64, 20\d\.\d MiB at 32\)$", fell.summary)
     one = attribute(plateau(300, 3), Evidence(), 128)
     assert one.summary.endswith("only micro-batch 128 measured so far") and "follows" not in one.summary
 
@@ -492,8 +492,8 @@ def test_readings_before_a_failure_are_lower_bounds_that_say_nothing_of_scaling(
     memory "does not follow" or "grew as the micro-batch shrank"."""
     grew = attribute(plateau(422, 3), Evidence(), 32, earlier=[(128, 301 * MIB), (64, 377 * MIB)])
     assert "follow" not in grew.summary and "grew as" not in grew.summary, grew.summary
-    assert re.search(r"lower bounds \(at least 301 MiB at 128, at least 377 MiB at 64, at least 42\d MiB at 32\)",
-                     grew.summary), grew.summary
+    assert re.search(r"lower bounds \(at least 301\.0 MiB at 128, at least 377\.0 MiB at 64, "
+                     r"at least 42\d\.\d MiB at 32\)", grew.summary), grew.summary
     assert grew.figures["follows"] is None and grew.figures["plateau_censored"] is True
 
 

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from oomguard.supervisor.lifecycle.states import RunState
+from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.status import status_document
 from oomguard.web.timeline import chart_point
@@ -42,6 +43,7 @@ class RunCollector(Collector):
                 yield GaugeMetricFamily(f"oomguard_{name}", help_text, value=doc[key])
         yield _restarts(doc["failures"])
         yield from _memory(journal)
+        yield from breakdown_metrics(doc.get("memory_breakdown") or [], journal)
         yield from _progress(doc)
 
 
@@ -112,6 +114,35 @@ def _progress(doc: dict[str, object]) -> Iterator[Metric]:
             value = progress.get(key)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 yield GaugeMetricFamily(name, text, value=float(value))
+
+
+def breakdown_metrics(shown: list[dict[str, object]], journal: Journal) -> Iterator[Metric]:
+    """What filled memory in the newest attempt with a breakdown, per rank and part
+    (``record/memoryparts.py``); a part that was not seen has no sample, never a 0."""
+    if not shown:  # status found none: no query of every event on each scrape
+        return
+    ranks = memoryparts.newest_attempt(memoryparts.from_events(journal.events_of(memoryparts.EVENT)))
+    if not ranks:
+        return
+    parts = GaugeMetricFamily("oomguard_memory_breakdown_bytes", "what filled memory in the newest attempt "
+                              "with a breakdown, per part and rank (at its OOM, its last reading, or the peak "
+                              "of an attempt that fit)", labels=["part", "rank", "at"])
+    limits = GaugeMetricFamily("oomguard_memory_breakdown_limit_bytes", "the limit that applied to that "
+                               "breakdown, per rank", labels=["rank", "kind"])
+    roles = GaugeMetricFamily("oomguard_memory_breakdown_process_bytes", "the last reading before a host or "
+                              "kernel OOM, per kind of process of the worker's tree", labels=["role", "rank"])
+    for b in ranks:
+        rank = "" if b.rank is None else str(b.rank)
+        for part in b.parts:
+            if part.bytes is not None:
+                parts.add_metric([part.key, rank, b.at], part.bytes)
+        if b.limit is not None:
+            limits.add_metric([rank, b.limit_kind or ""], b.limit)
+        for role, rss in memoryparts.by_role(b.processes or ()).items():
+            roles.add_metric([role, rank], rss)
+    yield from (parts, limits, roles)
+    yield GaugeMetricFamily("oomguard_memory_breakdown_attempt", "the attempt the breakdown gauges describe",
+                            value=ranks[0].attempt)
 
 
 def make_registry(journal: Callable[[], Journal]) -> CollectorRegistry:

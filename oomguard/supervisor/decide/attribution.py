@@ -165,14 +165,14 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
         figures.update(_allocator_figures(alloc, micro_batch, evidence.step_peaks))
         spike = f"; {_allocator_line(alloc, micro_batch, figures)}"
     if phase is not None:
-        return Attribution(_PHASE_CAUSE[phase[0]], f"{phase[0].value}-time spike ({phase[1]}){spike}",
+        return Attribution(_PHASE_CAUSE[phase[0]], f"memory ran out during {phase[0].value} ({phase[1]}){spike}",
                            {**figures, "evidence": phase[1]})
     if alloc is not None:
-        return Attribution(Cause.PER_SAMPLE, f"per-sample: {spike[2:]}", figures)
+        return Attribution(Cause.PER_SAMPLE, spike[2:], figures)
     if blind:
         figures["unseen"] = what
         spike = f"; the {what} readings saw none of its memory (all 0){spike}"
-    return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier, failed)
+    return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier, failed, limit)
 
 
 def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Reading], Limit | None]:
@@ -191,12 +191,12 @@ def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None
     the rise used as much room as the jump needed; None when the jump alone is to blame. ``met``: the
     limit the failure met, where its figures come from the probe and no reading counts against it."""
     where = f"; it failed in {phase[0].value} ({phase[1]})" if phase else ""
-    rate = f"{trend.describe(what)} at micro-batch {micro_batch}"
+    rate = f"{trend.describe(what)} while training at micro-batch {micro_batch}"
     if room is None:  # nothing to measure the line against: it stands on its own readings
         return None if trend.jump else Attribution(Cause.LEAK, f"leak: {rate}{met}{where}", figures)
     jump = room.trend.jump
     if room.reached and jump is None:
-        return Attribution(Cause.LEAK, f"leak: {rate}; at the failure {room.describe()}{where}", figures)
+        return Attribution(Cause.LEAK, f"leak: {rate}, and {room.describe()}{where}", figures)
     # Something came on top of the line. Restarting fresh at the same size gives back what the line
     # added in this attempt; the jump needed at least the distance left (and at least what a reading
     # saw of it). When the rise gave back at least that, the fresh attempt has twice the room the
@@ -206,12 +206,12 @@ def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None
     if rise < needed:
         return None
     spike = _PHASE_CAUSE[phase[0]] if phase else Cause.PER_SAMPLE
-    seen = f" (a reading saw {jump.above / MIB:.0f} MiB above the trend)" if jump else ""
+    seen = f" (a reading saw {format_size(jump.above)} above it)" if jump else ""
     return Attribution(
         Cause.LEAK,
-        f"leak and a spike: {rate}; at the failure {room.describe()}, and memory jumped above the trend"
-        f"{seen}{where}; the leak added {rise / MIB:.0f} MiB in this attempt, at least the {needed / MIB:.0f} MiB "
-        "the jump needed beyond the trend, so a fresh restart at the same size has room for the spike",
+        f"leak and a spike: {rate}; {room.describe()}, and memory jumped above that rise"
+        f"{seen}{where}; the leak added {format_size(rise)} in this attempt, at least the {format_size(needed)} "
+        "the jump needed on top of it, so a fresh restart at the same size has room for the spike",
         figures, also=spike)
 
 
@@ -220,65 +220,74 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
     if room is None:
         return ""
     jump = room.trend.jump
-    text = f"; at the failure {room.describe()}"
+    text = f"; {room.describe()}"
     if jump is not None:
-        text += f", and memory jumped {jump.above / MIB:.0f} MiB above it"
+        text += f", and memory jumped {format_size(jump.above)} above it"
     elif not room.reached:
-        text += ", so the memory that reached it came between two readings"
+        text += ", so the memory that reached the limit came between two readings"
     if trend is not None and trend.steady() and not room.falling_below_zero:  # a rise that did not reach it
         rise = room.expected - room.trend.first
-        text += (f"; the trend rose only {rise / MIB:.0f} MiB in this attempt, less than the "
-                 f"{max(room.distance, jump.above if jump else 0) / MIB:.0f} MiB the jump needed beyond it, "
+        text += (f"; the rise added only {format_size(rise)} in this attempt, less than the "
+                 f"{format_size(max(room.distance, jump.above if jump else 0))} the jump needed on top of it, "
                  "so the jump, not the rise, reached the limit")
     return text
 
 
 def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: int, what: str,
                 model: Fit | None, figures: dict[str, Any], spike: str,
-                earlier: Sequence[Plateau] = (), failed: bool = True) -> Attribution:
+                earlier: Sequence[Plateau] = (), failed: bool = True, limit: Limit | None = None) -> Attribution:
+    """The batch is blamed: the figures a user recognizes first (what the micro-batch needed, the
+    limit), then why nothing else was (the trend's statistics stay in ``figures``)."""
     if trend is None:
-        why = "too few samples after warm-up to see a trend"
+        why = "too few readings to tell whether memory was rising"
     elif trend.steady():
-        why = f"a spike on a steady rise ({trend.describe(what)})"
+        why = f"{trend.describe(what)}, then jumped"
     else:
-        why = f"no steady rise after warm-up (slope {trend.per_s / 1e6:.1f} MB/s, R² {trend.r2:.2f})"
+        why = "memory did not keep rising after warm-up"
+    need = f"micro-batch {micro_batch}"
     if readings:
         figures["plateau_bytes"] = max(r.used for r in readings)
         figures["plateau_censored"] = failed
-        why += (f", at least {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch} (the highest "
-                "reading before the failure: a lower bound)" if failed else
-                f", plateau {figures['plateau_bytes'] / MIB:.0f} MiB at micro-batch {micro_batch}")
+        need += (f" needed at least {format_size(figures['plateau_bytes'])} (the highest {what} reading before "
+                 "it failed: a lower bound)" if failed else f" used {format_size(figures['plateau_bytes'])} at "
+                 f"its highest {what} reading")
+    else:
+        need += " ran out of memory" if failed else " left no reading"
+    if limit is not None and "below_limit_bytes" not in figures:  # else the trend's words below name it
+        need += f"; the limit was {format_size(limit.bytes)} ({limit.budget})"
     if model is not None and model.points >= 2:  # a line through two sizes or more: the scaling is measured
         figures["per_sample_bytes"] = round(model.per_sample_bytes)
-        why += f"; the memory model measured {model.per_sample_bytes / MIB:.1f} MiB a sample"
-        return Attribution(Cause.PER_SAMPLE, f"per-sample: {why}{spike}; memory follows the micro-batch", figures)
-    return Attribution(Cause.PER_SAMPLE, _scaling(why + spike, micro_batch, figures, earlier), figures)
+        return Attribution(Cause.PER_SAMPLE, f"{need}; {why}{spike}; the memory model measured "
+                           f"{format_size(model.per_sample_bytes)} a sample: memory follows the micro-batch", figures)
+    return Attribution(Cause.PER_SAMPLE, _scaling(f"{need}; {why}{spike}", micro_batch, figures, earlier), figures)
 
 
 def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Sequence[Plateau]) -> str:
-    """The per-sample summary, saying what the plateaus at each size show about the batch: only
-    measured plateaus can show it; lower bounds (read before a failure) are listed as such."""
+    """The per-sample summary, saying what the highest readings at each size show about the batch:
+    only measured ones can show it; lower bounds (read before a failure) are listed as such."""
     sizes = {q.micro_batch: q for q in (Plateau(*p) for p in earlier)}
     if figures.get("plateau_bytes"):
         sizes[micro_batch] = Plateau(micro_batch, figures["plateau_bytes"], figures.get("plateau_censored", True))
     if len(sizes) < 2:
-        return f"per-sample, by elimination: {why}; only micro-batch {micro_batch} measured so far"
+        return f"{why}; no evaluation or checkpoint step was seen, so the batch is taken as the cause; only " \
+               f"micro-batch {micro_batch} measured so far"
     ordered = sorted(sizes.values(), reverse=True)  # the largest first: the order halving goes
     figures["plateaus"] = {str(p.micro_batch): p.bytes for p in ordered}
     if any(p.censored for p in ordered):
         figures["follows"] = None
-        bounds = ", ".join(f"{'at least ' if p.censored else ''}{p.bytes / MIB:.0f} MiB at {p.micro_batch}"
+        bounds = ", ".join(f"{'at least ' if p.censored else ''}{format_size(p.bytes)} at {p.micro_batch}"
                            for p in ordered)
-        return (f"per-sample, by elimination: {why}; the readings before a memory failure are lower bounds "
-                f"({bounds}), so they cannot tell how memory scales with the micro-batch")
-    listed = ", ".join(f"{p.bytes / MIB:.0f} MiB at {p.micro_batch}" for p in ordered)
+        return (f"{why}; no evaluation or checkpoint step was seen, so the batch is taken as the cause; the "
+                f"readings before a memory failure are lower bounds ({bounds}), so they cannot tell how memory "
+                "scales with the micro-batch")
+    listed = ", ".join(f"{format_size(p.bytes)} at {p.micro_batch}" for p in ordered)
     largest, smallest = ordered[0].bytes, ordered[-1].bytes
     figures["follows"] = largest > smallest * (1 + FOLLOW_MARGIN)
     if figures["follows"]:
-        return f"per-sample: {why}; memory follows the micro-batch (plateaus {listed})"
+        return f"{why}; memory follows the micro-batch (highest readings {listed})"
     moved = "grew as the micro-batch shrank" if largest < smallest else "stayed level as the micro-batch shrank"
-    return (f"by elimination (no leak, no phase): {why}; but memory does not follow the micro-batch: its "
-            f"plateaus {moved} ({listed})")
+    return (f"{why}, and no evaluation or checkpoint step was seen; but memory does not follow the micro-batch: "
+            f"its highest readings {moved} ({listed})")
 
 
 def earlier_plateaus(attributions: Mapping[int, Mapping[str, Any]],
@@ -303,25 +312,29 @@ def step_peaks(attempts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
 
 
 def _allocator_line(alloc: AllocatorOom, micro_batch: int, figures: Mapping[str, Any]) -> str:
-    """``needed 1.1 GiB more with 77.6 GiB allocated of 79.2 GiB at micro-batch 256; 0.3 GiB per
-    sample measured at 128``: the allocator's figures at the OOM, and what its step peaks at other
-    micro-batches measured per sample."""
+    """``micro-batch 256 needed at least 78.7 GiB: it asked for 1.1 GiB more with 77.6 GiB allocated;
+    the limit was 79.2 GiB; at most 290.0 MiB a sample, measured at 128``: the allocator's figures at
+    the OOM (what was allocated plus the request that failed is a lower bound of the need), and what
+    its step peaks at other micro-batches measured per sample."""
     micro = alloc.micro_batch or micro_batch
-    parts = [f"needed {format_size(alloc.requested)} more" if alloc.requested is not None else "an allocation failed"]
-    if alloc.allocated is not None:
-        limit = alloc.limit
-        parts.append(f"with {format_size(alloc.allocated)} allocated"
-                     + (f" of {format_size(limit)}" + (f" ({alloc.fraction:.0%} of the device)" if alloc.fraction
-                                                        else "") if limit is not None else ""))
-    text = " ".join(parts) + f" at micro-batch {micro}"
-    unallocated = alloc.reserved_unallocated
-    if unallocated:
-        text += f" ({format_size(unallocated)} reserved but unallocated)"
+    if alloc.requested is not None and alloc.allocated is not None:
+        text = (f"micro-batch {micro} needed at least {format_size(alloc.allocated + alloc.requested)}: it asked "
+                f"for {format_size(alloc.requested)} more with {format_size(alloc.allocated)} allocated")
+    elif alloc.requested is not None:
+        text = f"micro-batch {micro} asked for {format_size(alloc.requested)} more, which did not fit"
+    else:
+        text = f"an allocation failed at micro-batch {micro}" + (
+            f" with {format_size(alloc.allocated)} allocated" if alloc.allocated is not None else "")
+    if alloc.limit is not None:
+        text += f"; the limit was {format_size(alloc.limit)}" + (
+            f" ({alloc.fraction:.0%} of the device)" if alloc.fraction else "")
+    if unallocated := alloc.reserved_unallocated:
+        text += f"; {format_size(unallocated)} more was reserved but unallocated"
     if (per_sample := figures.get("per_sample_bytes")) is not None:
         sizes = " and ".join(str(m) for m in sorted(figures["measured_at"], reverse=True))
         # One size cannot part fixed memory from per-sample memory: its peak over its samples is a ceiling.
-        most = "at most " if len(figures["measured_at"]) == 1 else ""
-        text += f"; {most}{format_size(per_sample)} per sample measured at {sizes}"
+        most = "at most " if len(figures["measured_at"]) == 1 else "about "
+        text += f"; {most}{format_size(per_sample)} a sample, measured at {sizes}"
     return text
 
 

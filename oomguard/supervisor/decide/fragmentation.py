@@ -47,8 +47,8 @@ def judge(tried: int | None, reserved_unallocated: int | None, capacity: int | N
         return Judgement(False, f"the memory model predicts a {format_size(predicted_peak)} peak at this "
                          f"micro-batch, above the {format_size(capacity)} available")
     share = reserved_unallocated / capacity
-    figures = (f"{format_size(reserved_unallocated)} reserved but unallocated = {share:.0%} of "
-               f"{format_size(capacity)}")
+    figures = (f"{format_size(reserved_unallocated)} reserved but unallocated, {share:.0%} of the "
+               f"{format_size(capacity)} it may use")
     if share >= SHARE:
         return Judgement(True, f"fragmentation: {figures}")
     return Judgement(False, f"not fragmentation: {figures} (below {SHARE:.0%})")

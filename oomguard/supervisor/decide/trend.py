@@ -18,6 +18,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from oomguard.supervisor.units import format_size
+
 MIB = 2**20
 WARMUP_FRACTION = 0.25  # without steps, the first quarter of an attempt's readings is warm-up
 WARMUP_STEPS = 2  # with steps, readings before the second step after the first one seen are warm-up
@@ -116,12 +118,30 @@ class Trend:
         return self.steps >= MIN_STEPS and (self.steps_r2 or 0.0) >= MIN_R2
 
     def describe(self, what: str) -> str:
-        """``worker RSS grew 4.0 MB/step, 39 MB/s (R² 0.99 over 42 samples, 12 s)``."""
-        rates = [f"{self.per_s / 1e6:.1f} MB/s"]
-        if self.per_step is not None:
-            rates.insert(0, f"{self.per_step / 1e6:.1f} MB/step")
-        return (f"{what} grew {', '.join(rates)} (R² {self.r2:.2f} over {self.readings} samples, "
-                f"{self.span_s:.0f} s)")
+        """``worker RSS rose steadily by 126.0 MiB in 12 s (about 3.8 MiB a step)``: what a person
+        recognizes. The fit's statistics (slope, R², samples) stay in the journal's figures."""
+        if not self.steady():
+            return f"{what} showed no steady rise ({format_size(self.rise)} over {_duration(self.span_s)})"
+        text = f"{what} rose steadily by {format_size(self.rise)} in {_duration(self.span_s)}"
+        if self.per_step is not None and self.per_step > 0:
+            text += f" (about {format_size(self.per_step)} a step)"
+        return text
+
+
+def _duration(seconds: float) -> str:
+    """``12 s``, ``4 min``, ``2.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def limit_words(budget: str, limit: int) -> str:
+    """``the cgroup limit of 400.0 MiB``, ``the 400.0 MiB --memory-limit``, ``the host's 62.0 GiB``."""
+    if budget == "host":
+        return f"the host's {format_size(limit)}"
+    if budget.startswith("--"):
+        return f"the {format_size(limit)} {budget}"
+    return f"the {budget} limit of {format_size(limit)}"
 
 
 def after_warmup(readings: Sequence[Reading]) -> list[Reading]:
@@ -206,21 +226,23 @@ class Headroom:
         return self.trend.at(self.t) < 0
 
     def describe(self) -> str:
-        """``the cgroup trend line was at 117 MiB, 283 MiB short of the 400 MiB limit (~561 steps at this
-        rate; within 8 MiB counts as reaching it)``. It speaks of the line, never of memory below the
-        limit: the failure met the limit, and a line that fell below 0 is no memory at all."""
+        """``its steady rise was at about 117.0 MiB when it failed, 283.0 MiB below the cgroup limit of
+        400.0 MiB``: where the line through the readings had got to, in plain words (a "steady rise"
+        only where it is one, ``Trend.steady``). Within the readings' noise of the limit it
+        reached it; a rise carried below 0 is no memory at all. How long the rest would have taken at
+        this rate, and the noise, stay in the journal's figures (``seconds_to_limit``, ``tolerance_bytes``)."""
+        limit = limit_words(self.budget, self.limit)
         if self.falling_below_zero:
-            return (f"the {self.budget} trend line was falling ({-self.trend.per_s / 1e6:.1f} MB/s down) and had "
-                    f"gone below 0, which is no memory: it says nothing of the {self.limit / MIB:.0f} MiB limit")
-        where = (f"{-self.distance / MIB:.0f} MiB past" if self.distance < 0
-                 else f"{self.distance / MIB:.0f} MiB short of")
-        away = ""
-        if 0 < self.distance and (steps := self.steps) is not None:
-            away = f"~{steps:.0f} steps at this rate; "
-        elif 0 < self.distance and math.isfinite(self.seconds):
-            away = f"~{self.seconds:.0f} s at this rate; "
-        return (f"the {self.budget} trend line was at {self.expected / MIB:.0f} MiB, {where} the "
-                f"{self.limit / MIB:.0f} MiB limit ({away}within {self.tolerance / MIB:.0f} MiB counts as reaching it)")
+            return f"its {self.budget} readings were falling, which says nothing of {limit}"
+        line = "its steady rise" if self.trend.steady() else f"the trend of its {self.budget} readings"
+        if self.distance < 0:
+            return (f"{line} had passed {limit} when it failed (about {format_size(self.expected)}, "
+                    f"{format_size(-self.distance)} over)")
+        if self.reached:
+            return (f"{line} had reached {limit} when it failed (about {format_size(self.expected)}, "
+                    "within the readings' noise)")
+        return (f"{line} was at about {format_size(self.expected)} when it failed, "
+                f"{format_size(self.distance)} below {limit}")
 
 
 def _without_jump(points: list[Reading]) -> tuple[list[Reading], Jump | None]:

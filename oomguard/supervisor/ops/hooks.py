@@ -71,12 +71,16 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     cause: dict[str, Any] = {}  # the newest attribution: its summary and the figures that decided it
     last_cause: list[dict[str, Any]] = []  # the cause of the failure the run gave up after
     told: set[str] = set()  # so is each kind of wiring warning (a resume missed at every restart)
+    filled = notify.FailureMemory()  # what filled memory at the failure, told with its decision
 
     def on_event(name: str, data: dict[str, Any]) -> None:
         if name == "attribution":
             cause.clear()
             cause.update(data)
             return
+        if filled.heard(name, data):
+            return
+        memory = filled.take() if name == "decision" else None
         figures = {"cause": dict(cause)} if cause and name == "decision" else {}
         if name == "decision":
             cause.clear()  # told with this decision; a later failure has its own
@@ -87,7 +91,7 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
                 sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
             sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                  data["grad_accum"], figures["cause"].get("summary") if figures else None,
+                                  data["grad_accum"], figures["cause"].get("summary") if figures else None, memory,
                                   evidence=data["evidence"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["action"] == "give_up" and figures:
             last_cause[:] = [figures["cause"]]

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.record import memoryparts
 
 if TYPE_CHECKING:
     from apprise.plugins.base import NotifyBase
@@ -84,13 +85,48 @@ def succeeded(run: str, summary: str, **details: Any) -> Notification:
 
 
 def recovered(
-    run: str, kind: str, old_micro: int, new_micro: int, grad_accum: int, why: str | None = None, **details: Any
+    run: str, kind: str, old_micro: int, new_micro: int, grad_accum: int, why: str | None = None,
+    memory: str | None = None, **details: Any
 ) -> Notification:
-    """``why``: the attribution's summary, with its figures (why the batch was, or was not, to blame)."""
+    """``why``: the attribution's summary, with its figures (why the batch was, or was not, to blame);
+    ``memory``: what filled memory at the failure (``memory_line``)."""
     message = f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
     if why:
         message += f"\ncause: {why}"
+    if memory:
+        message += f"\nmemory: {memory}"
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
+
+
+class FailureMemory:
+    """The ``memory_breakdown`` events of the failure being handled (one per rank), until its
+    decision takes them as one line (the peak of an attempt that fit is no failure's)."""
+
+    def __init__(self) -> None:
+        self.events: list[Mapping[str, Any]] = []
+
+    def heard(self, name: str, data: Mapping[str, Any]) -> bool:
+        if name != memoryparts.EVENT:
+            return False
+        if data.get("at") != "peak":
+            self.events.append(data)
+        return True
+
+    def take(self) -> str | None:
+        line = memory_line(self.events)
+        self.events.clear()
+        return line
+
+
+def memory_line(breakdowns: Sequence[Mapping[str, Any]]) -> str | None:
+    """One short line of what filled memory at a failure, from its ``memory_breakdown`` events (one
+    per rank): the fullest rank's parts and limit (record/memoryparts.py), or None without one."""
+    values = [v for v in (memoryparts.parse(data) for data in breakdowns) if v is not None]
+    if not values:
+        return None
+    fullest = memoryparts.fullest(values)
+    rank = f"rank {fullest.rank}: " if fullest.rank is not None and len(values) > 1 else ""
+    return rank + memoryparts.parts_text(fullest)
 
 
 def leak(run: str, reason: str, **details: Any) -> Notification:

@@ -262,6 +262,11 @@ class Journal:
         rows = self._query("SELECT attempt, data FROM events WHERE kind = ? ORDER BY id", (kind,))
         return [(r["attempt"], json.loads(r["data"])) for r in rows]
 
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        """Every event of ``kind``, oldest first (the memory breakdowns: one per rank per failure)."""
+        rows = self._query("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))
+        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+
     def last_activity(self, attempt: int) -> float | None:
         """When an attempt was last heard of (its newest event or memory sample): when it ended, for
         an attempt whose supervisor ended before it could say so."""

@@ -17,48 +17,15 @@ from typing import Any
 import psutil
 
 from oomguard.supervisor.lifecycle.states import Ending
+from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.memoryparts import MemoryBreakdown
 from oomguard.supervisor.record.migration import ending_of
 
 TERMINAL = ("succeeded", "failed", "stopped")
 
 Data = Mapping[str, Any]  # an event's data or a meta value, as the journal holds it
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """One ``memory_breakdown`` event: what held memory at a failure (or at an attempt's peak), in
-    bytes; None where it was not seen (the event's format is fixed, see docs/journal.md)."""
-
-    attempt: int
-    at: str  # "oom", "peak" or "last_reading"
-    micro_batch: int | None
-    rank: int | None
-    device: str
-    weights: int
-    frozen_weights: int
-    gradients: int
-    optimizer_state: int
-    optimizers: tuple[str, ...]
-    activations: int | None
-    cache: int | None
-    total: int | None
-    limit: int | None
-    limit_kind: str | None
-    processes: tuple[Data, ...] | None
-
-    @classmethod
-    def of(cls, attempt: int, data: Data) -> Breakdown:
-        processes = data.get("processes")
-        return cls(attempt=attempt, at=str(data.get("at")), micro_batch=data.get("micro_batch"),
-                   rank=data.get("rank"), device=str(data.get("device")), weights=int(data.get("weights") or 0),
-                   frozen_weights=int(data.get("frozen_weights") or 0), gradients=int(data.get("gradients") or 0),
-                   optimizer_state=int(data.get("optimizer_state") or 0),
-                   optimizers=tuple(data.get("optimizers") or ()), activations=data.get("activations"),
-                   cache=data.get("cache"), total=data.get("total"), limit=data.get("limit"),
-                   limit_kind=data.get("limit_kind"),
-                   processes=None if processes is None else tuple(processes))
 
 
 @dataclass(frozen=True)
@@ -90,7 +57,7 @@ class Attempt:
     peak_allocated: int | None
     ending: Ending | None  # None while it runs
     stop_reason: str | None
-    breakdowns: tuple[Breakdown, ...] = ()  # memory_breakdown events, one per rank per failure
+    breakdowns: tuple[MemoryBreakdown, ...] = ()  # memory_breakdown events, one per rank per failure
 
     @property
     def failed(self) -> bool:
@@ -115,7 +82,7 @@ class Attempt:
                 "stop_reason": self.stop_reason, "peak_allocated": self.peak_allocated}
 
     @classmethod
-    def of(cls, row: Data, breakdowns: tuple[Breakdown, ...] = ()) -> Attempt:
+    def of(cls, row: Data, breakdowns: tuple[MemoryBreakdown, ...] = ()) -> Attempt:
         return cls(number=row["attempt"], started=row["started"], ended=row["ended"], pid=row["pid"],
                    micro_batch=row["micro_batch"], grad_accum=row["grad_accum"], global_batch=row["global_batch"],
                    world_size=row["world_size"], checkpoint=row["checkpoint"], command=tuple(row["command"]),
@@ -186,7 +153,10 @@ class RunPicture:
     latest_sample: Data | None
     started: float | None
     updated: float | None
-    meta: Data = field(repr=False)  # the rest (probe, spare, liveness, forecast...), rendered as is
+    # every memory_breakdown event, oldest first (also on its attempt; here for a journal whose attempt
+    # rows are gone or not yet written)
+    breakdowns: tuple[MemoryBreakdown, ...] = ()
+    meta: Data = field(repr=False, default_factory=dict)  # the rest (probe, spare, liveness, forecast...), rendered as is
 
     @property
     def current(self) -> Attempt | None:
@@ -231,6 +201,7 @@ def read_picture(journal: Journal) -> RunPicture:
         command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
         supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), alive),
         attempts=attempts, checkpoints=tuple(_checkpoint(c) for c in journal.checkpoints()),
+        breakdowns=tuple(b for found in breakdowns.values() for b in found),
         progress=meta.get("progress"), resume_points=journal.event_data("resume_point"),
         causes=journal.event_data("attribution"),
         own_failures=tuple({"attempt": n, **data} for n, data in journal.event_data("own_failure").items()),
@@ -257,10 +228,11 @@ def _checkpoint(row: Data) -> Checkpoint:
                       attempt=row["attempt"], bad=bool(row["bad"]), reason=row["reason"])
 
 
-def _breakdowns(journal: Journal) -> dict[int, tuple[Breakdown, ...]]:
+def _breakdowns(journal: Journal) -> dict[int, tuple[MemoryBreakdown, ...]]:
     """Every ``memory_breakdown`` event, by attempt, in the order they were written."""
-    found: dict[int, list[Breakdown]] = {}
+    found: dict[int, list[MemoryBreakdown]] = {}
     for attempt, data in journal.all_event_data("memory_breakdown"):
         if attempt is not None:
-            found.setdefault(attempt, []).append(Breakdown.of(attempt, data))
+            if (value := memoryparts.parse(data, attempt)) is not None:
+                found.setdefault(attempt, []).append(value)
     return {n: tuple(items) for n, items in found.items()}

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
@@ -37,7 +38,7 @@ class FailureRecord:
     peak_allocated: int | None  # the allocator's highest step peak (probe)
     exit: str | None  # how its process ended, in the words status, the report and the dashboard share
     cause: dict[str, Any] | None  # a memory failure's cause (decide/attribution.py) and the figures that decided it
-    # what held memory at the failure, one per rank (``memory_breakdown`` events; picture.Breakdown's fields)
+    # what held memory at the failure, one per rank (``memory_breakdown`` events; record/memoryparts.MemoryBreakdown.as_dict)
     breakdowns: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -48,7 +49,7 @@ class FailureRecord:
                    started=attempt.started, ended=attempt.ended, checkpoint=attempt.checkpoint,
                    peak_allocated=attempt.peak_allocated, exit=attempt.exit,
                    cause=None if cause is None else dict(cause),
-                   breakdowns=[asdict(b) for b in attempt.breakdowns])
+                   breakdowns=[b.as_dict() for b in attempt.breakdowns])
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class StatusDoc:
     spare: dict[str, Any] | None  # why no spare interpreter is held (said once a run), or none
     warnings: list[dict[str, Any]]  # said once each: an attempt that did not resume, a glob that matches nothing
     resume_command: str | None  # after a stop: the command that resumes the run
+    # what filled memory, one bar per attempt and moment (record/memoryparts.py; the dashboard's bars)
+    memory_breakdown: list[dict[str, Any]] = field(default_factory=list)
 
 
 def status_document(journal: Journal) -> dict[str, Any]:
@@ -121,7 +124,8 @@ def status_of(run: RunPicture) -> StatusDoc:
         degraded=list(meta.get("degraded") or []) if alive else [], probe=meta.get("probe"),
         own_failures=[dict(own) for own in run.own_failures], spare=meta.get("spare"),
         warnings=list(meta.get("warnings") or []),
-        resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None)
+        resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None,
+        memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)])
 
 
 def _current_row(current: Attempt | None) -> dict[str, Any]:
@@ -225,6 +229,7 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
     if doc.get("resume_command"):
         lines.append(f"resume:     {doc['resume_command']}")
+    lines += [f"memory:     {text}" for text in memoryparts.status_lines(doc.get("memory_breakdown") or [])]
     for f in doc["failures"]:
         how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "

@@ -109,6 +109,7 @@ function renderStatus(doc) {
   const warnings = doc.warnings || [];
   $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, `attempt ${w.attempt}: ${w.message}`)));
   $("warnings").hidden = warnings.length === 0;
+  renderBreakdown(doc.memory_breakdown);
   document.title = `oomguard · ${doc.state}`;
   if (memoryLimit() !== view.limitShown) { view.limitShown = memoryLimit(); scheduleChart(); }
 }
@@ -137,6 +138,73 @@ function renderBatchHistory() {
     items.push(el("li", {}, `attempt ${a.attempt} at ${clock(a.started)}: ${text}${why}`));
   }
   list.replaceChildren(...items);
+}
+
+// --- what filled memory: one stacked bar per attempt (status's memory_breakdown) ----------------------
+
+const PART_COLORS = { weights: "#2e86ab", gradients: "#76b041", optimizer_state: "#f18f01", activations: "#e4572e",
+  cache: "#9aa3b5", trainer: "#7b61ff", "data-loader worker": "#17bebb", other: "#a23b72" };
+const AT_WORDS = { oom: "at the OOM", peak: "at its peak (it fit)", last_reading: "last reading before the failure" };
+
+// The segments of one bar: the parts that were seen; where the probe saw none (a host or kernel OOM),
+// the last reading of each kind of process instead. A part not seen has no segment: it is named below.
+function segmentsOf(b) {
+  const seen = b.parts.filter((p) => p.bytes !== null);
+  if (seen.length || !b.processes) return seen.map((p) => ({ key: p.key, label: p.label, bytes: p.bytes }));
+  const roles = {};
+  for (const p of b.processes) roles[p.role] = (roles[p.role] || 0) + p.rss;
+  return Object.entries(roles).map(([role, rss]) => ({ key: role, label: role, bytes: rss }));
+}
+
+function renderBreakdown(bars) {
+  bars = bars || [];
+  $("breakdown-card").hidden = bars.length === 0;
+  let scale = 1;
+  for (const b of bars) scale = Math.max(scale, b.limit || 0, b.total || 0, segmentsOf(b).reduce((s, g) => s + g.bytes, 0));
+  const keys = new Set();
+  $("breakdown").replaceChildren(...bars.map((b) => {
+    const segments = segmentsOf(b);
+    const bar = el("div", { class: "mem-bar", role: "img", "aria-label": b.text });
+    for (const g of segments) {
+      keys.add(g.key);
+      const seg = el("div", { class: `mem-seg mem-${g.key.replace(/[^a-z]/g, "-")}`, "data-part": g.key,
+        "data-bytes": g.bytes, title: `${g.label} ${bytes(g.bytes)}` });
+      seg.style.width = `${(100 * g.bytes) / scale}%`;
+      seg.style.background = PART_COLORS[g.key] || "#888";
+      bar.append(seg);
+    }
+    if (b.limit) {
+      const mark = el("div", { class: "mem-limit", "data-bytes": b.limit, title: `limit ${bytes(b.limit)}` });
+      mark.style.left = `${(100 * b.limit) / scale}%`;
+      bar.append(mark);
+    }
+    const who = `attempt ${b.attempt}${b.micro_batch ? ` · micro-batch ${b.micro_batch}` : ""}` +
+      `${b.rank !== null ? ` · rank ${b.rank}` : ""} · ${AT_WORDS[b.at] || b.at} · ${b.device}`;
+    const caption = el("div", { class: "mem-caption small" }, ...captionOf(b));
+    return el("div", { class: "mem-row", "data-attempt": b.attempt, "data-at": b.at },
+      el("div", { class: "mem-row-label" }, who), bar, caption);
+  }));
+  $("breakdown").dataset.bars = String(bars.length);
+  $("breakdown-legend").replaceChildren(...[...keys].map((k) => {
+    const n = el("span", {}, k.replace("_", " "));
+    n.style.setProperty("--swatch", PART_COLORS[k] || "#888");
+    return n;
+  }));
+}
+
+function captionOf(b) {
+  const items = b.parts.map((p) => (p.bytes === null
+    ? el("span", { class: "not-seen", "data-part": p.key }, `${p.label} not seen`)
+    : el("span", { "data-part": p.key }, `${p.label} ${bytes(p.bytes)}`)));
+  items.push(el("span", { class: b.limit ? "" : "not-seen" },
+    b.limit ? `limit ${bytes(b.limit)}${b.limit_kind ? ` (${b.limit_kind})` : ""}` : "limit not seen"));
+  if (b.processes && b.processes.length) {  // the last reading per process: who held the memory
+    items.push(el("span", { class: "processes" }, `by process: ${b.processes.map((p) =>
+      `${p.role} ${p.name} (pid ${p.pid}) ${bytes(p.rss)}`).join(", ")}`));
+  }
+  const out = [];
+  items.forEach((item, i) => { if (i) out.push(" · "); out.push(item); });
+  return out;
 }
 
 // --- attempts, log, checkpoints -------------------------------------------------------------------

@@ -69,7 +69,8 @@ def test_failures_breakdowns_and_the_report_read_the_same_picture(tmp_path: Path
     first = picture.attempts[0]
     assert first.failed and first.exit == "exit 1" and len(first.breakdowns) == 2
     assert first.breakdowns[1].rank == 1 and first.breakdowns[0].optimizers == ("AdamW",)
-    assert (first.breakdowns[0].activations, first.breakdowns[0].limit_kind) == (1200, "gpu")
+    parts = {part.key: part.bytes for part in first.breakdowns[0].parts}
+    assert (parts["activations"], first.breakdowns[0].limit_kind) == (1200, "gpu")
     assert not any(a.breakdowns for a in picture.attempts[1:])
     # The report's failures: the picture's, and the interrupted attempt another followed.
     assert [f["attempt"] for f in report["failures"]] == [1, 2, 6]
