@@ -19,8 +19,8 @@ from typing import Any
 
 from ..worker import protocol
 from . import channel, memory
-from .breakdown import BreakdownReporter
 from .forward import ForwardTracker
+from .parts import BreakdownReporter
 
 _CPU_REQUEST = re.compile(r"DefaultCPUAllocator: [^:]*: you tried to allocate (\d+) bytes")
 _CUDA_WORDS = ("CUDA out of memory", "CUDA error: out of memory")

@@ -33,11 +33,8 @@ def install(torch: Any) -> None:
 
     @functools.wraps(original)
     def _worker_loop(*args: Any, **kwargs: Any) -> Any:
-        try:
-            channel.emit(protocol.ROLE, role=DATA_LOADER_WORKER)
-        except Exception:
-            pass  # channel.emit never raises; this is the program's worker: nothing of ours may end it
+        channel.emit(protocol.ROLE, role=DATA_LOADER_WORKER)  # never raises: the worker is the program's
         return original(*args, **kwargs)
 
     setattr(_worker_loop, _MARK, True)
-    module._worker_loop = _worker_loop
+    setattr(module, "_worker_loop", _worker_loop)  # noqa: B010 (the module is torch's: typed as a ModuleType)

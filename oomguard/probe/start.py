@@ -73,7 +73,7 @@ def _attach(torch: ModuleType) -> None:
 
 
 def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
-    """The memory breakdown's reporter (probe/breakdown.py), its baseline read now, before the model;
+    """The memory breakdown's reporter (probe/parts.py), its baseline read now, before the model;
     the allocator's history for the attempt after a CUDA OOM (probe/snapshot.py). None if it failed."""
     import atexit
     import os
@@ -81,9 +81,10 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
     from . import channel
 
     try:
-        from . import breakdown, roles, snapshot
+        from . import parts as memoryparts
+        from . import roles, snapshot
 
-        parts = breakdown.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
+        parts = memoryparts.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
         atexit.register(parts.at_peak_safely)
         os.register_at_fork(after_in_child=parts.forget)
         parts.extra = snapshot.install(torch)
@@ -96,7 +97,7 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
 
 def _at_first_step(tracker: Any, parts: Any = None) -> Callable[[Any], None]:
     """What the process's first optimizer step does: disarm the forward tracker (armed for the first
-    step only, probe/forward.py) and read it, read the memory the model holds (probe/breakdown.py),
+    step only, probe/forward.py) and read it, read the memory the model holds (probe/parts.py),
     then say which model it trains (probe/model.py)."""
     from . import channel, model
 

@@ -2,7 +2,7 @@
 
 ``python breakdown.py KIND MICRO STEPS FIGURES [--workers N]``: KIND is ``adamw``, ``sgd`` (momentum)
 or ``frozen`` (the first layers frozen, AdamW on the rest: a LoRA's shape). Each step's forward keeps
-MICRO × 8 MiB of activations (one 8 MiB tensor a sample) until the backward; after the first step
+MICRO × 16 MiB of activations (one 16 MiB tensor a sample) until the backward; after the first step
 the script writes what it computes itself to FIGURES (JSON): its parameters', frozen parameters',
 gradients' and optimizer state's bytes. Under ``prlimit --as`` a micro-batch too large fails in
 PyTorch's CPU allocator (``DefaultCPUAllocator: can't allocate memory``). ``--grow MIB`` instead
@@ -19,7 +19,7 @@ import time
 import torch
 
 MIB = 2**20
-SAMPLE = 8 * MIB // 4  # float32 elements of one sample's activations
+SAMPLE = 16 * MIB // 4  # float32 elements of one sample's activations
 
 
 def model_and_optimizer(kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -56,12 +56,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     model, opt = model_and_optimizer(args.kind)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 256)), batch_size=4,
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4096, 256)), batch_size=4,
                                        num_workers=args.workers)
+    batches = iter(data)  # one iterator: its DataLoader workers live as long as the run
     kept = []
     for step in range(1, args.steps + 1):
-        for (x,) in data:
-            break
+        (x,) = next(batches)
         # The batch's activations, freed after the step; the first step takes one sample (a warm-up), so an OOM
         # comes in the second, when the gradients and the optimizer's state exist.
         acts = [torch.ones(SAMPLE) for _ in range(args.micro if step > 1 else 1)]

@@ -1,7 +1,7 @@
 """What filled memory at an attempt's end: the journal's ``memory_breakdown`` events, one per rank.
 
 The probe splits a rank's memory into weights, gradients, optimizer state, activations and the
-allocator's cache (probe/breakdown.py) and writes a ``memory`` record at an OOM and at the peak of a
+allocator's cache (probe/parts.py) and writes a ``memory`` record at an OOM and at the peak of a
 process that fit. ``BreakdownWatch`` keeps the last record per rank of the running attempt and, when
 the attempt ends, journals them: the OOM's at a memory failure, the peak's otherwise.
 
@@ -107,17 +107,19 @@ class BreakdownWatch:
         self._for(attempt)
         cgroup = sample.cgroup
         pids = list(dict.fromkeys([*sample.worker_pids, *cgroup_pids(cgroup.path if cgroup else None)]))
-        processes = []
+        processes: list[dict[str, Any]] = []
+        rss = 0
         for pid in pids:
             if (found := self.read(pid)) is not None:
                 role = self.roles.get(pid) or (TRAINER if pid == sample.worker_pid else OTHER)
                 processes.append({"pid": pid, "role": role, "name": found[0], "rss": found[1]})
-        if not processes:
-            return  # the worker is gone: the reading before stays the last one
+                rss += found[1]
+        if not any(p["pid"] == sample.worker_pid for p in processes):
+            return  # the worker is gone (its DataLoader workers may outlive it a moment): the reading before stays
         if cgroup is not None and cgroup.limit_bytes is not None:
             total, limit, kind = cgroup.counted_bytes, cgroup.limit_bytes, "cgroup"
         else:
-            total, limit, kind = sum(p["rss"] for p in processes), None, None
+            total, limit, kind = rss, None, None
         self.last = LastReading(processes, total, limit, kind, sample.wall)
 
     def ended(self, kind: str | None, attempt: int, micro_batch: int | None,

@@ -36,7 +36,7 @@ from typing import Any
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record import breakdown
+from oomguard.supervisor.record import memorylines
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
@@ -360,7 +360,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
            "last_t": last_t, "decisions": decisions, "causes": causes, "resume_steps": resume_steps,
            "not_resumed": not_resumed}
     failures = _failures(attempts, ctx)
-    breakdown.annotate(failures, events)  # what filled memory at each (record/breakdown.py)
+    memorylines.annotate(failures, events)  # what filled memory at each (record/memorylines.py)
     restarts = _restarts(attempts, ctx)
     redone = [*failures, *restarts]
     start, end, last = _span(meta, events, attempts)
@@ -461,7 +461,7 @@ def _failure_lines(failure: dict[str, Any]) -> list[str]:
              f"    evidence: {failure['evidence'] or '-'}"]
     if failure.get("cause"):
         lines.append(f"    cause:    {failure['cause']['summary']}")
-    lines += breakdown.lines(failure)
+    lines += memorylines.lines(failure)
     decision = failure["decision"]
     if decision:
         action = f"{decision['action']}: " if decision["action"] else ""

@@ -48,11 +48,11 @@ from oomguard.supervisor.observe.probestate import ProbeReport
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.steps import StepMatcher
 from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
-from oomguard.supervisor.record.breakdown import memory_breakdown
 from oomguard.supervisor.record.console import say as log
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.memorylines import memory_breakdown
 from oomguard.supervisor.record.report import closing_decision, stopped_by
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.containment import Containment, remove_stale
@@ -147,7 +147,7 @@ class Supervisor:
                              say=lambda doc: self.journal.set_meta(spare=doc))
         self.edits: list[Edit] = []  # --edit, checked when the run opens
         self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
-        self.breakdowns = BreakdownWatch()  # what filled memory, per rank and attempt (record/breakdown.py)
+        self.breakdowns = BreakdownWatch()  # what filled memory, per rank and attempt (record/memorylines.py)
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard

@@ -51,7 +51,8 @@ class Comparison:
                 "per_sample_bytes": self.per_sample, "no_room": self.no_room}
 
 
-def compare(failed: dict[str, Any], other: dict[str, Any] | None, fallback_args: Sequence[str] = ()) -> Comparison | None:
+def compare(failed: dict[str, Any], other: dict[str, Any] | None,
+            fallback_args: Sequence[str] = ()) -> Comparison | None:
     """The failed attempt's breakdown beside ``other`` (an attempt that fit, else an earlier failure)."""
     m1, a1 = failed.get("micro_batch"), failed.get("activations")
     if not isinstance(m1, int) or not isinstance(a1, int) or m1 < 1:
@@ -73,7 +74,7 @@ def compare(failed: dict[str, Any], other: dict[str, Any] | None, fallback_args:
     text += _fixed_text(failed, other)
     room = _room(failed, other)
     no_room = room is not None and per_sample > 0 and room < per_sample
-    if no_room:
+    if no_room and room is not None:
         text += _no_room_text(failed, room, per_sample, fallback_args)
     return Comparison(failed["attempt"], other["attempt"] if other else failed["attempt"], text, per_sample, no_room)
 
