@@ -123,7 +123,10 @@ def test_a_kernel_oom_kill_shows_each_process_of_the_cgroup_with_its_dataloader_
     out = subprocess.run(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"], capture_output=True,
                          text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert out.returncode != 0 and (run_dir / "journal.sqlite").exists(), out.stdout[-3000:] + out.stderr[-3000:]
-    (event,) = events(run_dir, "memory_breakdown")
+    # A rise this steady may be called a leak and restarted once at the same size: the first kill is the test's.
+    found = [e for e in events(run_dir, "memory_breakdown") if e["attempt"] == 1]
+    assert len(found) == 1, found
+    event = found[0]
     assert event["at"] == "last_reading" and event["limit"] == limit and event["limit_kind"] == "cgroup", event
     roles = {p["role"] for p in event["processes"]}
     assert {"trainer", "data-loader worker", "other"} <= roles, event["processes"]
