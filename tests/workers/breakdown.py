@@ -7,7 +7,8 @@ the script writes what it computes itself to FIGURES (JSON): its parameters', fr
 gradients' and optimizer state's bytes. Under ``prlimit --as`` a micro-batch too large fails in
 PyTorch's CPU allocator (``DefaultCPUAllocator: can't allocate memory``). ``--grow MIB`` instead
 keeps MIB more each step (a host leak) until a memory cgroup's limit has the kernel kill it, with a
-DataLoader worker beside it (``--workers``).
+DataLoader worker beside it (``--workers``). ``--cuda-limit-mib N`` trains on CUDA under a per-process
+memory fraction of N MiB (a real CUDA OOM), ``--sample-mib`` sets a sample's activations.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 import torch
 
 MIB = 2**20
-SAMPLE = 16 * MIB // 4  # float32 elements of one sample's activations
 
 
 def model_and_optimizer(kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -52,19 +52,27 @@ def main() -> None:
     parser.add_argument("figures")
     parser.add_argument("--grow", type=float, default=0.0)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--cuda-limit-mib", type=int, default=0)  # on CUDA, under this per-process cap
+    parser.add_argument("--sample-mib", type=int, default=16)
     parser.add_argument("--accum", type=int, default=1)  # oomguard's {grad_accum}: the memory does not follow it
     args = parser.parse_args()
     torch.manual_seed(0)
+    device = "cuda" if args.cuda_limit_mib else "cpu"
+    if args.cuda_limit_mib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.cuda_limit_mib * MIB / total)
     model, opt = model_and_optimizer(args.kind)
+    model.to(device)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4096, 256)), batch_size=4,
                                        num_workers=args.workers)
     batches = iter(data)  # one iterator: its DataLoader workers live as long as the run
     kept = []
     for step in range(1, args.steps + 1):
         (x,) = next(batches)
+        x = x.to(device)
         # The batch's activations, freed after the step; the first step takes one sample (a warm-up), so an OOM
         # comes in the second, when the gradients and the optimizer's state exist.
-        acts = [torch.ones(SAMPLE) for _ in range(args.micro if step > 1 else 1)]
+        acts = [torch.ones(args.sample_mib * MIB // 4, device=device) for _ in range(args.micro if step > 1 else 1)]
         loss = model(x).sum() + sum(a[0] for a in acts)
         loss.backward()
         opt.step()

@@ -112,7 +112,7 @@ def _no_room_text(failed: dict[str, Any], room: int, per_sample: int, fallback_a
     change = (f"the fallback arguments ({' '.join(fallback_args)}, --fallback-args)" if fallback_args else
               "gradient checkpointing, an 8-bit optimizer or frozen weights (--fallback-args adds such an "
               "argument once the micro-batch is at its floor)")
-    left = f"{format_size(room)} left" if room > 0 else f"nothing left ({format_size(-room)} over)"
+    left = format_size(room) if room > 0 else f"nothing ({format_size(-room)} over)"
     return (f". The fixed part alone leaves no room for one sample: under the {format_size(failed['limit'])} limit, "
             f"weights, gradients and {state_words(failed)}{held} leave {left}, less than one sample's activations "
             f"(about {format_size(per_sample)}); a smaller micro-batch will not fit. What would change these "
