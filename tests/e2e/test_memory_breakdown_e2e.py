@@ -55,8 +55,8 @@ def rlimit_run(tmp: Path, kind: str, restarts: int) -> tuple[subprocess.Complete
     limit = torch_mapped_bytes() + 240 * MIB
     out = oomguard("run", "--run-dir", str(tmp / "run"), *FAST, "--micro-batch", "16", "--global-batch", "32",
                    "--max-restarts", str(restarts),
-                   *(["--min-micro-batch", "16"] if not restarts else []), "--", "prlimit", f"--as={limit}", PY, WORKER, kind,
-                   "{micro_batch}", "4", str(figures), "--accum", "{grad_accum}", cwd=tmp, timeout=240)
+                   *(["--min-micro-batch", "16"] if not restarts else []), "--", "prlimit", f"--as={limit}", PY,
+                   WORKER, kind, "{micro_batch}", "4", str(figures), "--accum", "{grad_accum}", cwd=tmp, timeout=240)
     assert "DefaultCPUAllocator: can't allocate memory" in out.stdout + out.stderr, out.stdout[-3000:]
     return out, json.loads(figures.read_text()), limit
 
@@ -119,7 +119,8 @@ def test_a_kernel_oom_kill_shows_each_process_of_the_cgroup_with_its_dataloader_
     figures = tmp_path / "figures.json"
     figures.write_text("{}")
     cmd = [PY, "-m", "oomguard", "run", "--run-dir", str(run_dir), *FAST, "--micro-batch", "1", "--grad-accum", "1",
-           "--max-restarts", "0", "--", PY, WORKER, "sgd", "{micro_batch}", "100000", str(figures), "--grow", "4", "--workers", "1"]
+           "--max-restarts", "0", "--", PY, WORKER, "sgd", "{micro_batch}", "100000", str(figures), "--grow", "4",
+           "--workers", "1"]
     joined = " ".join(f"'{a}'" for a in cmd)
     out = subprocess.run(["sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {joined}"], capture_output=True,
                          text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
