@@ -82,13 +82,12 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
 
     try:
         from . import parts as memoryparts
-        from . import roles, snapshot
+        from . import snapshot
 
         parts = memoryparts.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
         atexit.register(parts.at_peak_safely)
         os.register_at_fork(after_in_child=parts.forget)
         parts.extra = snapshot.install(torch)
-        roles.install(torch)
         return parts
     except Exception as exc:  # the OOM record goes without its breakdown
         channel.failed(f"memory breakdown not installed: {type(exc).__name__}: {exc}")

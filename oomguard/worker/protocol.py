@@ -72,7 +72,6 @@ MEMORY = "memory"  # at ("oom" | "peak"), device ("cuda:N" | "cpu"), micro_batch
 #                    limit_kind ("gpu" | "RLIMIT_AS" | None), measure (memory.py's), baseline (the host's memory
 #                    when torch finished importing), requested (at an OOM); at a CUDA OOM while the allocator's
 #                    history was recorded: snapshot (the pickle's path), stacks (largest allocations by stack)
-ROLE = "role"  # role ("data-loader worker"): said once by a process that is one (probe/roles.py)
 
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     PROGRESS: ("step",),
@@ -86,7 +85,6 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     OOM: ("device", "pid"),
     MODEL: ("digest", "params", "pid"),
     MEMORY: ("at", "device", "pid"),
-    ROLE: ("role", "pid"),
 }
 
 

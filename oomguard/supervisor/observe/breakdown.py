@@ -9,8 +9,9 @@ A kernel OOM kill (SIGKILL) ends the process before it can say anything, so the 
 supervisor's last reading of every process of the worker's tree and of its memory cgroup (the
 trainer, its DataLoader workers, anything else the cgroup holds: oomguard itself when it runs
 inside), and journals that (``at: "last_reading"``) when a host OOM came without the probe's record.
-Roles are what the processes said or did: a process that stepped an optimizer is a trainer, one that
-ran torch's DataLoader worker loop said so (probe/roles.py); any other is "other".
+Roles are what the processes did: a process that stepped an optimizer (or the worker's own process)
+is a trainer; torch names each DataLoader worker's main thread ``pt_data_worker`` in its worker loop
+(fork, spawn or forkserver alike), which is the process's name in /proc; any other is "other".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from oomguard.worker import protocol
 EVENT = "memory_breakdown"
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")  # decide/classify.py's FailureKind values
 TRAINER, DATA_LOADER_WORKER, OTHER = "trainer", "data-loader worker", "other"
+DATA_LOADER_NAME = "pt_data_worker"  # torch's _worker_loop sets it (torch.multiprocessing._set_thread_name)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # The fields of a probe ``memory`` record the event carries as they are.
 FIGURES = ("device", "weights", "frozen_weights", "gradients", "optimizer_state", "optimizers", "activations", "cache",
@@ -87,14 +89,12 @@ class BreakdownWatch:
             self.attempt, self.oom, self.peak, self.roles, self.last = attempt, {}, {}, {}, None
 
     def take(self, record: dict[str, Any], attempt: int) -> None:
-        """One channel record: ``memory`` and ``role`` records are kept; a ``step`` names a trainer."""
+        """One channel record: ``memory`` records are kept; a ``step`` names a trainer."""
         self._for(attempt)
         kind, pid = record.get("type"), record.get("pid")
         if not isinstance(pid, int):
             return
-        if kind == protocol.ROLE and record.get("role") == DATA_LOADER_WORKER:
-            self.roles[pid] = DATA_LOADER_WORKER
-        elif kind == protocol.STEP:
+        if kind == protocol.STEP:
             self.roles.setdefault(pid, TRAINER)
         elif kind == protocol.MEMORY and record.get("at") in ("oom", "peak"):
             who = record.get("rank") if isinstance(record.get("rank"), int) else pid
@@ -111,7 +111,8 @@ class BreakdownWatch:
         rss = 0
         for pid in pids:
             if (found := self.read(pid)) is not None:
-                role = self.roles.get(pid) or (TRAINER if pid == sample.worker_pid else OTHER)
+                role = self.roles.get(pid) or (TRAINER if pid == sample.worker_pid else
+                                               DATA_LOADER_WORKER if found[0] == DATA_LOADER_NAME else OTHER)
                 processes.append({"pid": pid, "role": role, "name": found[0], "rss": found[1]})
                 rss += found[1]
         if not any(p["pid"] == sample.worker_pid for p in processes):

@@ -1,4 +1,4 @@
-"""probe/parts.py, probe/snapshot.py and probe/roles.py: the figures from torch's own objects, and the
+"""probe/parts.py and probe/snapshot.py: the figures from torch's own objects, and the
 CUDA snapshot's edge faked (no GPU here: tests/e2e/test_memory_snapshot_gpu.py runs the real one)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from oomguard.probe import parts, roles, snapshot  # noqa: E402
+from oomguard.probe import parts, snapshot  # noqa: E402
 
 
 def size(t: Any) -> int:
@@ -123,17 +123,3 @@ def test_the_snapshot_is_recorded_only_after_a_cuda_oom_and_saved_at_the_next(
                               {"where": "/home/u/train.py:42 in step", "bytes": 500, "allocations": 1}]
     monkeypatch.setenv("OOMGUARD_MEMORY_SNAPSHOT", "off")
     assert not snapshot.armed(folder, 2) and at_oom(0) == {}
-
-
-def test_a_dataloader_worker_says_its_role_and_runs_the_loop_unchanged(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch.utils.data._utils.worker as worker
-
-    calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(worker, "_worker_loop", lambda *args: calls.append(args) or "done")
-    monkeypatch.setenv("OOMGUARD_EVENTS", str(tmp_path / "events"))
-    roles.install(torch)
-    roles.install(torch)  # once: a second install wraps nothing more
-    assert worker._worker_loop(1, 2) == "done" and calls == [(1, 2)]
-    (record,) = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
-    assert record["type"] == "role" and record["role"] == "data-loader worker"

@@ -64,7 +64,6 @@ def test_the_watch_journals_the_oom_at_a_memory_failure_and_the_peak_otherwise()
 def test_a_kernel_kill_is_the_last_reading_that_still_saw_the_trainer() -> None:
     reads = {10: ("python3", 300), 11: ("pt_data_worker", 100), 12: ("python3", 20)}
     watch = BreakdownWatch(read=lambda pid: reads.get(pid))
-    watch.take({"type": "role", "pid": 11, "role": "data-loader worker"}, 1)
     group = CgroupMemory("/nonexistent", 1, 500, 450, 480, 0)
     sample = MemorySample(0.0, 5.0, 10, 400, (10, 11, 12), 1000, 500, group, None)
     watch.sampled(sample, 1)
