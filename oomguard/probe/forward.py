@@ -54,6 +54,11 @@ class ForwardTracker:
         self._done = False  # the outermost forward returned (nothing started since)
         self.after_step: dict[str, int] = {}  # memory.held() right after the first optimizer step
 
+    @property
+    def root(self) -> Any:
+        """The outermost module of the last forward (None before any, or once ``forget`` ran)."""
+        return self._root
+
     def arm(self) -> None:
         module = self._torch.nn.modules.module
         self._handles = [module.register_module_forward_pre_hook(self.pre),

@@ -20,6 +20,7 @@ from typing import Any
 from ..worker import protocol
 from . import channel, memory
 from .forward import ForwardTracker
+from .parts import BreakdownReporter
 
 _CPU_REQUEST = re.compile(r"DefaultCPUAllocator: [^:]*: you tried to allocate (\d+) bytes")
 _CUDA_WORDS = ("CUDA out of memory", "CUDA error: out of memory")
@@ -40,8 +41,9 @@ def cpu_oom_request(exc: BaseException, oom_type: type | None) -> tuple[bool, in
 class OomReporter:
     """Writes ``oom`` records; ``step`` reads the step reached (the step counter's)."""
 
-    def __init__(self, torch: Any, step: Callable[[], int], forward: ForwardTracker | None = None) -> None:
-        self._torch, self._step, self._forward = torch, step, forward
+    def __init__(self, torch: Any, step: Callable[[], int], forward: ForwardTracker | None = None,
+                 breakdown: BreakdownReporter | None = None) -> None:
+        self._torch, self._step, self._forward, self._breakdown = torch, step, forward, breakdown
 
     def on_cuda_oom(self, device: int, requested: int, device_total: int, device_free: int) -> None:
         """The allocator's OOM observer; called without its lock, before the error is raised."""
@@ -54,6 +56,11 @@ class OomReporter:
                        fraction=memory.fraction(cuda, device))
         except Exception as exc:  # inside the allocator's failure path: never add a second error
             channel.failed(f"OOM observer: {type(exc).__name__}: {exc}")
+        if self._breakdown is not None:
+            try:
+                self._breakdown.at_cuda_oom(device, int(requested))
+            except Exception as exc:
+                channel.failed(f"memory breakdown at a CUDA OOM: {type(exc).__name__}: {exc}")
 
     def on_exception(self, exc: BaseException | None) -> None:
         try:
@@ -66,6 +73,8 @@ class OomReporter:
                 measure, held, limit = memory.host_bound()
                 self._emit("cpu", requested, measure, allocated_bytes=held, reserved_bytes=None, free_bytes=None,
                            total_bytes=limit, fraction=None)
+                if self._breakdown is not None:
+                    self._breakdown.at_host_oom(requested, measure, held, limit)
         except Exception as error:  # the program is ending with its own error: do not mask it
             channel.failed(f"exception hook: {type(error).__name__}: {error}")
 

@@ -33,9 +33,10 @@ def _path(f: Any) -> str | None:
     return None
 
 
-def install(torch: Any, step: Callable[[], int | None]) -> None:
+def install(torch: Any, step: Callable[[], int | None], after: Callable[[], None] = lambda: None) -> None:
     """Wrap ``torch.save`` (once) to report each save with ``step()`` at its start (None before the
-    process's first optimizer step, when a resumed count is not known yet)."""
+    process's first optimizer step, when a resumed count is not known yet); ``after()`` then runs
+    (the memory breakdown's peak, probe/parts.py: a checkpoint is a cheap moment to say it)."""
     original = torch.save
     if getattr(original, _MARK, False):
         return
@@ -49,6 +50,7 @@ def install(torch: Any, step: Callable[[], int | None]) -> None:
         result = original(obj, f, *args, **kwargs)  # its exception is the program's
         try:
             channel.emit(protocol.SAVE, path=_path(f), step=at, started=started)
+            after()
         except Exception as exc:  # a bug of ours must not fail a save that succeeded
             channel.failed(f"save report: {type(exc).__name__}: {exc}")
         return result

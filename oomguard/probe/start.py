@@ -57,25 +57,55 @@ def _attach(torch: ModuleType) -> None:
             compiled.watch(tracker.compiled)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
-    counter.first_step = _at_first_step(tracker)
+    parts = _memory_parts(torch, counter, tracker)
+    counter.first_step = _at_first_step(tracker, parts)
     try:
         from . import saves
 
-        saves.install(torch, lambda: counter.known)  # a checkpoint's step, measured, before its name's
+        # a checkpoint's step, measured, before its name's; and the memory's peak so far
+        saves.install(torch, lambda: counter.known, parts.at_peak_safely if parts is not None else lambda: None)
     except Exception as exc:
         channel.failed(f"save reporting not installed: {type(exc).__name__}: {exc}")
     try:
-        oom.OomReporter(torch, lambda: counter.step, tracker).attach()
+        oom.OomReporter(torch, lambda: counter.step, tracker, parts).attach()
     except Exception as exc:
         channel.failed(f"OOM reporting not installed: {type(exc).__name__}: {exc}")
 
 
-def _at_first_step(tracker: Any) -> Callable[[Any], None]:
+def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
+    """The memory breakdown's reporter (probe/parts.py), its baseline read now, before the model;
+    the allocator's history for the attempt after a CUDA OOM (probe/snapshot.py). None if it failed."""
+    import atexit
+    import os
+
+    from . import channel
+
+    try:
+        from . import parts as memoryparts
+        from . import snapshot
+
+        parts = memoryparts.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
+        atexit.register(parts.at_peak_safely)
+        os.register_at_fork(after_in_child=parts.forget)
+        parts.extra = snapshot.install(torch)
+        return parts
+    except Exception as exc:  # the OOM record goes without its breakdown
+        channel.failed(f"memory breakdown not installed: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _at_first_step(tracker: Any, parts: Any = None) -> Callable[[Any], None]:
     """What the process's first optimizer step does: disarm the forward tracker (armed for the first
-    step only, probe/forward.py) and read it, then say which model it trains (probe/model.py)."""
+    step only, probe/forward.py) and read it, read the memory the model holds (probe/parts.py),
+    then say which model it trains (probe/model.py)."""
     from . import channel, model
 
     def first(optimizer: Any) -> None:
+        if parts is not None:
+            try:
+                parts.at_first_step(optimizer)  # the gradients and the state exist now, before zero_grad
+            except Exception as exc:
+                channel.failed(f"memory breakdown at the first step: {type(exc).__name__}: {exc}")
         if tracker is not None:
             if tracker.off_for_compile:  # said once, by a process that trains (a compile worker never steps)
                 channel.partial("no forward figures in this process: it compiled (torch.compile) before its first "

@@ -67,6 +67,10 @@ class StepCounter:
         self._said: set[str] = set()
         self.compiled_steps_seen = False  # set by compiled code after a step it ran (never reset)
 
+    def optimizers(self) -> list[Any]:
+        """The optimizers this process stepped that are still alive."""
+        return [o for entry in list(self._counts.values()) if (o := entry[2]()) is not None]
+
     @property
     def known(self) -> int | None:
         """The step reached, or None before this process's first optimizer step: a resumed count is

@@ -64,6 +64,14 @@ OOM = "oom"  # device ("cuda:N" | "cpu"), step, requested_bytes, allocated_bytes
 MODEL = "model"  # digest (of the optimizer's class and its parameters: per tensor shape, dtype, requires_grad, in
 #                  order), params (elements), tensors, optimizer (class name): once per process, at its first
 #                  optimizer step, of the optimizer that stepped first; the fit store tells two models apart by it
+MEMORY = "memory"  # at ("oom" | "peak"), device ("cuda:N" | "cpu"), micro_batch, and in bytes (None where unknown):
+#                    weights (every parameter), frozen_weights (those with requires_grad False, inside weights),
+#                    gradients, optimizer_state (every tensor in the optimizers' state), optimizers (class names),
+#                    activations (the rest: CUDA allocated less those; on the host the process's memory less
+#                    baseline and those), cache (CUDA reserved less allocated; None on the host), total, limit,
+#                    limit_kind ("gpu" | "RLIMIT_AS" | None), measure (memory.py's), baseline (the host's memory
+#                    when torch finished importing), requested (at an OOM); at a CUDA OOM while the allocator's
+#                    history was recorded: snapshot (the pickle's path), stacks (largest allocations by stack)
 
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     PROGRESS: ("step",),
@@ -76,6 +84,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     SAVE: ("step", "started", "pid"),
     OOM: ("device", "pid"),
     MODEL: ("digest", "params", "pid"),
+    MEMORY: ("at", "device", "pid"),
 }
 
 

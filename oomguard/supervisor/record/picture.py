@@ -156,7 +156,8 @@ class RunPicture:
     # every memory_breakdown event, oldest first (also on its attempt; here for a journal whose attempt
     # rows are gone or not yet written)
     breakdowns: tuple[MemoryBreakdown, ...] = ()
-    meta: Data = field(repr=False, default_factory=dict)  # the rest (probe, spare, liveness, forecast...), rendered as is
+    # the rest (probe, spare, liveness, forecast...), rendered as is
+    meta: Data = field(repr=False, default_factory=dict)
 
     @property
     def current(self) -> Attempt | None:

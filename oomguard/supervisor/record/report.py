@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record import lostwork
+from oomguard.supervisor.record import lostwork, memorylines
 from oomguard.supervisor.record.endings import CLOSED_INTERRUPTED, INTERRUPTED, STOPPED, closing_decision, stopped_by
 from oomguard.supervisor.record.figures import attempt_peaks
 from oomguard.supervisor.record.history import WARNINGS, RunHistory, read_history
@@ -98,6 +98,9 @@ def build_report(journal: Journal) -> dict[str, Any]:
 def report_of(history: RunHistory) -> dict[str, Any]:
     run = history.picture
     failures, restarts = lostwork.failures(history), lostwork.restarts(history)
+    # what filled memory at each failure, beside the attempt that fit (record/memorylines.py)
+    memorylines.annotate(failures, [{"kind": e.kind, "attempt": e.attempt, "data": e.data}
+                                    for e in history.of_kind(memorylines.EVENT, memorylines.COMPARISON)])
     redone = [*failures, *restarts]
     start, end, last = _span(history)
     finish = end if end is not None else last

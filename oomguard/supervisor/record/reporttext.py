@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from oomguard.supervisor.record import memorylines
 from oomguard.supervisor.record.figures import peak_text, progress_text
 
 
@@ -61,6 +62,7 @@ def _failure_lines(failure: dict[str, Any]) -> list[str]:
              f"    evidence: {failure['evidence'] or '-'}"]
     if failure.get("cause"):
         lines.append(f"    cause:    {failure['cause']['summary']}")
+    lines += memorylines.lines(failure)
     decision = failure["decision"]
     if decision:
         action = f"{decision['action']}: " if decision["action"] else ""

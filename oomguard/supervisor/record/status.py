@@ -38,7 +38,7 @@ class FailureRecord:
     peak_allocated: int | None  # the allocator's highest step peak (probe)
     exit: str | None  # how its process ended, in the words status, the report and the dashboard share
     cause: dict[str, Any] | None  # a memory failure's cause (decide/attribution.py) and the figures that decided it
-    # what held memory at the failure, one per rank (``memory_breakdown`` events; record/memoryparts.MemoryBreakdown.as_dict)
+    # what held memory at the failure, one per rank (memoryparts.MemoryBreakdown.as_dict)
     breakdowns: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod

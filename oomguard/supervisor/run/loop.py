@@ -39,6 +39,7 @@ from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
 from oomguard.supervisor.observe import ckptstep
+from oomguard.supervisor.observe.breakdown import BreakdownWatch
 from oomguard.supervisor.observe.channel import ChannelReader
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.ckptstep import StepEvidence
@@ -51,6 +52,7 @@ from oomguard.supervisor.record.console import say as log
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.memorylines import memory_breakdown
 from oomguard.supervisor.record.report import closing_decision, stopped_by
 from oomguard.supervisor.record.resilient import ResilientJournal
 from oomguard.supervisor.run.containment import Containment, remove_stale
@@ -145,6 +147,7 @@ class Supervisor:
                              say=lambda doc: self.journal.set_meta(spare=doc))
         self.edits: list[Edit] = []  # --edit, checked when the run opens
         self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
+        self.breakdowns = BreakdownWatch()  # what filled memory, per rank and attempt (record/memorylines.py)
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard
@@ -348,6 +351,8 @@ class Supervisor:
                                  decision=decision, last_step=outcome.watch.last_step,
                                  peak_rss=outcome.watch.peak_rss, peak_allocated=outcome.watch.allocator.allocated_peak,
                                  **facts)
+        self.guarded("memory breakdown", memory_breakdown, self.breakdowns, facts.get("kind"), self.attempt,
+                     self.plan.batch.micro_batch, self._event, self.config.fallback_args, log)
 
     def _finished(self, outcome: Outcome) -> None:
         if not self.trend.leaking():  # a leaking attempt's peak is where the leak got to
@@ -584,6 +589,7 @@ class Supervisor:
 
     def _read_channel(self, current: Current, channel: ChannelReader) -> None:
         for record in channel.read():
+            self.breakdowns.take(record, self.attempt)
             if current.watch.take(record, time.monotonic()):
                 self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
             if record["type"] == "probe":
@@ -626,6 +632,7 @@ class Supervisor:
         if (named := worker.named_pids()) is not None:  # the training process and ranks, for status
             self.journal.set_meta(**named)
         self.last_sample = sample
+        self.breakdowns.sampled(sample, self.attempt)  # each process's reading: a kernel kill's last word
         watch.observe(sample)  # its peaks, and what its processes did since the last sample
         worker_bytes = sample.cgroup.working_set_bytes if sample.cgroup else sample.worker_rss_bytes
         if worker_bytes is not None:  # the spares' budget: their room is what the worker's peak leaves
