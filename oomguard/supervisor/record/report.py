@@ -39,6 +39,7 @@ from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
+from oomguard.supervisor.record.worlds import by_world, worlds_text
 
 TERMINAL = ("succeeded", "failed", "stopped")
 INTERRUPTED = Ending.INTERRUPTED.value  # an attempt that ended without a recorded exit (its supervisor died)
@@ -375,6 +376,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "finished": end is not None, "started": start, "ended": end, "last_activity": last,
         "total_s": total, "lost_s": min(lost, total) if total else lost, "attempts": len(attempts),
         "batch_history": _batch_history(attempts, events, decisions),
+        "worlds": by_world(attempts, finish),  # time at each world size (an elastic run that lost a node)
         "asked_global_batch": (meta.get("plan") or {}).get("asked_global"),  # None: the global batch was kept
         "failures": failures,
         "restarts": restarts,
@@ -509,6 +511,8 @@ def format_report(report: dict[str, Any]) -> str:
         who = "" if entry["by"] == "supervisor" else f" (in-process by the worker: {entry['reason']})"
         why = f" — {entry['reason']}" if entry["by"] == "supervisor" and entry["reason"] else ""
         lines.append(f"  {_clock(entry['t'])} attempt {entry['attempt']}: {_batch_text(entry, asked)}{who}{why}")
+    if (worlds := worlds_text(report.get("worlds") or [])) is not None:
+        lines.append(f"time at each world size: {worlds}")
     lines.append("failures:" if report["failures"] else "failures:    none")
     for failure in report["failures"]:
         lines += _failure_lines(failure)

@@ -5,6 +5,7 @@ Built from the journal alone, so it works whether or not the supervisor is still
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import psutil
 from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
+from oomguard.supervisor.record.worlds import by_world, worlds_text
 from oomguard.supervisor.units import format_size
 
 
@@ -61,6 +63,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "asked_global_batch": plan.get("asked_global") or plan.get("global_batch"),
         "accumulates": plan.get("asked_global") is None,
         "world_size": plan.get("world_size", config.get("world_size")),
+        "worlds": by_world(attempts, time.time() if alive else None),  # time at each world size (elastic runs)
         "expandable_segments": plan.get("expandable_segments", False),
         "fallbacks_applied": plan.get("fallbacks_applied", 0),
         "alloc_conf": meta.get("alloc_conf") or {},  # the allocator variables the worker got
@@ -158,6 +161,8 @@ def format_status(doc: dict[str, Any]) -> str:
         f"worker pid: {_pid_text(doc)}",
         f"checkpoint: {_checkpoint_text(doc)}",
     ]
+    if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
+        lines.append(f"worlds:     {worlds}")
     if doc.get("alloc_conf"):
         lines.append("allocator:  " + ", ".join(f"{k}={v}" for k, v in doc["alloc_conf"].items()))
     if doc["progress"]:
