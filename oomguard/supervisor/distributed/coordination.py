@@ -126,6 +126,7 @@ class Coordinator:
     round: int = 0  # the last round this node saw started
     members: tuple[int, ...] = ()  # the nodes of that round
     say: Callable[[str], None] = _quiet  # a line for the log (a store taken over)
+    stopping: Callable[[], bool] = lambda: False  # the user's stop (a signal): no more waiting for a round
     _posted: dict[str, Any] | None = field(default=None, repr=False)  # this node's post for the round
     _heard: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)  # beat count, when seen
     _top: int = field(default=0, repr=False)  # the highest node number handed out in this store
@@ -252,6 +253,8 @@ class Coordinator:
             if member and time.monotonic() > deadline:
                 raise PeerLost(f"node {self.me}: no plan for round {self.round + 1} from node {self.host} within "
                                f"{self.peer_timeout:g} s; that node or its oomguard is gone")
+            if self.stopping():
+                raise PeerLost(f"node {self.me}: stopped by a signal while waiting for round {self.round + 1}")
             time.sleep(POLL)
         return None
 

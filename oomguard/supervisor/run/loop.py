@@ -139,7 +139,8 @@ class Supervisor:
         self.sampler = Sampler()
         self.tuner = SizeTuner(self.plan.batch.per_process_batch, config.min_micro_batch,
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
-        self.world = World(config.dist_shape, config.peer_timeout, self._event, self.index)  # ranks and nodes
+        self.world = World(config.dist_shape, config.peer_timeout, self._event, self.index,  # ranks and nodes
+                           lambda: self.stopping)
         self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
         self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event,
                              say=lambda doc: self.journal.set_meta(spare=doc))

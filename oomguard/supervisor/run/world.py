@@ -33,13 +33,15 @@ Event = Callable[..., None]  # the loop's journal-and-listeners event: event(nam
 
 class World:
     def __init__(self, shape: Shape | None, peer_timeout: float, event: Event,
-                 checkpoints: CheckpointIndex | None = None) -> None:
+                 checkpoints: CheckpointIndex | None = None, stopping: Callable[[], bool] = lambda: False) -> None:
         self.shape = shape  # ranks and nodes under torchrun; None for one process
         multi = shape is not None and shape.nnodes > 1
-        self.nodes = Coordinator(shape, peer_timeout, say=self._say) if shape is not None and multi else None
+        self.nodes = Coordinator(shape, peer_timeout, say=self._say,
+                                 stopping=stopping) if shape is not None and multi else None
         self.ranks: TorchrunAttempt | None = None  # this attempt's torchrun, when there is one
         self.peer_stop: int | None = None  # the node whose failure made us stop this attempt
         self.regroup: str | None = None  # why this round ended for the nodes to regroup (elastic runs)
+        self._regroup_stop: Stop | None = None  # the stop ``news`` asked for when the nodes regroup
         self._index = checkpoints  # the host takes a node back in after the next checkpoint
         self._back: tuple[list[int], object] | None = None  # nodes back, and the newest checkpoint then
         self._event = event
@@ -62,7 +64,7 @@ class World:
     def start_round(self, attempt: int, plan: Plan,
                     checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, bool]:
         """Every member: the host's plan and checkpoint for this attempt; True when they were agreed."""
-        self.peer_stop, self.regroup, self._back = None, None, None
+        self.peer_stop, self.regroup, self._back, self._regroup_stop = None, None, None, None
         if self.nodes is None:
             return plan, checkpoint, False
         before = plan.batch
@@ -121,24 +123,28 @@ class World:
         return verdict
 
     def stop(self, stop: Stop | None) -> Stop | None:
-        """The stop this attempt ends with: a round ended for the nodes to regroup (a node lost or
-        back) is a planned restart on every node, whatever its ranks exited with; the user's stop stays."""
-        if self.regroup is None or (stop is not None and stop.reason is StopReason.USER):
+        """The stop this attempt ends with, the same on every node whichever saw what first: a round
+        ended for the nodes to regroup (a node lost or back) is a planned restart, whatever its ranks
+        exited with; where every member's ranks finished, the run is over though a regroup was asked
+        for; the user's stop stays."""
+        if stop is not None and stop.reason is StopReason.USER:
             return stop
-        return Stop(StopReason.PLANNED, self.regroup)
+        if self.regroup is not None:
+            return Stop(StopReason.PLANNED, self.regroup)
+        return None if stop is not None and stop == self._regroup_stop else stop
 
     def news(self, attempt: int) -> Stop | None:
         """Why this node's ranks must stop now, seen once: another member's attempt failed (its ranks
         would only wait in a collective), a member lost, or a node back after a checkpoint."""
-        if self.nodes is None or self.peer_stop is not None or self.regroup is not None:
+        if self.nodes is None or self.peer_stop is not None or self._regroup_stop is not None:
             return None
         self._take_back()
         news = self.nodes.news()
         if news is None:
             return None
         if news.regroup:
-            self.regroup = news.why
-            return Stop(StopReason.PLANNED, news.why)
+            self._regroup_stop = Stop(StopReason.PLANNED, news.why)
+            return self._regroup_stop
         self.peer_stop = news.node
         return Stop(StopReason.PEER, news.why)
 
