@@ -123,7 +123,7 @@ def lose(victim: Node, nodes: list[Node], tmp: Path) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)  # four worlds started: 100-320 s on 2 cores as the load went from quiet to 20
+@pytest.mark.timeout(500)  # four worlds started: 316-349 s on these 2 cores at a load of 13-27
 def test_a_lost_node_costs_seconds_and_the_global_batch_stays_exact(tmp_path: Path) -> None:
     port = free_port_pair()
     a, b = Node("a", tmp_path, port), Node("b", tmp_path, port)
