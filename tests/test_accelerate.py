@@ -117,8 +117,8 @@ def test_oomguards_own_shape_options_must_agree_with_accelerate() -> None:
 
 
 @pytest.mark.parametrize("command, needle", [
-    (["torchrun", "--nnodes", "1:4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29500", "t.py"],
-     "--nnodes: 1:4 is elastic"),
+    (["torchrun", "--nnodes", "1:4", "--node_rank", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29500",
+      "t.py"], "--node-rank: is given with the elastic --nnodes 1:4"),
     (["accelerate", "launch", "--config_file", "{broken}", "t.py"], "--config_file: accelerate's config"),
     (["accelerate", "launch", "--multi_gpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", "2",
       "--main_process_ip", "h", "t.py"], "COMMAND: accelerate launch --machine_rank 2 is not in 0..1"),

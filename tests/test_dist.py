@@ -12,6 +12,7 @@ import pytest
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
 from oomguard.supervisor.distributed.errorfiles import RankScanner, read_error_files, root_cause
+from oomguard.supervisor.distributed.launcher import attempt_argv as launch_attempt_argv
 from oomguard.supervisor.distributed.torchrun import Shape, attempt_argv, parse, shape_of, wrap
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.output import OutputScanner
@@ -62,7 +63,7 @@ def test_parse_reads_every_spelling_of_torchrun_options() -> None:
 
 @pytest.mark.parametrize("cmd, option", [
     (["torchrun", "--nproc-per-node", "auto", "t.py"], "--nproc-per-node"),
-    (["torchrun", "--nnodes", "1:4", "t.py"], "--nnodes"),
+    (["torchrun", "--nnodes", "4:1", "t.py"], "--nnodes"),
     (["torchrun", "--bogus", "t.py"], "COMMAND"),
     (["torchrun", "--nproc-per-node", "2"], "COMMAND"),
 ])
@@ -195,7 +196,7 @@ def test_a_multi_node_torchrun_command_needs_no_node_rank_with_c10d() -> None:
 
 
 @pytest.mark.parametrize("cmd, option, needle", [
-    (["torchrun", "--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "t.py"], "--nnodes",
+    (["torchrun", "--nnodes", "1:4", "--node-rank", "1", "--rdzv-endpoint", "h:1", "t.py"], "--node-rank",
      "elastic"),
     (["torchrun", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "t.py"], "--node-rank",
      "not in 0..1"),
@@ -222,10 +223,12 @@ def test_rankless_nodes_on_one_machine_elect_the_first_to_bind_and_number_the_re
     first.connect()
     second.connect()
     assert (first.node, first.leader, second.node, second.leader) == (0, True, 1, False)
-    plan = {"plan": {"micro_batch": 4}}
-    assert first.start_round(1, plan) == plan and second.start_round(1, {"plan": {}}) == plan
-    second.report_end(1, {"kind": "host_oom"})
-    assert first.peer_failed(1) == 1
+    plan = {"plan": {"micro_batch": 4}, "members": list(first.gather())}
+    agreed = {**plan, "round": 1, "host": 0}
+    assert first.start_round(plan) == agreed and second.start_round({"plan": {}}) == agreed
+    second.report_end({"kind": "host_oom"})
+    news = first.news()
+    assert news is not None and (news.regroup, news.node) == (False, 1)
     third = Coordinator(shape, 5.0)
     with pytest.raises(PeerLost, match="3 nodes joined oomguard's store, more than --nnodes 2"):
         third.connect()
@@ -238,3 +241,18 @@ def test_oom_text_without_a_rank_prefix_is_still_the_oom_of_the_blamed_rank() ->
     scan.feed("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB")
     verdict = classify(ExitFacts(1), scan, root_cause(scanner(block), {}))
     assert verdict.kind is FailureKind.HOST_OOM and verdict.evidence.startswith("rank 1 (local rank 1)")
+
+
+def test_torchruns_elastic_form_is_accepted_and_each_round_gets_its_own_node_count(tmp_path: Path) -> None:
+    """``--nnodes MIN:MAX`` (c10d) was refused; now the world at full strength is MAX nodes, MIN is
+    how few the run may go on with, and each round's torchrun is told exactly its nodes (K:K), so
+    c10d closes the rendezvous on the world the plan is for."""
+    cmd = ["torchrun", "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "h:29500", "t.py"]
+    shape, launch = shape_of(cmd, None, None, None, None)
+    assert shape == Shape(2, 2, None, "h:29500", 1) and shape.elastic and shape.world_size == 4
+    assert launch is not None
+    argv = launch_attempt_argv(shape, cmd, tmp_path, "attempt-3", 1)
+    assert argv[argv.index("--nnodes") + 1] == "1:1" and argv.count("--nnodes") == 1
+    fixed, _ = shape_of(["torchrun", "--nnodes", "2:2", *cmd[3:]], None, None, None, None)
+    assert fixed is not None and not fixed.elastic and fixed.min_nodes is None

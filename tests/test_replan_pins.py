@@ -26,7 +26,7 @@ def test_each_change_is_its_plan_its_source_and_its_reason() -> None:
         Plan(PLAN.batch, expandable_segments=True), Source.ALLOCATOR,
         "expandable_segments:True is already in the environment")
     assert replan.agreed(PLAN, halved) == PlanChange(
-        halved, Source.AGREED, "node 0's plan for this round: micro-batch 8 × accumulation 8")
+        halved, Source.AGREED, "the nodes' shared plan for this round: micro-batch 8 × accumulation 8 × world 1 = 64")
 
 
 def test_a_fitted_start_on_a_gpu_says_it_turns_expandable_segments_on() -> None:

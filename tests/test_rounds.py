@@ -8,6 +8,7 @@ from typing import Any, cast
 from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed.coordination import Coordinator
+from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.observe import ckptstep
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.run.rounds import agree_start
@@ -24,7 +25,16 @@ class Store:
         store = self
 
         class Node:
-            def start_round(self, round_: int, proposal: dict[str, Any]) -> dict[str, Any]:
+            shape = Shape(1, 2, None, "h:1")
+
+            @property
+            def leader(self) -> bool:
+                return leader
+
+            def gather(self) -> tuple[int, ...]:
+                return (0, 1)
+
+            def start_round(self, proposal: dict[str, Any]) -> dict[str, Any]:
                 if leader:
                     store.published = proposal
                 assert store.published is not None
@@ -42,12 +52,12 @@ def test_every_node_resumes_from_node_0s_checkpoint_with_its_steps_evidence(tmp_
     plan = Plan(BatchPlan(4, 32, 2))
     store = Store()
     mine = Checkpoint(str(ck), 2, ck.stat().st_mtime, 0, step_from=ckptstep.SAVE)
-    _, led, _ = agree_start(store.node(leader=True), 2, plan, mine)
-    _, followed, _ = agree_start(store.node(leader=False), 2, plan, None)
+    _, led, _ = agree_start(store.node(leader=True), plan, mine)
+    _, followed, _ = agree_start(store.node(leader=False), plan, None)
     for adopted in (led, followed):
         assert adopted is not None
         assert (adopted.path, adopted.step, adopted.step_from) == (str(ck), 2, ckptstep.SAVE)
     # A node 0 of an older oomguard posts no step_from: the step stands, its evidence unknown.
     del store.published["step_from"]  # type: ignore[index]
-    _, older, _ = agree_start(store.node(leader=False), 3, plan, None)
+    _, older, _ = agree_start(store.node(leader=False), plan, None)
     assert older is not None and (older.step, older.step_from) == (2, None)

@@ -87,5 +87,4 @@ def agreed(plan: Plan, node0: Plan) -> PlanChange | None:
     """Several nodes: every node runs node 0's plan for the round."""
     if node0 == plan:
         return None
-    return PlanChange(node0, Source.AGREED, f"node 0's plan for this round: micro-batch {node0.batch.micro_batch}"
-                      f" × accumulation {node0.batch.grad_accum}")
+    return PlanChange(node0, Source.AGREED, f"the nodes' shared plan for this round: {node0.batch.describe()}")

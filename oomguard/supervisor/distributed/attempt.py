@@ -22,14 +22,14 @@ class TorchrunAttempt:
 
     @classmethod
     def of(cls, shape: Shape | None, rendered: Sequence[str], log_dir: Path,
-           rdzv_id: str | None = None) -> TorchrunAttempt | None:
+           rdzv_id: str | None = None, nnodes: int | None = None) -> TorchrunAttempt | None:
         """For a run with ranks (``shape`` set), the attempt's launcher argv built from the rendered
         COMMAND (a torchrun or accelerate launch line, or a plain command to wrap in torchrun); None
-        for a single-process run."""
+        for a single-process run. ``nnodes``: the nodes in this round of an elastic run."""
         if shape is None:
             return None
         log_dir.mkdir(parents=True, exist_ok=True)
-        return cls(attempt_argv(shape, rendered, log_dir, rdzv_id if shape.nnodes > 1 else None), log_dir)
+        return cls(attempt_argv(shape, rendered, log_dir, rdzv_id if shape.nnodes > 1 else None, nnodes), log_dir)
 
     @property
     def agent_error_file(self) -> Path:

@@ -43,10 +43,14 @@ def shape_of(command: Sequence[str], nproc_per_node: int | None, nnodes: int | N
     return launch.shape, launch
 
 
-def attempt_argv(shape: Shape, rendered: Sequence[str], log_dir: Path, rdzv_id: str | None) -> list[str]:
+def attempt_argv(shape: Shape, rendered: Sequence[str], log_dir: Path, rdzv_id: str | None,
+                 nnodes: int | None = None) -> list[str]:
     """One attempt's launcher argv, from the COMMAND with its placeholders filled: the user's own
-    launcher line, or torchrun around a plain command."""
+    launcher line, or torchrun around a plain command. ``nnodes``: this round's nodes of an elastic
+    run (only torchrun's own ``--nnodes MIN:MAX`` is elastic)."""
     launch = parse(rendered) or torchrun.wrap(rendered, shape)
+    if isinstance(launch, Torchrun):
+        return launch.attempt_argv(log_dir, rdzv_id, nnodes)
     return launch.attempt_argv(log_dir, rdzv_id)
 
 

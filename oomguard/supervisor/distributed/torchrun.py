@@ -51,12 +51,21 @@ class Torchrun:
 
     @property
     def nnodes(self) -> int:
+        """The most nodes (``--nnodes 4``, or MAX of torchrun's elastic ``--nnodes MIN:MAX``)."""
+        return self._nodes()[1]
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the run may go on with: MIN of ``--nnodes MIN:MAX``, else every node."""
+        return self._nodes()[0]
+
+    def _nodes(self) -> tuple[int, int]:
         text = self.get("nnodes") or "1"
-        low, _, high = text.partition(":")
-        if high and high != low:
-            raise UsageError("--nnodes", f"{text} is elastic; oomguard keeps the global batch exact only for a "
-                             "fixed number of nodes", f"use --nnodes {high}")
-        return _count(low, "--nnodes")
+        low, colon, high = text.partition(":")
+        least, most = _count(low, "--nnodes"), _count(high if colon else low, "--nnodes")
+        if least > most:
+            raise UsageError("--nnodes", f"{text}: MIN is above MAX", f"use --nnodes {most}:{least}")
+        return least, most
 
     @property
     def node_rank(self) -> int | None:
@@ -83,10 +92,12 @@ class Torchrun:
         return [*out, *self.script]
 
     def shape(self) -> Shape:
-        return Shape(self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint)
+        least = self.min_nodes
+        return Shape(self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint,
+                     least if least < self.nnodes else None)
 
-    def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None) -> list[str]:
-        return attempt_argv(self, log_dir, rdzv_id)
+    def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None, nnodes: int | None = None) -> list[str]:
+        return attempt_argv(self, log_dir, rdzv_id, nnodes)
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -161,10 +172,17 @@ class Shape:
     nnodes: int = 1
     node_rank: int | None = 0  # None: several nodes and no rank given; the rendezvous numbers them
     rdzv_endpoint: str | None = None
+    min_nodes: int | None = None  # torchrun's elastic --nnodes MIN:MAX: MIN; None: every node, always
 
     @property
     def world_size(self) -> int:
+        """The world at full strength (every node), the one the asked plan is for."""
         return self.nproc_per_node * self.nnodes
+
+    @property
+    def elastic(self) -> bool:
+        """May the run go on with fewer nodes than ``nnodes`` (torchrun's ``--nnodes MIN:MAX``)?"""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
 
 
 def wrap(command: Sequence[str], shape: Shape) -> Torchrun:
@@ -196,12 +214,17 @@ def wrap(command: Sequence[str], shape: Shape) -> Torchrun:
     return Torchrun((sys.executable, "-m", MODULE), tuple(options), tuple(script))
 
 
-def attempt_argv(launch: Torchrun, log_dir: Path, rdzv_id: str | None = None) -> list[str]:
+def attempt_argv(launch: Torchrun, log_dir: Path, rdzv_id: str | None = None, nnodes: int | None = None) -> list[str]:
     """The torchrun argv of one attempt: rank logs and error files under ``log_dir``, no restarts of
-    torchrun's own (oomguard decides them, with a new plan), and a fresh rendezvous id per round."""
+    torchrun's own (oomguard decides them, with a new plan), and a fresh rendezvous id per round.
+    ``nnodes``: the nodes of this round of an elastic run, so that c10d closes the rendezvous with
+    exactly the world the plan is for (with MIN:MAX it would wait out its last call and could form
+    another world, and the global batch would no longer be the one asked)."""
     launch = launch.with_option("log-dir", str(log_dir)).with_option("max-restarts", "0")
     if rdzv_id is not None:
         launch = launch.with_option("rdzv-id", rdzv_id)
+    if nnodes is not None:
+        launch = launch.with_option("nnodes", f"{nnodes}:{nnodes}")
     return launch.argv()
 
 
@@ -250,6 +273,10 @@ def _check(shape: Shape) -> None:
     if shape.nnodes > 1 and not shape.rdzv_endpoint:
         raise UsageError("--rdzv-endpoint", f"is needed with --nnodes {shape.nnodes}",
                          "give the rendezvous HOST:PORT, the same on every node")
+    if shape.elastic and shape.node_rank is not None:
+        # c10d numbers the nodes of each rendezvous itself; a fixed rank cannot survive a smaller world
+        raise UsageError("--node-rank", f"is given with the elastic --nnodes {shape.min_nodes}:{shape.nnodes}",
+                         "leave it out: c10d's rendezvous numbers the nodes")
     if shape.node_rank is not None and not 0 <= shape.node_rank < shape.nnodes:
         raise UsageError("--node-rank", f"{shape.node_rank} is not in 0..{shape.nnodes - 1}",
                          "number the nodes from 0")

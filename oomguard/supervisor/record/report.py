@@ -21,6 +21,7 @@ from oomguard.supervisor.record.history import WARNINGS, RunHistory, read_histor
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.picture import TERMINAL, Attempt, Checkpoint
 from oomguard.supervisor.record.reporttext import format_duration, format_report
+from oomguard.supervisor.record.worlds import by_world
 
 # The loop's decision words lived here; they are record/endings.py's now.
 __all__ = ["CLOSED_INTERRUPTED", "INTERRUPTED", "STOPPED", "build_report", "closing_decision", "format_duration",
@@ -115,6 +116,8 @@ def report_of(history: RunHistory) -> dict[str, Any]:
         "finished": end is not None, "started": start, "ended": end, "last_activity": last,
         "total_s": total, "lost_s": min(lost, total) if total else lost, "attempts": len(run.attempts),
         "batch_history": _batch_history(history),
+        # time at each world size (an elastic run that lost a node)
+        "worlds": by_world([a.row() for a in run.attempts], finish),
         "asked_global_batch": run.plan.asked_global,  # None: the global batch was kept
         "failures": failures,
         "restarts": restarts,

@@ -7,6 +7,7 @@ from typing import Any
 
 from oomguard.supervisor.record import memorylines
 from oomguard.supervisor.record.figures import peak_text, progress_text
+from oomguard.supervisor.record.worlds import worlds_text
 
 
 def format_duration(seconds: float) -> str:
@@ -113,6 +114,8 @@ def format_report(report: dict[str, Any]) -> str:
         who = "" if entry["by"] == "supervisor" else f" (in-process by the worker: {entry['reason']})"
         why = f" — {entry['reason']}" if entry["by"] == "supervisor" and entry["reason"] else ""
         lines.append(f"  {_clock(entry['t'])} attempt {entry['attempt']}: {_batch_text(entry, asked)}{who}{why}")
+    if (worlds := worlds_text(report.get("worlds") or [])) is not None:
+        lines.append(f"time at each world size: {worlds}")
     lines.append("failures:" if report["failures"] else "failures:    none")
     for failure in report["failures"]:
         lines += _failure_lines(failure)

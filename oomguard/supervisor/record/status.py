@@ -5,6 +5,7 @@ Built from the journal alone, so it works whether or not the supervisor is still
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.picture import Attempt, RunPicture, read_picture, supervisor_alive
+from oomguard.supervisor.record.worlds import by_world, worlds_text
 from oomguard.supervisor.units import format_size
 
 __all__ = ["FailureRecord", "StatusDoc", "format_status", "read_status", "status_document", "status_of",
@@ -93,6 +95,8 @@ class StatusDoc:
     resume_command: str | None  # after a stop: the command that resumes the run
     # what filled memory, one bar per attempt and moment (record/memoryparts.py; the dashboard's bars)
     memory_breakdown: list[dict[str, Any]] = field(default_factory=list)
+    # time at each world size (an elastic run that lost a node: record/worlds.py)
+    worlds: list[dict[str, Any]] = field(default_factory=list)
 
 
 def status_document(journal: Journal) -> dict[str, Any]:
@@ -125,7 +129,8 @@ def status_of(run: RunPicture) -> StatusDoc:
         own_failures=[dict(own) for own in run.own_failures], spare=meta.get("spare"),
         warnings=list(meta.get("warnings") or []),
         resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None,
-        memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)])
+        memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)],
+        worlds=by_world([a.row() for a in run.attempts], time.time() if alive else None))
 
 
 def _current_row(current: Attempt | None) -> dict[str, Any]:
@@ -200,6 +205,10 @@ def format_status(doc: dict[str, Any]) -> str:
         f"worker pid: {_pid_text(doc)}",
         f"checkpoint: {_checkpoint_text(doc)}",
     ]
+    if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
+        lines.append(f"worlds:     {worlds}")
+    if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
+        lines.append(f"worlds:     {worlds}")
     if doc.get("alloc_conf"):
         lines.append("allocator:  " + ", ".join(f"{k}={v}" for k, v in doc["alloc_conf"].items()))
     if doc["progress"]:

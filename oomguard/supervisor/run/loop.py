@@ -141,7 +141,8 @@ class Supervisor:
         self.sampler = Sampler()
         self.tuner = SizeTuner(self.plan.batch.per_process_batch, config.min_micro_batch,
                            margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
-        self.world = World(config.dist_shape, config.peer_timeout, self._event)  # ranks and nodes
+        self.world = World(config.dist_shape, config.peer_timeout, self._event, self.index,  # ranks and nodes
+                           lambda: self.stopping)
         self.handover = Handover(self._event, log)  # between attempts: leftovers, GPU memory, a fresh cgroup
         self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event,
                              say=lambda doc: self.journal.set_meta(spare=doc))
@@ -437,6 +438,7 @@ class Supervisor:
         facts = containment.exit_facts(worker.returncode, current.watch, current.stop)
         gpus = bool(self.last_sample and self.last_sample.gpus)
         verdict = self.world.verdict(facts, current.watch.scanner, gpus, self.attempt)
+        current.stop = self.world.stop(current.stop)  # a node lost or back: a planned restart on every node
         ending = ending_of(current.stop, verdict, self.stopping)
         return Outcome(ending, verdict, current.stop, current.watch, checkpoint)
 
@@ -581,11 +583,12 @@ class Supervisor:
             self.degradations.recovered(component)
 
     def _check_peers(self) -> None:
-        """Another node's attempt failed: ours would only wait in a collective for its ranks."""
-        peer = self.world.peer_failed(self.attempt)
-        if peer is not None:
-            log(f"node {peer} failed in round {self.attempt}; stopping this node's ranks")
-            self._stop_worker(StopReason.PEER, f"node {peer} failed in round {self.attempt}")
+        """Another node's attempt failed (ours would only wait in a collective for its ranks), or the
+        nodes regroup (an elastic run: a node lost, or back after a checkpoint)."""
+        stop = self.world.news(self.attempt)
+        if stop is not None:
+            log(f"{stop.detail}; stopping this node's ranks")
+            self._stop_worker(stop.reason, stop.detail)
 
     def _read_channel(self, current: Current, channel: ChannelReader) -> None:
         for record in channel.read():

@@ -3,8 +3,13 @@
 For a single-process run this object does nothing and the loop never notices it. Under torchrun it
 wraps each attempt's command in torchrun (ranks' error files under the run directory), reads the
 root-cause rank after the attempt, and, with several nodes, carries each round's agreement through
-node 0's store (``run.rounds``): every node starts from node 0's plan and checkpoint, ends with the
-same verdict and acts on node 0's decision. The loop calls it at those points and nowhere else.
+the shared store (``run.rounds``): every member starts from the host's plan and checkpoint, ends
+with the same verdict and acts on the host's decision.
+
+An elastic run (torchrun's ``--nnodes MIN:MAX``) also changes its world here: a member lost, or a
+node back (taken in after the next checkpoint), ends the round on every node as a planned restart
+(``stop``), never a failure, and the next round trains on the nodes it has at the same global
+batch. The loop calls it at those points and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from oomguard.supervisor.decide.policy import Decision, Plan
 from oomguard.supervisor.distributed.attempt import ERROR_FILE_ENV, TorchrunAttempt
 from oomguard.supervisor.distributed.coordination import Coordinator, store_address
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.observe.checkpoints import Checkpoint
+from oomguard.supervisor.lifecycle.outcome import Stop, StopReason
+from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.output import OutputScanner
+from oomguard.supervisor.record.console import say as log
 from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import AttemptFiles
 
@@ -25,16 +32,26 @@ Event = Callable[..., None]  # the loop's journal-and-listeners event: event(nam
 
 
 class World:
-    def __init__(self, shape: Shape | None, peer_timeout: float, event: Event) -> None:
+    def __init__(self, shape: Shape | None, peer_timeout: float, event: Event,
+                 checkpoints: CheckpointIndex | None = None, stopping: Callable[[], bool] = lambda: False) -> None:
         self.shape = shape  # ranks and nodes under torchrun; None for one process
         multi = shape is not None and shape.nnodes > 1
-        self.nodes = Coordinator(shape, peer_timeout) if shape is not None and multi else None
+        self.nodes = Coordinator(shape, peer_timeout, say=self._say,
+                                 stopping=stopping) if shape is not None and multi else None
         self.ranks: TorchrunAttempt | None = None  # this attempt's torchrun, when there is one
         self.peer_stop: int | None = None  # the node whose failure made us stop this attempt
+        self.regroup: str | None = None  # why this round ended for the nodes to regroup (elastic runs)
+        self._regroup_stop: Stop | None = None  # the stop ``news`` asked for when the nodes regroup
+        self._index = checkpoints  # the host takes a node back in after the next checkpoint
+        self._back: tuple[list[int], object] | None = None  # nodes back, and the newest checkpoint then
         self._event = event
 
+    def _say(self, line: str) -> None:
+        log(line)
+        self._event("store_taken_over", line=line)
+
     def connect(self) -> str | None:
-        """Join node 0's store (several nodes); the line to log, or None for one node."""
+        """Join the shared store (several nodes); the line to log, or None for one node."""
         if self.nodes is None:
             return None
         self.nodes.connect()
@@ -46,22 +63,35 @@ class World:
 
     def start_round(self, attempt: int, plan: Plan,
                     checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, bool]:
-        """Every node: node 0's plan and checkpoint for this attempt; True when they were agreed."""
-        self.peer_stop = None
+        """Every member: the host's plan and checkpoint for this attempt; True when they were agreed."""
+        self.peer_stop, self.regroup, self._back, self._regroup_stop = None, None, None, None
         if self.nodes is None:
             return plan, checkpoint, False
-        plan, checkpoint, agreed = agree_start(self.nodes, attempt, plan, checkpoint)
-        self._event("round_start", round=attempt, node=self.nodes.node, **agreed)
+        before = plan.batch
+        plan, checkpoint, agreed = agree_start(self.nodes, plan, checkpoint)
+        self._event("round_start", node=self.nodes.node, **agreed)  # agreed: round, host, members, plan...
+        if plan.batch.world_size != before.world_size:
+            nodes = len(self.nodes.members)
+            self._event("world_change", round=self.nodes.round, nodes=nodes, members=list(self.nodes.members),
+                        world_size=plan.batch.world_size, from_world_size=before.world_size,
+                        micro_batch=plan.batch.micro_batch, grad_accum=plan.batch.grad_accum,
+                        global_batch=plan.batch.global_batch)
+            log(f"round {self.nodes.round}: {nodes} of {self.nodes.shape.nnodes} nodes (nodes "
+                f"{', '.join(map(str, self.nodes.members))}): {plan.batch.describe()}, the global batch asked")
         return plan, checkpoint, True
 
     def command(self, argv: list[str], env: dict[str, str], files: AttemptFiles, attempt: int) -> list[str]:
         """With ranks: the attempt's torchrun argv and the environment torchrun passes on; a
         single-process run keeps its argv."""
-        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), f"attempt-{attempt}")
+        nodes = self.nodes
+        rdzv = f"attempt-{nodes.round if nodes is not None else attempt}"  # the same on every node of the round
+        elastic = nodes is not None and nodes.shape.elastic
+        self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), rdzv,
+                                        len(nodes.members) if elastic and nodes is not None else None)
         if self.ranks is None:
             return argv
         env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
-        env["OOMGUARD_NODE_RANK"] = str(self.nodes.node if self.nodes is not None else 0)
+        env["OOMGUARD_NODE_RANK"] = str(nodes.node if nodes is not None else 0)
         return self.ranks.argv
 
     def line_sink(self, feed: Callable[[str], None]) -> Callable[[str], None]:
@@ -83,29 +113,75 @@ class World:
             self._event("root_cause", **cause.as_dict())
         verdict = classify(facts, scanner, cause, gpus)
         if self.nodes is not None:
-            verdict, reports = agree_end(self.nodes, attempt, verdict, self.peer_stop)
-            self._event("round_end", round=attempt, reports={str(k): v for k, v in reports.items()},
-                        kind=verdict.kind.value if verdict.kind else None, evidence=verdict.evidence)
+            verdict, reports, lost = agree_end(self.nodes, verdict, self.peer_stop)
+            self._event("round_end", round=self.nodes.round, reports={str(k): v for k, v in reports.items()},
+                        kind=verdict.kind.value if verdict.kind else None, evidence=verdict.evidence,
+                        lost=list(lost))
+            why = self.nodes.regrouped()
+            if why is not None and verdict.kind is not None:  # ranks that all finished finished the run
+                self.regroup = why
         return verdict
 
-    def peer_failed(self, attempt: int) -> int | None:
-        """Another node's attempt failed (first time seen): ours would only wait in a collective."""
-        if self.nodes is None or self.peer_stop is not None:
+    def stop(self, stop: Stop | None) -> Stop | None:
+        """The stop this attempt ends with, the same on every node whichever saw what first: a round
+        ended for the nodes to regroup (a node lost or back) is a planned restart, whatever its ranks
+        exited with; where every member's ranks finished, the run is over though a regroup was asked
+        for; the user's stop stays."""
+        if stop is not None and stop.reason is StopReason.USER:
+            return stop
+        if self.regroup is not None:
+            return Stop(StopReason.PLANNED, self.regroup)
+        return None if stop is not None and stop == self._regroup_stop else stop
+
+    def news(self, attempt: int) -> Stop | None:
+        """Why this node's ranks must stop now, seen once: another member's attempt failed (its ranks
+        would only wait in a collective), a member lost, or a node back after a checkpoint."""
+        if self.nodes is None or self.peer_stop is not None or self._regroup_stop is not None:
             return None
-        self.peer_stop = self.nodes.peer_failed(attempt)
-        return self.peer_stop
+        self._take_back()
+        news = self.nodes.news()
+        if news is None:
+            return None
+        if news.regroup:
+            self._regroup_stop = Stop(StopReason.PLANNED, news.why)
+            return self._regroup_stop
+        self.peer_stop = news.node
+        return Stop(StopReason.PEER, news.why)
+
+    def _take_back(self) -> None:
+        """The host of an elastic run short of nodes: a node heard again is taken in after the next
+        checkpoint (the round's ranks are stopped right after it, so no step is redone)."""
+        nodes = self.nodes
+        if nodes is None or not nodes.leader or self._index is None:
+            return
+        if self._back is None:
+            back = nodes.newcomers()
+            if back:
+                self._back = (back, _version(self._index.newest(set(), worker_alive=True)))
+                log(f"node {', '.join(map(str, back))} is back: taken in after the next checkpoint")
+            return
+        newest = self._index.newest(set(), worker_alive=True)
+        if newest is not None and _version(newest) != self._back[1]:
+            nodes.regroup(f"node {', '.join(map(str, self._back[0]))} back: taken in after {newest.path}")
 
     def decision(self, attempt: int, decision: Decision) -> Decision:
-        """Node 0 decides for every node."""
-        return decision if self.nodes is None else agree_decision(self.nodes, attempt, decision)
+        """The host decides for every node."""
+        return decision if self.nodes is None else agree_decision(self.nodes, decision)
 
+
+def _version(checkpoint: Checkpoint | None) -> object:
+    """A checkpoint as written: a script that saves over one path writes a new one all the same."""
+    return None if checkpoint is None else (checkpoint.path, checkpoint.signature)
 
 
 def joined_line(nodes: Coordinator) -> str:
     """Which node this is in the shared rounds, and how it came to be it."""
     host, port = store_address(nodes.shape)
-    how = "" if nodes.shape.node_rank is not None else (
+    shape = nodes.shape
+    how = "" if shape.node_rank is not None else (
         " (the rendezvous host is this machine and this node bound first)" if nodes.leader
         else " (joined in that order; c10d numbers torchrun's ranks itself)")
-    where = f"hosts oomguard's store on port {port}" if nodes.leader else f"shares node 0's store at {host}:{port}"
-    return f"node {nodes.node} of {nodes.shape.nnodes}: {where}{how}"
+    keeper = "oomguard's store" if shape.elastic else "node 0's store"  # an elastic run's host may have changed
+    where = f"hosts oomguard's store on port {port}" if nodes.leader else f"shares {keeper} at {host}:{port}"
+    count = f"{shape.min_nodes}:{shape.nnodes}" if shape.elastic else str(shape.nnodes)
+    return f"node {nodes.node} of {count}: {where}{how}"
