@@ -68,6 +68,7 @@ class Cluster:
     root: Path
     user: pwd.struct_passwd
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    granted: list[Path] = field(default_factory=list)  # directories the job user was let through (ACL)
 
     @property
     def conf(self) -> Path:
@@ -156,12 +157,41 @@ ConstrainCores=no
     root.chmod(0o755)  # the job user reaches the munge socket and the configuration
 
 
-def start(root: Path) -> Cluster:
+def let_through(user: pwd.struct_passwd, paths: list[Path]) -> list[Path]:
+    """Let the job user pass (x, not read) each directory above ``paths`` that others cannot pass: a
+    Python under /root (pyenv) is run by the jobs. Only directories without an ACL of their own are
+    given one, so that ``setfacl -b`` restores each exactly (``let_back``)."""
+    done: list[Path] = []
+    for path in paths:
+        for parent in reversed(path.resolve().parents):
+            mode = parent.stat()
+            if mode.st_mode & 0o001 or mode.st_uid == user.pw_uid or parent in done:
+                continue
+            if shutil.which("setfacl") is None:
+                let_back(done)
+                raise RuntimeError(f"the job user cannot reach {path} ({parent} is closed) and there is no "
+                                   "setfacl to let it through (Debian: apt-get install acl)")
+            acl = subprocess.run(["getfacl", "-c", "--skip-base", str(parent)], capture_output=True, text=True)
+            if acl.stdout.strip():
+                let_back(done)
+                raise RuntimeError(f"the job user cannot reach {path}: {parent} is closed and has an ACL")
+            subprocess.run(["setfacl", "-m", f"u:{user.pw_uid}:x", str(parent)], check=True)
+            done.append(parent)
+    return done
+
+
+def let_back(dirs: list[Path]) -> None:
+    for parent in dirs:
+        subprocess.run(["setfacl", "-b", str(parent)], check=False)
+
+
+def start(root: Path, reach: list[Path]) -> Cluster:
     """Write the configuration and start munged, slurmctld and the two slurmd; wait until both
-    nodes are idle. Raises RuntimeError (with the logs) when they do not come up."""
+    nodes are idle; the job user may reach ``reach`` (the Python and the code the jobs run).
+    Raises RuntimeError (with the logs) when they do not come up."""
     user = job_user()
     write_config(root, user)
-    cluster = Cluster(root, user)
+    cluster = Cluster(root, user, granted=let_through(user, reach))
     env = {**os.environ, **cluster.env}
     run = root / "run"
     cluster.procs.append(subprocess.Popen(
@@ -208,6 +238,7 @@ def stop(cluster: Cluster) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+    let_back(cluster.granted)
     for top in Path("/sys/fs/cgroup").glob("*/slurm_n*"):  # the daemons' own, empty once their jobs ended
         for path in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
             if path.is_dir():

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +36,7 @@ import pytest
 import support_slurm
 from support import ROOT
 
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import JOURNAL_NAME, Journal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SBATCH = ROOT / "docs" / "deploy" / "oomguard.sbatch"
@@ -43,18 +45,26 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[support_slurm.Cluster]:
+def cluster() -> Iterator[support_slurm.Cluster]:
     why = support_slurm.missing()
     if why:
         pytest.skip(why)
+    # not under pytest's temporary directory, which only root may enter: the job user reads the configuration
+    root = Path(tempfile.mkdtemp(prefix="oomguard-slurm-"))
     try:
-        started = support_slurm.start(tmp_path_factory.mktemp("slurm"))
+        started = support_slurm.start(root, [Path(sys.executable), ROOT])
     except (RuntimeError, OSError) as exc:
+        if not os.environ.get("OOMGUARD_KEEP_SLURM"):  # set: the files stay, to read after a failure
+            shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"Slurm did not start here: {exc}")
     try:
         yield started
     finally:
+        for jid in started.client("squeue", "-h", "-o", "%i").stdout.split():
+            started.client("scancel", jid)
         support_slurm.stop(started)
+        if not os.environ.get("OOMGUARD_KEEP_SLURM"):  # set: the files stay, to read after a failure
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def job_dir(cluster: support_slurm.Cluster, name: str) -> Path:
@@ -101,7 +111,7 @@ def output(where: Path) -> str:
 
 def attempts(where: Path, node: int) -> list[dict[str, Any]]:
     path = where / "runs" / "pretrain" / f"node{node}"
-    return Journal(path, readonly=True).attempts() if (path / "journal.db").exists() else []
+    return Journal(path, readonly=True).attempts() if (path / JOURNAL_NAME).exists() else []
 
 
 def newest_checkpoint(where: Path) -> int:
@@ -137,7 +147,7 @@ def test_a_kernel_oom_in_slurms_mem_cgroup_is_recovered_in_the_job_on_both_nodes
     assert plans[0] == plans[1] == [(4, 2, "host_oom"), (2, 4, None)], plans
     # every line of a node's oomguard is labelled (srun --label); the dashboard moved off the taken port
     assert re.search(r"^0: \[oomguard\]", text, re.M) and re.search(r"^1: \[oomguard\]", text, re.M), text
-    dashboard = re.search(r"^0: \[oomguard\] dashboard: (\S+) \(port 8765 is in use\)", text, re.M)
+    dashboard = re.search(r"^[01]: \[oomguard\] dashboard: http://\S+ .*\(port 8765 is in use\)", text, re.M)
     assert dashboard is not None, text
     token = (where / "runs" / "pretrain" / "node0" / "token").read_text().strip()
     assert token and token not in text
