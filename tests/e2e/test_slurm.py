@@ -12,8 +12,8 @@ One job per scenario, one after the other (each takes both nodes, as the file's 
   A. a kernel OOM kill of node 1's rank in Slurm's --mem cgroup: both nodes on the same halved plan,
      the global batch kept, the job COMPLETED; with port 8765 taken on the node (the dashboard moves),
      every line labelled by its node, no control token in the output, no cgroup of the job left.
-  B. --time with --signal=TERM@30, then ``scancel --signal=TERM``: each time exit 143 on both nodes,
-     a requeue, and a resume from the newest checkpoint at the micro-batch an OOM settled on.
+  B. ``scancel --signal=TERM``, then the time limit with --signal=TERM@30: each time exit 143 on both
+     nodes and a requeue; the resume is from the newest checkpoint at the micro-batch an OOM settled on.
   E. a lost node: node 1's oomguard killed (SIGKILL): node 0 exits 75, the job is requeued and
      resumes from the newest checkpoint; no cgroup of the job is left once it ends.
 """
@@ -154,27 +154,27 @@ def test_a_kernel_oom_in_slurms_mem_cgroup_is_recovered_in_the_job_on_both_nodes
     wait_for(lambda: not job_cgroups(jid), 30, "Slurm to remove the job's cgroups", cluster, where)
 
 
-def test_b_time_limit_and_scancel_term_requeue_and_resume_at_the_settled_micro_batch(
+def test_b_scancel_term_and_the_time_limit_requeue_and_resume_at_the_settled_micro_batch(
         cluster: support_slurm.Cluster) -> None:
     where = job_dir(cluster, "b")
-    # run 1: an allocator OOM (RLIMIT_AS) on node 0's rank at micro-batch 4 settles the plan at 2;
-    # the time limit's TERM (sent 30 s before the end of the minute) stops it
-    jid = submit(cluster, where, "--steps 2000 --step-sleep 0.3 --fault rlimit --fault-at 4:0",
-                 "--time=1", "--signal=TERM@30")
-    wait_for(lambda: job(cluster, jid).get("Restarts") == "1", 150, "the time limit's requeue", cluster, where)
-    assert cluster.client("scontrol", "update", f"JobId={jid}", "TimeLimit=10").returncode == 0
+    # run 1: an allocator OOM (RLIMIT_AS) on node 0's rank at micro-batch 4 (step 3) settles the plan at 2
+    jid = submit(cluster, where, "--steps 2000 --step-sleep 0.3 --fault rlimit --fault-at 4:0", "--signal=TERM@30")
+    wait_for(lambda: len(attempts(where, 0)) >= 2 and newest_checkpoint(where) >= 4, 240,
+             "two steps at micro-batch 2", cluster, where)
+    assert cluster.client("scancel", "--signal=TERM", jid, user=True).returncode == 0  # as a user, or preemption
+    wait_for(lambda: job(cluster, jid).get("Restarts") == "1", 90, "scancel's requeue", cluster, where)
+    # run 2 ends at its time limit: one minute, the TERM sent 30 s before its end (--signal=TERM@30)
+    assert cluster.client("scontrol", "update", f"JobId={jid}", "TimeLimit=1").returncode == 0
     text = output(where)
     assert "exit status per node: 143 143" in text and "requeueing after exit 143" in text, text[-4000:]
     run1 = attempts(where, 0)
-    assert [(a["micro_batch"], a["kind"]) for a in run1[:1]] == [(4, "host_oom")] and run1[-1]["micro_batch"] == 2, run1
-    resumed_2 = _resumed(cluster, where, len(run1))
-    # run 2: scancel --signal=TERM (as a user stops it, or preemption does) once it made a checkpoint
-    wait_for(lambda: newest_checkpoint(where) > resumed_2, 90, "a checkpoint in run 2", cluster, where)
-    assert cluster.client("scancel", "--signal=TERM", jid, user=True).returncode == 0
-    wait_for(lambda: job(cluster, jid).get("Restarts") == "2", 90, "scancel's requeue", cluster, where)
-    _resumed(cluster, where, len(attempts(where, 0)))
+    assert [(a["micro_batch"], a["kind"]) for a in run1[:1]] == [(4, "host_oom")] and run1[-1]["micro_batch"] == 2
+    _resumed(cluster, where, len(run1))
+    wait_for(lambda: job(cluster, jid).get("Restarts") == "2", 150, "the time limit's requeue", cluster, where)
+    assert output(where).count("exit status per node: 143 143") == 2, output(where)[-4000:]
     cluster.client("scancel", jid, user=True)
     wait_for(ended(cluster, jid), 60, f"job {jid} to end", cluster, where)
+    wait_for(lambda: not job_cgroups(jid), 30, "Slurm to remove the job's cgroups", cluster, where)
 
 
 def _resumed(cluster: support_slurm.Cluster, where: Path, before: int) -> int:
