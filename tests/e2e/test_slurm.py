@@ -25,6 +25,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ import pytest
 import support_slurm
 from support import ROOT
 
+from oomguard.supervisor.record.damage import JournalDamaged
 from oomguard.supervisor.record.journal import JOURNAL_NAME, Journal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -110,8 +112,17 @@ def output(where: Path) -> str:
 
 
 def attempts(where: Path, node: int) -> list[dict[str, Any]]:
+    """A node's attempts so far; read again when the read met the job user's oomguard mid-write (a
+    read-only reader cannot see a WAL journal being checkpointed as a whole: 'malformed', for a moment)."""
     path = where / "runs" / "pretrain" / f"node{node}"
-    return Journal(path, readonly=True).attempts() if (path / JOURNAL_NAME).exists() else []
+    for _ in range(20):
+        if not (path / JOURNAL_NAME).exists():
+            return []
+        try:
+            return Journal(path, readonly=True).attempts()
+        except (JournalDamaged, sqlite3.Error):
+            time.sleep(0.25)
+    return Journal(path, readonly=True).attempts()
 
 
 def newest_checkpoint(where: Path) -> int:
