@@ -174,14 +174,15 @@ def test_b_scancel_term_and_the_time_limit_requeue_and_resume_at_the_settled_mic
              "two steps at micro-batch 2", cluster, where)
     assert cluster.client("scancel", "--signal=TERM", jid, user=True).returncode == 0  # as a user, or preemption
     wait_for(lambda: job(cluster, jid).get("Restarts") == "1", 90, "scancel's requeue", cluster, where)
-    # run 2 ends at its time limit: one minute, the TERM sent 30 s before its end (--signal=TERM@30)
-    assert cluster.client("scontrol", "update", f"JobId={jid}", "TimeLimit=1").returncode == 0
+    # run 2 ends at its time limit: two minutes (Slurm sends --signal's TERM up to a minute early, and the
+    # first attempt must start before it), the TERM sent 30 s before the end (--signal=TERM@30)
+    assert cluster.client("scontrol", "update", f"JobId={jid}", "TimeLimit=2").returncode == 0
     text = output(where)
     assert "exit status per node: 143 143" in text and "requeueing after exit 143" in text, text[-4000:]
     run1 = attempts(where, 0)
     assert [(a["micro_batch"], a["kind"]) for a in run1[:1]] == [(4, "host_oom")] and run1[-1]["micro_batch"] == 2
     _resumed(cluster, where, len(run1))
-    wait_for(lambda: job(cluster, jid).get("Restarts") == "2", 150, "the time limit's requeue", cluster, where)
+    wait_for(lambda: job(cluster, jid).get("Restarts") == "2", 180, "the time limit's requeue", cluster, where)
     assert output(where).count("exit status per node: 143 143") == 2, output(where)[-4000:]
     cluster.client("scancel", jid, user=True)
     wait_for(ended(cluster, jid), 60, f"job {jid} to end", cluster, where)
