@@ -28,6 +28,20 @@ if ! { command -v podman && command -v runc && command -v mmdebstrap; } >/dev/nu
     echo "test.sh: no podman, runc or mmdebstrap and not root: the container tests will be skipped" >&2
   fi
 fi
+# docs/deploy/oomguard.sbatch runs under a real Slurm (tests/e2e/test_slurm.py): Debian's slurmctld, slurmd and
+# munge, started by the test itself (no service is enabled); acl lets the jobs' unprivileged user reach a Python
+# under /root. Not fatal: without them those tests say why and skip.
+if ! { command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged && command -v setfacl; } \
+    >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Debian slurmctld, slurmd, slurm-client, munge and acl for the Slurm tests" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        slurmctld slurmd slurm-client munge acl; } >/dev/null 2>&1 \
+      || echo "test.sh: could not install Slurm and munge: the Slurm tests will be skipped" >&2
+  else
+    echo "test.sh: no Slurm and not root: the Slurm tests will be skipped" >&2
+  fi
+fi
 .venv/bin/ruff check oomguard tests bench examples scripts
 .venv/bin/mypy
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache

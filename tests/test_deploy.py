@@ -5,6 +5,7 @@ the JobSet's Job template and the dashboard Service pass the Kubernetes JSON sch
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 from oomguard.supervisor.cli import build_parser
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST
+from oomguard.supervisor.lifecycle.exits import EXIT_CRASHED
 
 DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
 K8S_VERSION = "1.33.0"
@@ -51,7 +53,33 @@ def test_gpu_check_peers_refuses_without_cuda(tmp_path: Path) -> None:
 
 def test_sbatch_requeues_only_what_can_go_on() -> None:
     text = (DEPLOY / "oomguard.sbatch").read_text()
-    assert f"{EXIT_PEER_LOST} | 143 | 130)" in text and "scontrol requeue" in text
+    assert f"{EXIT_PEER_LOST} | 143 | 130 | {EXIT_CRASHED})" in text and "scontrol requeue" in text
+    assert "for code in 1 2 3 75 143 130 70; do" in text  # a give-up on any node outranks a requeue
+
+
+def test_exit_70_is_restarted_in_every_place_that_says_so() -> None:
+    """oomguard's own crash (70): lifecycle/exits.py, docs/multinode.md's table, the sbatch and the JobSet
+    agree that a fresh start may pass it (a bounded number of times); issue 37 found them saying both."""
+    from oomguard.supervisor.lifecycle import exits
+
+    assert re.search(r"^ 70 .*yes: a fresh start may pass it", exits.__doc__ or "", re.M)
+    table = (DEPLOY.parent / "multinode.md").read_text()
+    assert re.search(r"^\| 70 \| oomguard's own unexpected error .*\| yes, a few times", table, re.M)
+    sbatch = (DEPLOY / "oomguard.sbatch").read_text()
+    assert "Never requeue" not in sbatch.split("*)", 1)[0] and "MAX_CRASH_REQUEUES" in sbatch
+    jobset, _ = manifests()
+    assert EXIT_CRASHED not in jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"][
+        "rules"][0]["onExitCodes"]["values"]
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] > 0
+
+
+def test_sbatch_has_what_its_header_says_to_edit_and_an_output_path_that_exists() -> None:
+    text = (DEPLOY / "oomguard.sbatch").read_text()
+    assert "--output=%x-%j.out" in text  # the submit directory: no logs/ to create first
+    for name in ("PROCS_PER_NODE", "TRAIN", "RUN_ROOT", "CHECKPOINTS", "RESUME_ARGS", "MICRO_BATCH",
+                 "GLOBAL_BATCH", "OOMGUARD_ARGS"):
+        assert re.search(rf"^{name}=\$\{{{name}:-", text, re.M), name
+    assert "--label" in text and "--kill-on-bad-exit=0" in text
 
 
 def manifests() -> list[dict]:  # type: ignore[type-arg]

@@ -13,6 +13,7 @@ import errno
 import secrets
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -232,7 +233,9 @@ def start_dashboard(supervisor: Supervisor) -> Dashboard:
         moved = f" (port {DEFAULT_PORT} is in use)"
     say(f"dashboard: {_links(web.public) or web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}")
     if web.public:
-        say(_exposed(f"the dashboard listens on {config.host}", web.public, web.token))
+        # A terminal is the user's own; a file (nohup, a Slurm or container log) may be read by others.
+        shown = web.token if sys.stderr.isatty() else None
+        say(_exposed(f"the dashboard listens on {config.host}", web.public, shown, supervisor.run_dir / TOKEN_NAME))
     return dashboard
 
 
@@ -241,7 +244,14 @@ def _links(public: list[str]) -> str:
     return public[0] + (f" (also {', '.join(public[1:])})" if public[1:] else "") if public else ""
 
 
-def _exposed(what: str, public: list[str], token: str) -> str:
+def _exposed(what: str, public: list[str], token: str | None, token_file: Path | None = None) -> str:
+    """The warning with the link to open; without ``token`` (output that is not a terminal) the link
+    names the token file (mode 0600) instead of the token."""
+    if token is None:
+        links = [f"{link}?token=TOKEN" for link in public]
+        return (f"WARNING: {what}, reachable from the network; every request needs the token, which is in "
+                f"{token_file} (readable by you only; not printed here, as this output is not a terminal). Open "
+                f"{_links(links)} with TOKEN replaced by it once in your browser (it keeps the token as a cookie)")
     links = [f"{link}?token={token}" for link in public]
     return (f"WARNING: {what}, reachable from the network; every request needs the token. Open {_links(links)} "
             "once in your browser (it keeps the token as a cookie); do not share that link")

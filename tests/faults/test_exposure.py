@@ -163,13 +163,18 @@ def test_redaction_hides_values_not_lookalikes() -> None:
     assert redact.text(line) == "export WANDB_API_KEY=***; step 3 tokens/s 100"
 
 
-def test_a_network_bind_warns_and_prints_the_link_once(tmp_path: Path) -> None:
+def test_a_network_bind_warns_and_prints_the_link_once_without_the_token_where_others_read(tmp_path: Path) -> None:
+    """stderr is a pipe here, as in a Slurm output file (mode 0644) or a container log: the warning names
+    the token file (mode 0600) and never the token (issue 37)."""
     out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--host", "0.0.0.0", "--port", "0", *RUN, "--",
                    "sh", "-c", "sleep 0.5", "sh", "{micro_batch}")
     assert out.returncode == 0, out.stderr
     token = (tmp_path / "run" / "token").read_text().strip()
     assert out.stderr.count("WARNING: the dashboard listens on 0.0.0.0") == 1, out.stderr
-    assert len([line for line in out.stderr.splitlines() if f"?token={token}" in line]) == 1, out.stderr
+    assert token not in out.stderr, out.stderr
+    warning = [line for line in out.stderr.splitlines() if "WARNING: the dashboard listens" in line]
+    assert "?token=TOKEN" in warning[0] and f"{tmp_path / 'run' / 'token'} (readable by you only" in warning[0]
+    assert (tmp_path / "run" / "token").stat().st_mode & 0o777 == 0o600
     # every link printed is one a person on another machine can open: the machine's name or addresses
     links = re.findall(r"http://[^\s,)?]+", out.stderr)
     assert links and not any(host in link for link in links for host in ("127.0.0.1", "localhost")), out.stderr
