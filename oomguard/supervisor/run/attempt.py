@@ -79,11 +79,7 @@ class Attempt:
         self.parts.wiring.attempt_started(self.number, self.checkpoint, self.watch)
         self._start_worker(argv, env, echo)
         assert self.worker is not None
-        checkpoint = self.checkpoint
-        record.journal.start_attempt(self.number, self.worker.pgid, self.plan.as_dict(),
-                                     checkpoint.path if checkpoint else None, argv, str(self.files.log))
-        if checkpoint is not None:
-            record.event("resume_point", path=checkpoint.path, step=checkpoint.step, step_from=checkpoint.step_from)
+        record.attempt_started(self.worker.pgid, self.plan, self.checkpoint, argv, self.files.log)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], echo: Callable[[bytes], None]) -> None:
         """Start the worker in a fresh memory cgroup (a spare interpreter's, when one is taken), onto

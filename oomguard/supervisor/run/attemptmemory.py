@@ -37,8 +37,7 @@ def sample(attempt: Attempt) -> None:
     worker_bytes = reading.cgroup.working_set_bytes if reading.cgroup else reading.worker_rss_bytes
     if worker_bytes is not None:  # the spares' budget: their room is what the worker's peak leaves
         parts.spares.observe(worker_bytes, watch.last_step is not None, reading.worker_pids)
-    record.journal.record_sample(attempt.number, reading.as_row(), reading.wall, reading.worker_rss_bytes,
-                                 reading.worker_gpu_bytes, watch.last_step, watch.progress)
+    record.sample(reading, watch.last_step, watch.progress)
     watch.progress = None
     pending = watch.request_pending(attempt.files.checkpoint_request.exists(), time.monotonic())
     verdict = evaluate(reading, Thresholds(config.soft_threshold, config.psi_threshold, config.memory_limit), pending)

@@ -8,12 +8,16 @@ whose failures are a degradation and never the run's end (``guarded``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.decide.recovery import Note
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.lifecycle.outcome import Outcome
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
+from oomguard.supervisor.observe.checkpoints import Checkpoint
+from oomguard.supervisor.observe.memory import MemorySample
 from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import closing_decision
@@ -67,6 +71,18 @@ class Recorder:
         self.event("plan_change", source=change.source.value, reason=change.reason, micro_batch=b.micro_batch,
                    grad_accum=b.grad_accum, global_batch=b.global_batch, world_size=b.world_size,
                    from_micro_batch=before, expandable_segments=change.plan.expandable_segments)
+
+    def attempt_started(self, pgid: int, plan: Plan, checkpoint: Checkpoint | None, argv: list[str],
+                        log: Path) -> None:
+        """The attempt's row, opened once its worker runs, and where it resumes from."""
+        self.journal.start_attempt(self._attempt(), pgid, plan.as_dict(), checkpoint.path if checkpoint else None,
+                                   argv, str(log))
+        if checkpoint is not None:
+            self.event("resume_point", path=checkpoint.path, step=checkpoint.step, step_from=checkpoint.step_from)
+
+    def sample(self, sample: MemorySample, step: int | None, progress: dict[str, Any] | None) -> None:
+        self.journal.record_sample(self._attempt(), sample.as_row(), sample.wall, sample.worker_rss_bytes,
+                                   sample.worker_gpu_bytes, step, progress)
 
     def checkpoint_bad(self, path: str, load_error: str | None) -> None:
         """A checkpoint that failed to load: the next attempt resumes from the one before."""
