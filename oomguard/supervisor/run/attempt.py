@@ -56,6 +56,8 @@ def render(parts: RunParts, plan: Plan, number: int, checkpoint: Checkpoint | No
 
 
 class Attempt:
+    """One attempt of the run: its worker, what is learned while it runs, and how it was stopped."""
+
     def __init__(self, parts: RunParts, number: int, plan: Plan, checkpoint: Checkpoint | None,
                  files: AttemptFiles, previous: TrendWatch) -> None:
         self.parts, self.number, self.plan, self.checkpoint, self.files = parts, number, plan, checkpoint, files
@@ -178,8 +180,8 @@ class Attempt:
 
     def plan_restart(self, pending: Pending) -> bool:
         """Restart right after the next checkpoint. One restart is planned at a time: the forecast's
-        replaces a grow (its memory rises; it won at the checkpoint before there was one value), a
-        grow waits for none. False when one was already planned."""
+        replaces a planned grow (memory is rising: a larger batch would meet the limit sooner), and a
+        grow is not planned while a restart is. False when it was not planned."""
         if self.pending is not None and not (pending.reason is StopReason.PLANNED
                                              and self.pending.reason is not StopReason.PLANNED):
             return False
