@@ -223,10 +223,9 @@ class Supervisor:
         resume, world = self.parts.resume, self.parts.world
         node0_plan, checkpoint, agreed = world.start_round(self.attempt, self.plan, resume.newest())
         self._replan(replan.agreed(self.plan, node0_plan))
-        checkpoint = resume.confirmed(checkpoint)
         if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
-        return checkpoint
+        return resume.confirmed(checkpoint)
 
     # --- after an attempt: one function per ending ---------------------------------------------
 
