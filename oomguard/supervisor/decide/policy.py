@@ -150,8 +150,15 @@ def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
         new = replace(plan, batch=batch.with_micro_batch(smaller))
         return Decision(Action.RESTART, new, f"{failure.kind.value} at micro-batch {failure.micro_batch}: "
                         f"{new.batch.describe()}{also}")
-    floor = (f"micro-batch {failure.micro_batch}, which may not shrink (the global batch with it)" if refused
-             else f"the smallest micro-batch {failure.micro_batch}")
+    return _at_the_floor(failure, plan, config, also, smaller if refused else None)
+
+
+def _at_the_floor(failure: Failure, plan: Plan, config: PolicyConfig, also: str, refused: int | None) -> Decision:
+    """No smaller micro-batch (or, ``refused``, one that would shrink the global batch): the fallbacks,
+    then the allocator option, then give up."""
+    batch = plan.batch
+    floor = (f"micro-batch {failure.micro_batch}, which may not shrink (the global batch with it)"
+             if refused is not None else f"the smallest micro-batch {failure.micro_batch}")
     if plan.fallbacks_applied < config.fallback_count:
         n = plan.fallbacks_applied + 1
         return Decision(Action.RESTART, replace(plan, fallbacks_applied=n),
@@ -159,9 +166,8 @@ def _after_memory_failure(failure: Failure, plan: Plan, config: PolicyConfig,
     if also:  # at the floor with nothing else left: the allocator option is the last thing to try
         return Decision(Action.RESTART, plan, f"{failure.kind.value} at {floor}; retrying with "
                         "expandable_segments:True")
-    if refused:
-        assert smaller is not None
-        return Decision(Action.GIVE_UP, plan, _refusal(failure, batch, smaller))
+    if refused is not None:
+        return Decision(Action.GIVE_UP, plan, _refusal(failure, batch, refused))
     return Decision(Action.GIVE_UP, plan,
                     f"out of memory even at the smallest micro-batch ({failure.micro_batch}, "
                     f"--min-micro-batch {config.min_micro_batch}) with every fallback applied: "

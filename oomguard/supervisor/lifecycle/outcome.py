@@ -2,7 +2,8 @@
 
 The code that watches an attempt records at most one ``Stop`` (the first reason wins: a worker
 stopped for a hang that then trips the memory budget was still stopped for the hang) and returns an
-``Outcome``; the loop dispatches on ``Outcome.ending`` the way TorchElastic's ``_invoke_run``
+``Outcome``; a restart planned for the next checkpoint, whatever planned it, is one ``Pending``
+until that checkpoint lands; the loop dispatches on ``Outcome.ending`` the way TorchElastic's ``_invoke_run``
 dispatches on ``RunResult.state``. ``ending_of`` is pure, so the tests feed it stops and verdicts.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
+from oomguard.supervisor.decide.ownfault import Addition
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.progress import AttemptWatch
@@ -47,6 +49,27 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Pending:
+    """A restart planned for right after the next checkpoint, whatever its reason: the memory
+    forecast's (``StopReason.PLANNED``) or ``--grow``'s (``StopReason.GROW``, with the size). An
+    attempt holds at most one; when the checkpoint lands it becomes the attempt's ``Stop``."""
+
+    reason: StopReason
+    detail: str
+    grow_to: int | None = None
+
+    @property
+    def on_save_record(self) -> bool:
+        """The forecast's restart is urgent (the limit comes before the checkpoint after next): the
+        worker's own word that it saved is enough. A grow waits for the file to settle, and names it."""
+        return self.reason is StopReason.PLANNED
+
+    def stop(self, path: str | None) -> Stop:
+        detail = f"{self.detail} after {path}" if self.reason is StopReason.GROW and path else self.detail
+        return Stop(self.reason, detail, self.grow_to)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How an attempt ended, with the facts the loop and the policy need afterwards."""
 
@@ -55,6 +78,10 @@ class Outcome:
     stop: Stop | None
     watch: AttemptWatch
     checkpoint: Checkpoint | None  # the checkpoint the attempt started from
+    returncode: int | None = None  # the worker's, as reaped
+    exited_at: float | None = None  # monotonic: when its exit was seen (the moment a failure's trend explains)
+    additions: frozenset[Addition] = frozenset()  # oomguard's own code in the worker: the probe, a spare's
+    handover_lost: str | None = None  # the spare it was handed to had exited already: why (run/spare.py)
 
 
 def ending_of(stop: Stop | None, verdict: Verdict, user_stopped: bool) -> Ending:

@@ -1,9 +1,9 @@
 """The loop's memory of one attempt's trend: its readings per budget, its checkpoint rhythm, the
-newest forecast and the restart planned from it.
+newest forecast, and whether a checkpoint was asked for because of it.
 
 The decisions are pure (``decide.forecast``, ``decide.attribution``); this object only keeps what
-they are fed and what the loop has already done about them (planned, asked, stopping), so a
-forecast is acted on once per attempt. Stopping the worker for the restart is the loop's (``Stop``).
+they are fed and what the attempt has already done about them (asked), so a forecast is acted on
+once per attempt. The restart it plans is the attempt's one ``Pending`` (``run/attempt.py``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from oomguard.supervisor.decide.attribution import Attribution, Evidence, Limit, Plateau, attribute
+from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, Limit, Plateau, attribute
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.forecast import ALLOCATOR, Forecast, Move, budgets, forecast, soonest
 from oomguard.supervisor.decide.memmodel import Fit
+from oomguard.supervisor.decide.recovery import Readings
 from oomguard.supervisor.decide.trend import Reading, steady_rise
 from oomguard.supervisor.observe.memory import MemorySample
 
@@ -41,7 +42,6 @@ class TrendWatch:
     limits: dict[str, int] = field(default_factory=dict)  # each budget's limit itself (not the target), newest
     checkpoint_times: list[float] = field(default_factory=list)  # monotonic, new checkpoints of this attempt
     forecast: Forecast | None = None
-    restart_reason: str | None = None  # planned: restart right after the next checkpoint lands
     asked: bool = False  # a checkpoint was asked for because of the forecast
 
     def add(self, sample: MemorySample, step: int | None, memory_limit: int | None,
@@ -101,11 +101,24 @@ class TrendWatch:
         tree's RSS; measured against the limit a failure of ``kind`` hit at ``failed_at`` (monotonic),
         or, under RLIMIT_AS, told in the probe's figures at the failure. Without a kind (a planned
         restart) there is no failure for the trend to explain, and the readings are no lower bounds."""
+        seen = self.readings(kind, failed_at, evidence)
+        return attribute(list(seen.series), evidence, micro_batch, seen.name, model, seen.limit, earlier,
+                         failed=kind is not None)
+
+    def planned_restart(self, micro_batch: int) -> Attribution | None:
+        """At a planned restart: the leak the readings show (None: none), and its rate kept for the
+        next attempt's forecast (the newest forecast's, else the one measured before)."""
+        per_s = self.forecast.per_s if self.forecast else self.prior_per_s
+        attribution = self.attribute(Evidence(), micro_batch)
+        self.prior_per_s = per_s
+        return attribution if attribution.cause is Cause.LEAK else None
+
+    def readings(self, kind: FailureKind | None, failed_at: float | None, evidence: Evidence) -> Readings:
+        """The series a failure's cause is judged on and the limit it hit (``attribute``'s inputs)."""
         name = self._own()
         # Under RLIMIT_AS the probe names the limit the failure met; the cgroup's or the host's did not apply.
         limit = None if evidence.address_space is not None else self.limit(kind, failed_at, evidence.capacity)
-        return attribute(self.series.get(name, []), evidence, micro_batch, name, model, limit, earlier,
-                         failed=kind is not None)
+        return Readings(name, tuple(self.series.get(name, [])), limit)
 
     def limit(self, kind: FailureKind | None, failed_at: float | None = None,
               capacity: int | None = None) -> Limit | None:

@@ -1,0 +1,334 @@
+"""One attempt: start its worker, watch it to its end, stop it when it must stop, and say how it ended.
+
+``Attempt.start`` starts the worker (a spare interpreter's, when one is taken) in a fresh memory
+cgroup; ``Attempt.watch`` watches it until it exits and returns one ``Outcome``
+(``lifecycle/outcome.py``) for the loop to dispatch on. Every stop goes through ``Attempt.stop(reason)``,
+whose first reason is the attempt's; a restart planned for the next checkpoint, whatever planned it
+(the memory forecast, ``--grow``), is the attempt's one ``Pending`` until that checkpoint lands. The
+memory readings and what they plan are in ``run/attemptmemory.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from oomguard.supervisor.command.configedit import Edit, apply_edits
+from oomguard.supervisor.decide.attribution import Evidence, earlier_plateaus, step_peaks
+from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.fitstore import ModelPrint
+from oomguard.supervisor.decide.ownfault import Addition
+from oomguard.supervisor.decide.policy import Plan
+from oomguard.supervisor.decide.recovery import Facts
+from oomguard.supervisor.lifecycle.outcome import Outcome, Pending, Stop, ending_of, grace
+from oomguard.supervisor.lifecycle.states import StopReason
+from oomguard.supervisor.observe import ckptstep
+from oomguard.supervisor.observe.channel import ChannelReader
+from oomguard.supervisor.observe.checkpoints import Checkpoint
+from oomguard.supervisor.observe.ckptstep import StepEvidence
+from oomguard.supervisor.observe.probestate import ProbeReport
+from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.steps import StepMatcher
+from oomguard.supervisor.record.console import say as log
+from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.memorylines import memory_breakdown
+from oomguard.supervisor.run.attemptmemory import sample
+from oomguard.supervisor.run.containment import Containment
+from oomguard.supervisor.run.parts import TICK, RunParts
+from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.runtime import OWN_CODE, AttemptFiles, build_argv, build_env, placeholder_values
+from oomguard.supervisor.run.trendwatch import TrendWatch
+from oomguard.worker import protocol
+
+
+def render(parts: RunParts, plan: Plan, number: int, checkpoint: Checkpoint | None, files: AttemptFiles,
+           edits: list[Edit]) -> tuple[list[str], dict[str, str]]:
+    """An attempt's argv and environment for ``plan``."""
+    config = parts.config
+    values = placeholder_values(config, plan, number, checkpoint)
+    argv = build_argv(config, plan, values, checkpoint is not None)
+    if edits:  # --edit: this attempt's copies of the config files, and the argv pointed at them
+        argv = apply_edits(edits, argv, values, parts.cwd, parts.run_dir / "edits" / f"attempt-{number}")
+    env = build_env(config, plan, values, files)
+    return parts.world.command(argv, env, files, number), env
+
+
+class Attempt:
+    """One attempt of the run: its worker, what is learned while it runs, and how it was stopped."""
+
+    def __init__(self, parts: RunParts, number: int, plan: Plan, checkpoint: Checkpoint | None,
+                 files: AttemptFiles, previous: TrendWatch) -> None:
+        self.parts, self.number, self.plan, self.checkpoint, self.files = parts, number, plan, checkpoint, files
+        config = parts.config
+        self.watch = AttemptWatch(matcher=StepMatcher(config.progress_pattern or None, plan.batch.grad_accum),
+                                  probe=ProbeReport.for_command(config.probe, config.command, parts.probe_off))
+        self.trend = TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic())
+        self.worker: WorkerProcess | None = None
+        self.stopped: Stop | None = None  # the one reason oomguard stopped it (None while it runs on its own)
+        self.pending: Pending | None = None  # a restart planned for right after the next checkpoint
+        self.additions: frozenset[Addition] = frozenset()  # oomguard's own code in the worker
+        self.handover_lost: str | None = None  # the spare it was handed to had exited already: why
+        self._containment: Containment | None = None
+
+    # --- start -------------------------------------------------------------------------------
+
+    def start(self, argv: list[str], env: dict[str, str], echo: Callable[[bytes], None]) -> None:
+        """Start the worker and open the attempt's row in the journal."""
+        record = self.parts.record
+        record.meta(probe=self.watch.probe.as_meta())
+        self.parts.wiring.attempt_started(self.number, self.checkpoint, self.watch)
+        self._start_worker(argv, env, echo)
+        assert self.worker is not None
+        record.attempt_started(self.worker.pgid, self.plan, self.checkpoint, argv, self.files.log)
+
+    def _start_worker(self, argv: list[str], env: dict[str, str], echo: Callable[[bytes], None]) -> None:
+        """Start the worker in a fresh memory cgroup (a spare interpreter's, when one is taken), onto
+        free memory; then a spare for the next attempt."""
+        parts, config = self.parts, self.parts.config
+        spare = parts.spares.take(argv, env, lambda: parts.control.stopping)
+        containment = self._containment = parts.handover.next_containment(
+            f"oomguard-{os.getpid()}-worker", config.memory_limit, parts.sampler.gpu, config.settle_timeout,
+            spare.containment if spare else None)
+        if containment.cgroup is None and self.number == 1:
+            log(f"no memory cgroup ({containment.why_none}); --memory-limit is enforced by watching RSS")
+        self.files.checkpoint_request.unlink(missing_ok=True)
+        self.worker = WorkerProcess(argv, env, parts.cwd, self.files.log, parts.world.line_sink(self.watch.feed_line),
+                                    echo, containment.procs, log_max_bytes=config.log_max_bytes,
+                                    problems=parts.record.degradations)
+        self.additions = frozenset({Addition.PROBE} if config.probe else set()) | (
+            {Addition.SPARE} if spare else set())
+        self.worker.start(parts.control.wake, spare.hand_over() if spare else None)
+        self.handover_lost = spare.lost if spare else None
+        parts.sampler.cgroup = containment.reader()
+        parts.record.meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
+        parts.record.guarded("spare", parts.spares.prepare, argv, env)
+
+    # --- watch -------------------------------------------------------------------------------
+
+    def watch_to_end(self) -> Outcome:
+        """Watch the worker until it exits, and return how the attempt ended."""
+        worker, watch, parts = self.worker, self.watch, self.parts
+        assert worker is not None and self._containment is not None
+        channel = ChannelReader(self.files.events)
+        self._watch(channel)
+        guarded = parts.record.guarded
+        guarded("channel", self._read_channel, channel)
+        guarded("wiring", parts.wiring.tick, watch, parts.resume.index)
+        parts.board.clear()
+        guarded("checkpoints", self.check_checkpoints, False)  # its last ones may carry its last step
+        if watch.progress is not None:
+            parts.record.meta(progress={**watch.progress, "attempt": self.number})
+        worker.reap()
+        assert worker.returncode is not None
+        facts = self._containment.exit_facts(worker.returncode, watch, self.stopped)
+        gpus = bool(parts.last_sample and parts.last_sample.gpus)
+        verdict = parts.world.verdict(facts, watch.scanner, gpus, self.number)
+        self.stopped = parts.world.stop(self.stopped)  # a node lost or back: a planned restart on every node
+        ending = ending_of(self.stopped, verdict, parts.control.stopping)
+        kind = verdict.kind.value if verdict.kind is not None and ending.is_failure else None
+        guarded("memory breakdown", memory_breakdown, parts.breakdowns, kind, self.number,
+                self.plan.batch.micro_batch, parts.record.event, parts.config.fallback_args, log)
+        return Outcome(ending, verdict, self.stopped, watch, self.checkpoint, worker.returncode,
+                       worker.exited_at, self.additions, self.handover_lost)
+
+    def _watch(self, channel: ChannelReader) -> None:
+        """Every tick until the worker exits: every stop it needs goes through ``stop``."""
+        worker, parts, control = self.worker, self.parts, self.parts.control
+        assert worker is not None
+        guarded, next_sample = parts.record.guarded, 0.0
+        while not worker.exited.is_set():
+            control.sleep(TICK)
+            parts.tick()
+            if control.stopping:
+                sig = signal.Signals(control.stop_signal or signal.SIGTERM).name
+                # A later supervisor closing it knows it was the user's.
+                parts.record.event("stop_requested", signal=sig)
+                self.stop(StopReason.USER, f"stopped by {sig}")
+                break
+            if control.take("restart"):
+                self.stop(StopReason.RESTART, "restart requested")
+                break
+            guarded("channel", self._read_channel, channel)
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + parts.config.sample_interval
+                guarded("sampling", sample, self)
+                guarded("checkpoints", self.check_checkpoints)
+            if control.take("checkpoint"):
+                guarded("checkpoint request", self.ask_for_checkpoint, "requested")
+            self._check_hang()
+            self._check_peers()
+            guarded("wiring", parts.wiring.tick, self.watch, parts.resume.index)
+
+    # --- stop --------------------------------------------------------------------------------
+
+    def stop(self, reason: StopReason, detail: str, grow_to: int | None = None,
+             first: Callable[[], object] | None = None) -> None:
+        """The one way oomguard stops a worker: the first reason is the attempt's (kept in the journal),
+        its grace period is the reason's (``lifecycle.outcome.grace``), a second Ctrl-C cuts it short.
+        ``first`` runs once the reason is recorded and before the SIGTERM (a hang's stack dump, whose
+        signal may itself end the worker)."""
+        self._stop(Stop(reason, detail, grow_to), first)
+
+    def _stop(self, stop: Stop, first: Callable[[], object] | None = None) -> None:
+        worker, parts = self.worker, self.parts
+        if worker is None or worker.exited.is_set():
+            return
+        if self.stopped is None:
+            self.stopped = stop
+            parts.record.event("worker_stop", reason=stop.reason.value, detail=stop.detail)
+        if first is not None:
+            parts.record.guarded("stack dump", first)
+        worker.stop(grace(stop.reason, parts.config.grace_period), lambda: parts.control.forced)
+
+    def plan_restart(self, pending: Pending) -> bool:
+        """Restart right after the next checkpoint. One restart is planned at a time: the forecast's
+        replaces a planned grow (memory is rising: a larger batch would meet the limit sooner), and a
+        grow is not planned while a restart is. False when it was not planned."""
+        if self.pending is not None and not (pending.reason is StopReason.PLANNED
+                                             and self.pending.reason is not StopReason.PLANNED):
+            return False
+        self.pending = pending
+        return True
+
+    def _checkpoint_landed(self, path: str | None) -> None:
+        """Carry out the planned restart: stop the worker (a SIGTERM a preemption-aware script
+        answers by saving) right after a checkpoint."""
+        if self.pending is not None:
+            self._stop(self.pending.stop(path))
+
+    # --- what the worker says ---------------------------------------------------------------
+
+    def _read_channel(self, channel: ChannelReader) -> None:
+        record = self.parts.record
+        for item in channel.read():
+            self.parts.breakdowns.take(item, self.number)
+            if self.watch.take(item, time.monotonic()):
+                record.event(f"worker_{item['type']}", **{k: v for k, v in item.items() if k != "type"})
+            if item["type"] == "probe":
+                record.meta(probe=self.watch.probe.as_meta())
+            if item["type"] == "checkpoint" and self.pending is not None and self.pending.on_save_record:
+                self._checkpoint_landed(None)  # the worker says it saved: sooner than the file settling
+            if item["type"] == protocol.MODEL and (model := ModelPrint.from_record(item)) is not None:
+                self._model_seen(model)
+
+    def _model_seen(self, model: ModelPrint) -> None:
+        """The probe's model against the fit store's record (``SizeTuner.model_seen``): another model
+        is said once, journaled with both parameter counts, and where the record made this run start
+        below the size asked for, the worker is restarted there now (a larger micro-batch, the global
+        batch kept: the ``--grow`` path). With several nodes each node's store may hold its own
+        record, so the run goes on and only the record is replaced."""
+        parts = self.parts
+        change = parts.tuner.model_seen(model, self.plan.batch.micro_batch)
+        if change is None:
+            return
+        # A record read after the worker exited, or while it is being stopped for another reason: no restart.
+        running = self.worker is not None and not self.worker.exited.is_set() and self.stopped is None
+        restart_at = change.restart_at if parts.world.nodes is None and running else None
+        parts.record.event("model_changed", params=change.now.params, measured_params=change.then.params,
+                           digest=change.now.digest, measured_digest=change.then.digest, restart_at=restart_at)
+        log(replace(change, restart_at=restart_at).text)
+        if restart_at is not None:
+            self.stop(StopReason.MODEL, f"model changed: micro-batch {restart_at}, the size asked for",
+                      grow_to=restart_at)
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def check_checkpoints(self, worker_alive: bool = True) -> None:
+        """Journal new checkpoints. While the worker runs only settled ones count; once it has
+        exited nothing is being written, so the last ones it wrote count too."""
+        parts, watch = self.parts, self.watch
+        index, bad = parts.resume.index, parts.resume.bad()
+        found = index.settled(bad) if worker_alive else [c for c in index.refresh(force=True) if c.path not in bad]
+        for ckpt in found:
+            evidence = self._checkpoint_step(ckpt)
+            step = evidence.step
+            if parts.record.journal.checkpoint_seen(ckpt.path, step, ckpt.mtime, self.number):
+                watch.checkpoint_landed(step, time.monotonic(), time.time())
+                parts.record.event("checkpoint", path=ckpt.path, step=step, step_from=evidence.source)
+                self.trend.checkpoint_seen(time.monotonic())
+                if worker_alive:
+                    self._checkpoint_landed(ckpt.path)
+
+    def _checkpoint_step(self, ckpt: Checkpoint) -> StepEvidence:
+        """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
+        so that the choice of the newest one to resume from goes by it too."""
+        if ckpt.step_from == ckptstep.SAVE:  # learned from this write's save record already
+            return StepEvidence(ckpt.step, ckpt.step_from)
+        watch = self.watch
+        saved = watch.saved_step(ckpt.path, ckpt.mtime, os.path.isdir(ckpt.path))
+        by_time = watch.step_at(ckpt.mtime) if saved is None and ckpt.step is None else None
+        evidence = ckptstep.resolve(saved, StepEvidence(ckpt.step, ckpt.step_from), by_time)
+        self.parts.resume.index.learn(ckpt, evidence)
+        return evidence
+
+    def ask_for_checkpoint(self, why: str) -> None:
+        """The request file is always written (scripts poll it); the signal only goes to a worker
+        that handles it."""
+        assert self.worker is not None
+        write_atomic(self.files.checkpoint_request, f"{time.time()} {why}\n")
+        sig = signal.Signals[self.parts.config.checkpoint_signal]
+        sent = self.worker.send_if_handled(sig)
+        self.parts.record.event("checkpoint_request", reason=why, signal=sig.name if sent else None)
+
+    # --- hangs and peers ---------------------------------------------------------------------
+
+    def _check_hang(self) -> None:
+        worker, watch, record = self.worker, self.watch, self.parts.record
+        assert worker is not None
+        if self.stopped is not None:
+            return  # already being stopped: a worker on its way out is quiet
+        now = time.monotonic()
+        judgement = watch.check_hang(worker.last_output, self.parts.config.hang_timeout, now)
+        if judgement is None:
+            return
+        news = watch.liveness.news(judgement, now)
+        if news is not None:  # silent but busy, or no longer: status, the dashboard and the journal say why
+            record.meta(liveness=judgement.note(self.number, time.time()))
+            if news == "held":
+                record.event("held_alive", **judgement.figures)
+                log(f"worker {judgement.held}: not a hang")
+        if judgement.hung is None:
+            return
+        record.event("hang", **judgement.figures)
+        log(f"worker hung: {judgement.hung}; dumping its stack")
+        self.stop(StopReason.HANG, judgement.hung, first=worker.dump_stack)
+
+    def _check_peers(self) -> None:
+        """Another node's attempt failed (ours would only wait in a collective for its ranks), or the
+        nodes regroup (an elastic run: a node lost, or back after a checkpoint)."""
+        stop = self.parts.world.news(self.number)
+        if stop is not None:
+            log(f"{stop.detail}; stopping this node's ranks")
+            self.stop(stop.reason, stop.detail)
+
+    # --- after it ended ----------------------------------------------------------------------
+
+    def facts(self, outcome: Outcome) -> Facts:
+        """What the recovery judges (``decide/recovery.py``), with what it needs from the journal."""
+        verdict, watch, parts = outcome.verdict, outcome.watch, self.parts
+        evidence = readings = None
+        earlier: tuple = ()
+        if verdict.kind is not None and verdict.kind.is_memory:
+            evidence = self._evidence(outcome)
+            readings = self.trend.readings(verdict.kind, outcome.exited_at, evidence)
+            journal = parts.record.journal
+            earlier = tuple(earlier_plateaus(journal.event_data("attribution"), journal.attempts()))
+        checkpoint = outcome.checkpoint.path if outcome.checkpoint else None
+        return Facts(self.number, verdict, watch, checkpoint, outcome.additions, outcome.handover_lost, OWN_CODE,
+                     parts.last_sample, evidence, readings, earlier)
+
+    def _evidence(self, outcome: Outcome) -> Evidence:
+        """A memory failure's evidence beside its readings: its output, the probe's figures, the step peaks."""
+        verdict, watch = outcome.verdict, outcome.watch
+        scan, alloc = watch.scanner, watch.allocator.oom if verdict.kind is FailureKind.CUDA_OOM else None
+        capacity = scan.allowed_bytes or (alloc.limit if alloc is not None and alloc.fraction else None)
+        progress = watch.allocator.progress
+        # The probe saw an allocation fail against the address-space limit, and the worker died of that
+        # error (not of a kernel kill after an RLIMIT_AS error the script caught).
+        rlimit = progress if verdict.kind is FailureKind.HOST_OOM and verdict.signal is None \
+            and progress is not None and progress.memory == "address_space" else None
+        return Evidence(tuple(scan.frames), tuple(scan.tail), scan.dataloader, capacity, alloc,
+                        step_peaks(self.parts.record.journal.attempts()), rlimit)

@@ -1,0 +1,183 @@
+"""What the run keeps from one attempt to the next, and what every loop tick does besides watching.
+
+The loop builds one ``RunParts`` and hands it to each attempt (``run/attempt.py``): the configuration,
+the journal's recorder, the control flags, the observers (checkpoints, memory, wiring) and the actors
+(spares, the handover between attempts, the other nodes), and the memory knowledge.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from oomguard.supervisor.config import RunConfig
+from oomguard.supervisor.decide import replan
+from oomguard.supervisor.decide.attribution import Cause
+from oomguard.supervisor.decide.fitstore import FitStore, JobKey
+from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.decide.ownfault import Addition, OwnFault
+from oomguard.supervisor.decide.policy import Plan, PolicyConfig
+from oomguard.supervisor.decide.recovery import Recovery, RecoveryConfig
+from oomguard.supervisor.decide.replan import PlanChange
+from oomguard.supervisor.decide.tuning import SizeTuner
+from oomguard.supervisor.observe.breakdown import BreakdownWatch
+from oomguard.supervisor.observe.checkpoints import CheckpointIndex
+from oomguard.supervisor.observe.memory import MemorySample, Sampler
+from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.record.console import say as log
+from oomguard.supervisor.run.control import ControlFlags
+from oomguard.supervisor.run.recorder import Recorder
+from oomguard.supervisor.run.resume import ResumePoints
+from oomguard.supervisor.run.settle import Handover
+from oomguard.supervisor.run.spare import Spares
+from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
+from oomguard.supervisor.run.wiringwatch import WiringWatch
+from oomguard.supervisor.run.world import World
+
+TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
+THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
+
+
+class Chores:
+    """What every loop tick does besides watching the worker: the hooks' tickers, keeping the spares,
+    publishing what is degraded (for ``oomguard status``), thinning the journal's samples now and then."""
+
+    def __init__(self, tickers: list[Callable[[], object]]) -> None:
+        self.tickers = tickers
+        self._next_thin = time.monotonic() + THIN_EVERY
+        self._published = 0
+
+    def tick(self, parts: RunParts) -> None:
+        record = parts.record
+        for ticker in self.tickers:
+            record.guarded("tickers", ticker)  # an ops hook must never stop supervision
+        record.guarded("spare", parts.spares.tick)  # the reserve starts once the spare before it has imported
+        if record.degradations.version != self._published:
+            self._published = record.degradations.version
+            record.meta(degraded=record.degradations.active())
+        if time.monotonic() >= self._next_thin:
+            self._next_thin = time.monotonic() + THIN_EVERY
+            record.journal.thin_samples()
+
+
+@dataclass
+class RunParts:
+    config: RunConfig  # replaced (not changed) when an addition of ours is turned off
+    cwd: Path
+    run_dir: Path
+    record: Recorder
+    control: ControlFlags
+    resume: ResumePoints
+    sampler: Sampler
+    tuner: SizeTuner  # the memory knowledge: replaced by what a recovery learned
+    world: World
+    handover: Handover
+    spares: Spares
+    wiring: WiringWatch
+    board: ForecastBoard
+    chores: Chores
+    last_sample: MemorySample | None = None
+    probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
+    # what filled memory, per rank and attempt (observe/breakdown.py; record/memorylines.py words it)
+    breakdowns: BreakdownWatch = field(default_factory=BreakdownWatch)
+
+    @classmethod
+    def build(cls, config: RunConfig, plan: Plan, cwd: Path, record: Recorder, control: ControlFlags,
+              tickers: list[Callable[[], object]]) -> RunParts:
+        run_dir, event, meta = config.run_dir.resolve(), record.event, record.meta
+        tuner = SizeTuner(plan.batch.per_process_batch, config.min_micro_batch,
+                          margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
+        spares = Spares(config.spare, run_dir, cwd, config.memory_limit, event, say=lambda doc: meta(spare=doc))
+        parts: RunParts
+        wiring = WiringWatch(config, cwd, run_dir, log, event, meta,  # resumes, globs that miss
+                             lambda: parts.last_sample.worker_pids if parts.last_sample else ())
+        index = CheckpointIndex(config.checkpoints, cwd)
+        # the world: ranks and nodes; an elastic run's host takes a node back in after the next checkpoint
+        world = World(config.dist_shape, config.peer_timeout, event, index, lambda: control.stopping)
+        parts = cls(config, cwd, run_dir, record, control, ResumePoints(index, record, cwd), Sampler(), tuner, world,
+                    Handover(event, log), spares, wiring, ForecastBoard(meta), Chores(tickers))
+        return parts
+
+    def tick(self) -> None:
+        self.chores.tick(self)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait between attempts (a backoff), doing the chores, until a stop is asked for."""
+        deadline = time.monotonic() + seconds
+        while not self.control.stopping and (left := deadline - time.monotonic()) > 0:
+            self.control.sleep(min(left, TICK))
+            self.tick()
+
+    def start(self) -> None:
+        """The run's watchers start: checkpoints, and the wiring (the globs, resumes)."""
+        self.resume.index.start()
+        self.wiring.start(bool(self.resume.index.refresh()))
+
+    def close(self) -> None:
+        """The supervisor is leaving: no spare, watcher or cgroup of ours stays behind."""
+        for leave in (self.spares.discard, self.wiring.stop, self.resume.index.stop, self.sampler.close,
+                      self.handover.remove):
+            leave()
+        self.record.meta(worker_pid=None, rank_pids={})
+
+    @property
+    def recovery_config(self) -> RecoveryConfig:
+        c = self.config
+        return RecoveryConfig(PolicyConfig(c.min_micro_batch, c.max_restarts, c.backoff, c.max_backoff,
+                                           len(c.fallback_args), c.allow_smaller_global_batch), c.predict_shrink)
+
+    def fitted(self, micro_batch: int, watch: AttemptWatch) -> None:
+        """An attempt ended without a memory failure at ``micro_batch``: a point the size fits at."""
+        self.tuner.record(micro_batch, self.tuner.peak_bytes(watch.peak, self.last_sample, watch.allocator),
+                          memory_failed=False)
+
+    def turn_off(self, own: OwnFault, attempt: int) -> None:
+        """The policy found the attempt died in oomguard's own code: the attempts after it run without
+        that addition, as under --no-probe or --no-spare; said once, journaled once."""
+        if own.addition is Addition.PROBE:
+            self.config = replace(self.config, probe=False)  # build_env leaves the probe's PYTHONPATH out
+            self.probe_off = own.off(attempt)
+        else:
+            self.spares.turn_off()
+        self.record.event("own_failure", addition=own.addition.value, frame=own.frame, reason=own.reason,
+                          off=own.off(attempt))
+        log(own.reason)
+
+    def learn(self, plan: Plan, fresh: bool) -> PlanChange | None:
+        """Load what this run, and earlier runs of the same job, learned about memory; where a fresh
+        run of a job measured before should start (the fit store's size)."""
+        journal, tuner, config = self.record.journal, self.tuner, self.config
+        unfit = {n for n, d in journal.event_data("attribution").items() if not Cause(d["cause"]).fits_model}
+        tuner.points = SizeTuner.points_from_attempts([a for a in journal.attempts() if a["attempt"] not in unfit])
+        sample = self.last_sample = self.sampler.sample(None)
+        gpus = tuple((g.name, g.total_bytes) for g in sample.gpus)
+        if sample.gpu_unavailable:
+            log(f"no GPU figures: {sample.gpu_unavailable}")
+        tuner.store = FitStore()
+        tuner.key = JobKey.for_run(config.command, self.cwd, [*self.resume.index.directories(), self.run_dir], gpus,
+                                   config.world_size, tuner.capacity(sample))
+        may_shrink = fresh and config.may_shrink  # a script that cannot accumulate keeps its size
+        start = tuner.starting_micro(plan.batch.micro_batch) if may_shrink else None
+        change = replan.start_at_fitted(plan, start, tuner.key.describe(), bool(gpus))
+        if change is not None:
+            log(f"an earlier run of this job fitted micro-batch {start}: starting there")
+        return change
+
+    def learned(self, found: Recovery, trend: TrendWatch) -> None:
+        """Keep what a recovery learned: the memory knowledge (its new point in the fit store too, for
+        the next run of this job) and a leak's rate (the next attempt's forecast starts from it)."""
+        self.tuner = replace(found.memory, store=self.tuner.store)
+        if found.point is not None:
+            self._store(found.point)
+        if found.leak_per_s is not None:
+            trend.prior_per_s = found.leak_per_s
+
+    def _store(self, point: Point) -> None:
+        tuner = self.tuner
+        if tuner.store is not None and tuner.key is not None:
+            try:
+                tuner.store.record(tuner.key, point, tuner.models)
+            except Exception:  # the fit store is advice: the run goes on without it
+                tuner.store = None
