@@ -14,7 +14,7 @@ from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 # on one process (a module-scoped fixture, such as a finished run or a zygote, is made once), and the files go out
 # in the order collected. Not loadgroup: pytest 9.2 ignores the test ids it rewrites to carry the groups
 # (pytest-dev/pytest-xdist#1386), and every test then goes out on its own.
-FIRST = "tests/test_docker.py"
+FIRST = "tests/e2e/test_docker.py"
 
 
 @pytest.hookimpl(tryfirst=True)
