@@ -1,5 +1,5 @@
 """Helpers shared by the test modules (importable as ``support``; conftest.py is not a module to
-import from, since tests/web has its own)."""
+import from, since tests/e2e/web has its own)."""
 
 from __future__ import annotations
 

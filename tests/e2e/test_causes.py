@@ -135,7 +135,7 @@ def test_a_spike_on_a_slow_creep_is_the_batchs_and_halves_at_the_first_kill(
     more a sample: 320 MiB at micro-batch 16 does not fit a 400 MiB cgroup, 160 at 8 does. The creep
     is a perfect line, ~250 MiB below the limit when the kernel kills the worker: the spike killed it.
     Halved at the first kill, nothing is called a leak, and every figure agrees with the forecast."""
-    from test_notify import Receiver
+    from support_notify import Receiver
 
     cgroup = memory_cgroup(400 * MIB, name=CGROUP)
     ck = tmp_path / "ck"

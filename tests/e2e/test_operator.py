@@ -119,7 +119,7 @@ def test_each_ranks_training_process_is_named_not_its_data_loader_workers(tmp_pa
 
 
 # Its torch.save is the evidence that it wrote them (the probe's save records): a file another process
-# writes under the directory is never named (tests/test_wiring_e2e.py).
+# writes under the directory is never named (tests/e2e/test_wiring.py).
 MISSED = '''
 import os, sys, time
 from pathlib import Path

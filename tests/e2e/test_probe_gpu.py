@@ -1,7 +1,7 @@
 """The probe on a real GPU (issue 27 part 4): real CUDA OOMs in the caching allocator, the figures the
 probe's OOM observer reports, and the cause lines built from them. Run on a machine with a GPU:
 
-    OOMGUARD_GPU_TESTS=1 .venv/bin/pytest -q tests/test_probe_gpu.py
+    OOMGUARD_GPU_TESTS=1 .venv/bin/pytest -q tests/e2e/test_probe_gpu.py
 
 Everywhere else every test here skips and says why.
 """

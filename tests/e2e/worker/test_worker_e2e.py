@@ -8,13 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers; no conftest needed
 from workerkit import (
     ROOT,
     SMALL,
@@ -129,13 +126,6 @@ def test_cuda_fatal_error_exits_with_a_structured_record(tmp_path: Path, message
     assert message.split("\\n")[-1] in proc.stderr
     failure = next(r for r in events(tmp_path / "events.jsonl") if r["type"] == "failure")
     assert failure["kind"] == kind and failure["step"] == 2
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    server = Zygote()
-    yield server
-    server.close()
 
 
 LONG = [*SMALL, "--steps", "100000", "--global-batch", "32", "--micro-batch", "8"]

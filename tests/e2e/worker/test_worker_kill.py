@@ -7,14 +7,10 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers; no conftest needed
 from workerkit import (
     SMALL,
     Zygote,
@@ -39,13 +35,6 @@ BASE = [
     "--checkpoint-every",
     "1",
 ]
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    server = Zygote()
-    yield server
-    server.close()
 
 
 def reference(zygote: Zygote, out: Path, extra: list[str]) -> tuple[Path, Path]:

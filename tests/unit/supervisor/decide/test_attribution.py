@@ -340,7 +340,7 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     import threading
     from types import SimpleNamespace
 
-    from test_notify import Receiver
+    from support_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
     from oomguard.supervisor.record.degraded import Degradations
@@ -377,7 +377,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
     import threading
     from types import SimpleNamespace
 
-    from test_notify import Receiver
+    from support_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
     from oomguard.supervisor.record.degraded import Degradations
@@ -751,7 +751,7 @@ def test_a_cuda_leak_under_a_memory_fraction_is_measured_against_the_cap_its_oom
 # The cause line and its figures, word for word: what the journal, status --json, the report and
 # the notification show of a memory failure (docs/mutation.md: the survivors these pin).
 #
-# Scripted series from tests/test_explains.py against a 400 MiB cgroup; every figure below was
+# Scripted series from tests/unit/supervisor/decide/test_attribution.py against a 400 MiB cgroup; every figure below was
 # checked by hand against its series (a 1 MiB-a-step creep at 10 steps a second, a noisy one, a
 # plateau), so a change in any rounding, key or clause shows here.
 

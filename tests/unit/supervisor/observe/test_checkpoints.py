@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.supervisor.observe import checkpoints
+from oomguard.supervisor.observe import checkpoints, ckptstep
 from oomguard.supervisor.observe.checkpoints import (
     CheckpointIndex,
     _watch_roots,
@@ -21,7 +21,8 @@ from oomguard.supervisor.observe.checkpoints import (
     scan,
     step_of,
 )
-from oomguard.supervisor.observe.ckptstep import SAVE, StepEvidence
+from oomguard.supervisor.observe.ckptname import NameReading, read_name
+from oomguard.supervisor.observe.ckptstep import SAVE, StepEvidence, recorded_step
 
 
 def test_step_numbers() -> None:
@@ -151,7 +152,7 @@ def test_a_resume_point_rotated_away_falls_back_to_the_newest_that_exists(tmp_pa
 #
 # A real filesystem throughout. Where a test needs to know *when* the index rescans, the watcher is a
 # quiet stand-in that reports an event only when the test fires it (inotify delivers on its own
-# thread, whenever it likes); the clock is scripted, as in tests/test_checkpoints.py.
+# thread, whenever it likes); the clock is scripted, as in tests/unit/supervisor/observe/test_checkpoints.py.
 
 
 class QuietObserver:
@@ -415,3 +416,175 @@ def test_learning_the_step_a_checkpoint_already_has_rescans_nothing(tmp_path: Pa
 def test_the_name_a_temp_is_renamed_to(temp: str, final: str | None) -> None:
     """``renamed_name``: the name without its temp marks, one at each end, else None."""
     assert renamed_name(temp) == final
+
+
+# --- merged from tests/test_ckptname.py ---------------------------------------------------------------------
+# What a checkpoint's name says about its step, on the names real frameworks write.
+#
+# Each scheme's source is named beside it; a number the name does not label as a step is never one,
+# and an epoch or a save count orders the checkpoints of its scheme (``ordinal``) without being one.
+
+
+@pytest.mark.parametrize("name,step,ordinal", [
+    # HF Trainer: f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}" (trainer.py), documented as the step
+    ("checkpoint-500", 500, None),
+    # DeepSpeed engine.save_checkpoint: tag = f"global_step{self.global_steps}"
+    ("global_step1000", 1000, None),
+    # Megatron-LM checkpointing.get_checkpoint_name: 'iter_{:07d}'.format(iteration)
+    ("iter_0001000", 1000, None),
+    # torchtitan CheckpointManager: f"step-{step}"
+    ("step-1000", 1000, None),
+    # detectron2 PeriodicCheckpointer: "{}_{:07d}".format("model", iteration); and a sole number
+    ("model_0004999.pth", 4999, None),
+    ("model_000250.pt", 250, None),
+    ("ckpt-12.pt", 12, None),
+    # Lightning ModelCheckpoint default "{epoch}-{step}" with "=" (CHECKPOINT_EQUALS_CHAR)
+    ("epoch=2-step=500.ckpt", 500, 2),
+    # ... and its version suffix f"{CHECKPOINT_JOIN_CHAR}v{ver}" on a name that exists: v1 is no step
+    ("epoch=0-step=100-v1.ckpt", 100, 0),
+    ("last-v1.ckpt", None, None),
+    ("last.ckpt", None, None),
+    ("epoch=3-val_loss=0.53.ckpt", None, 3),  # a metric in the name: its digits are no step
+    # Composer CheckpointSaver default filename 'ep{epoch}-ba{batch}-rank{rank}.pt' (ba: batches = steps)
+    ("ep1-ba300-rank0.pt", 300, 1),
+    ("latest-rank0.pt", None, None),  # its latest_filename 'latest-rank{rank}.pt': the rank is no step
+    # accelerate examples: output_dir = f"epoch_{epoch}" (an epoch); f"step_{overall_step}" (batches seen)
+    ("epoch_3", None, 3),
+    ("step_800", 800, None),
+    # accelerate ProjectConfiguration(automatic_checkpoint_naming=True): f"checkpoint_{self.save_iteration}",
+    # a count of save_state calls
+    ("checkpoint_4", None, 4),
+    # fairseq checkpoint_utils.save_checkpoint: "checkpoint{}{}.pt".format(epoch, suffix) at an epoch's
+    # end; "checkpoint_{}_{}{}.pt".format(epoch, updates, suffix) every save_interval_updates
+    ("checkpoint7.pt", None, 7),
+    ("checkpoint_3_1500.pt", 1500, 3),
+    ("checkpoint_best.pt", None, None),
+    ("checkpoint_last.pt", None, None),
+    # timm CheckpointSaver: '-'.join([save_prefix, str(epoch)]) + '.pth.tar'
+    ("checkpoint-7.pth.tar", None, 7),
+    ("model_best.pth.tar", None, None),
+    # torchvision references/classification/train.py: f"model_{epoch}.pth"
+    ("model_7.pth", None, 7),
+    ("model_0.pth", None, 0),
+    # mmengine CheckpointHook: f'epoch_{runner.epoch + 1}.pth' by epoch, f'iter_{runner.iter + 1}.pth' by iter
+    ("epoch_12.pth", None, 12),
+    ("iter_500.pth", 500, None),
+    # a user's own: the batch size (which oomguard halves) and the learning rate are no step
+    ("ckpt_step200_bs16.pt", 200, None),
+    ("ckpt_step100_bs32.pt", 100, None),
+    ("run_lr1e-4_step30.pt", 30, None),
+    ("ckpt_bs32.pt", None, None),
+    ("model_seed42.pt", None, None),
+    ("ckpt_3_7.pt", None, None),  # several unlabelled numbers: which one is the step is unknown
+    ("model_r16.pt", None, None),  # a number glued to a word that is no step's label (LoRA's rank)
+    ("resnet50_100.pt", None, None),  # not the sole number
+    ("step100_iter200.pt", None, None),  # two steps that disagree
+    # nanoGPT's out/ckpt.pt and Keras-style names: no step, or an extension's digit only
+    ("ckpt.pt", None, None),
+    ("model.weights.h5", None, None),
+    ("weights.05-0.42.hdf5", None, None),
+])
+def test_the_step_a_name_says(name: str, step: int | None, ordinal: int | None) -> None:
+    assert read_name(name) == NameReading(step, ordinal)
+
+
+# --- merged from tests/test_ckptname_pins.py ----------------------------------------------------------------
+# What a checkpoint's name says at the edges mutation testing showed unpinned (docs/mutation.md):
+# a name that is a number alone (a directory per step, ``checkpoints/1000/``) names its step, and a
+# number the checkpoint's own noun gives with ``=`` is a metric's form, never a step.
+
+
+@pytest.mark.parametrize("name,step", [
+    ("1000", 1000),  # a directory per step, named by the step alone
+    ("500.pt", 500),
+    ("_750.pt", 750),  # a separator and no label: still the name's own number
+])
+def test_a_number_alone_is_the_step(name: str, step: int) -> None:
+    assert read_name(name) == NameReading(step)
+
+
+@pytest.mark.parametrize("name,step", [
+    ("ckpt=12.pt", None),  # "=" is how a metric is written (Lightning's "val_loss=0.53")
+    ("model=3.pt", None),
+    ("ckpt-12.pt", 12),  # the same noun with "-", "_" or nothing before the number: its own number
+    ("ckpt_12.pt", 12),
+    ("ckpt12.pt", 12),
+    ("ck-100", 100),  # a user's own word for the checkpoint, set apart: the name's number (tests/workers/causes.py)
+    ("gpt_2000.pt", 2000),
+    ("ck.100", None),  # "." is no separator a word and its number are written with here
+    ("bs-32.pt", None),  # words that name something else: their number is no step
+    ("rank_0.pt", None),
+    ("seed-42.pt", None),
+    ("v-1.ckpt", None),
+    ("gpt2.pt", None),  # glued: the word's own number
+])
+def test_the_nouns_number_given_with_equals_is_no_step(name: str, step: int | None) -> None:
+    assert read_name(name) == NameReading(step)
+
+
+# mutmut leaves a module's constants alone: each entry of ckptname's tables, removed one at a time by
+# hand (docs/mutation.md), must change a name's reading. One name per entry the corpus lacks.
+@pytest.mark.parametrize("name,step,ordinal", [
+    # every label of a step
+    ("globalstep1000", 1000, None), ("gs-1000.pt", 1000, None), ("steps_1000", 1000, None),
+    ("iters_1000.pth", 1000, None), ("it1000.pt", 1000, None), ("iteration_1000.pt", 1000, None),
+    ("iterations-1000", 1000, None), ("update_1000.pt", 1000, None), ("updates_1000.pt", 1000, None),
+    ("upd1000.pt", 1000, None),
+    # every label of an epoch
+    ("epochs_3", None, 3),
+    # every noun of the checkpoint's own: its sole number
+    ("checkpoints-500", 500, None), ("chkpt_500.pt", 500, None), ("ckpts-500", 500, None),
+    ("save_500.pt", 500, None), ("saved-500", 500, None), ("snapshot_500.pt", 500, None),
+    ("state_500.pt", 500, None), ("weights_500.pt", 500, None),
+    # an extension with a digit of its own is no second number
+    ("500.h5", 500, None), ("ckpt-200.hdf5", 200, None),
+])
+def test_each_label_noun_and_digit_bearing_extension(name: str, step: int | None, ordinal: int | None) -> None:
+    assert read_name(name) == NameReading(step, ordinal)
+
+
+# --- merged from tests/test_ckptstep_pins.py ----------------------------------------------------------------
+# The checkpoint's own record (HF's ``trainer_state.json``) at the edges mutation testing showed
+# unpinned (docs/mutation.md): the size cap is inclusive, and a rewritten file is read again whether
+# only its mtime or only its size changed (the cache is per version of the file).
+
+
+def _state(directory: Path, step: int, size: int | None = None) -> Path:
+    """A trainer_state.json saying ``step``, padded with whitespace to ``size`` bytes if given."""
+    text = json.dumps({"global_step": step})
+    if size is not None:
+        text = text[:-1] + " " * (size - len(text)) + "}"
+    path = directory / "trainer_state.json"
+    path.write_text(text, encoding="utf-8")
+    assert size is None or path.stat().st_size == size
+    return path
+
+
+def test_a_record_of_exactly_the_cap_is_read_and_one_byte_more_is_not(tmp_path: Path) -> None:
+    cap = ckptstep._STATE_MAX_BYTES
+    (tmp_path / "at").mkdir()
+    (tmp_path / "over").mkdir()
+    _state(tmp_path / "at", 700, size=cap)
+    _state(tmp_path / "over", 700, size=cap + 1)
+    assert recorded_step(str(tmp_path / "at")) == 700
+    assert recorded_step(str(tmp_path / "over")) is None
+
+
+def test_a_record_rewritten_with_the_same_size_is_read_again(tmp_path: Path) -> None:
+    path = _state(tmp_path, 500)
+    os.utime(path, ns=(1_000_000_000_000, 1_000_000_000_000))
+    assert recorded_step(str(tmp_path)) == 500
+    _state(tmp_path, 600)  # the same number of bytes, written later
+    os.utime(path, ns=(2_000_000_000_000, 2_000_000_000_000))
+    assert recorded_step(str(tmp_path)) == 600
+
+
+def test_a_record_rewritten_within_the_same_mtime_is_read_again(tmp_path: Path) -> None:
+    """A filesystem with a coarse clock (seconds, on some network mounts) can give a file written
+    twice in one tick the same mtime: its size still tells the versions apart."""
+    path = _state(tmp_path, 500)
+    os.utime(path, ns=(1_000_000_000_000, 1_000_000_000_000))
+    assert recorded_step(str(tmp_path)) == 500
+    _state(tmp_path, 5000)
+    os.utime(path, ns=(1_000_000_000_000, 1_000_000_000_000))
+    assert recorded_step(str(tmp_path)) == 5000

@@ -321,7 +321,7 @@ def test_wired_into_the_oomguard_cli(
                           "t.py"]
 
 
-# --- What systemd does when oomguard ends (tests/test_systemd_pid1.py shows it under a real systemd) --------
+# --- What systemd does when oomguard ends (tests/e2e/test_systemd_pid1.py shows it under a real systemd) --------
 
 
 def test_a_stop_is_a_success_and_a_give_up_is_not_restarted(oomguard_bin: Path, tmp_path: Path) -> None:

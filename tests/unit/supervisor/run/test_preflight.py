@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import oomguard
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.attribution import Evidence, Plateau, attribute, earlier_plateaus
@@ -50,7 +51,7 @@ from oomguard.supervisor.record.report import (
     stopped_by,
 )
 from oomguard.supervisor.record.status import format_status, status_document
-from oomguard.supervisor.run import preflight, wiring
+from oomguard.supervisor.run import preflight, steering, wiring
 from oomguard.supervisor.run.arguments import unrecognized
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -585,3 +586,54 @@ def test_the_report_counts_steps_redone_whatever_started_the_next_attempt(tmp_pa
 def test_a_later_supervisor_closes_an_attempt_as_the_stop_that_was_asked_for() -> None:
     assert closing_decision({"signal": "SIGTERM"}) == "stopped by SIGTERM: a stop asked for, not a failure"
     assert closing_decision(None) == CLOSED_INTERRUPTED
+
+
+# --- merged from tests/test_steering.py ---------------------------------------------------------------------
+# A command oomguard cannot steer (no batch placeholder, no --edit, a script that reads nothing of
+# oomguard's) is refused at start, one line and exit 2; every form that can be steered starts.
+
+
+ARGPARSE_STEERING = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--batch-size')\np.parse_args()\n"
+
+
+def steer(cwd: Path, command: list[str], **options: object) -> None:
+    steering.check(build_config({"micro_batch": "8", "grad_accum": "1", **options}, command), cwd)
+
+
+def test_a_script_given_no_batch_is_refused_naming_what_would_steer_it(tmp_path: Path) -> None:
+    (tmp_path / "mytrain.py").write_text(ARGPARSE_STEERING)
+    with pytest.raises(UsageError, match="oomguard cannot steer this command") as raised:
+        steer(tmp_path, [PY, "mytrain.py", "--batch-size", "64"])
+    assert "mytrain.py" in raised.value.problem
+    assert "{micro_batch}" in raised.value.fix and "--edit FILE:KEY" in raised.value.fix
+    assert "worker library" in raised.value.fix
+    for inline in ([PY, "-c", "print(1)"], ["sh", "-c", "exec ./train --bs 64"]):  # inline code, read with the command
+        with pytest.raises(UsageError, match="its inline code"):
+            steer(tmp_path, inline)
+
+
+@pytest.mark.parametrize("form", [
+    {"command": [PY, "mytrain.py", "--batch-size", "{micro_batch}"]},
+    {"command": [PY, "mytrain.py", "--batch-size", "{global_batch}"]},
+    {"command": [PY, "mytrain.py", "--config", "c.yaml"], "edits": ["c.yaml:batch={micro_batch}"]},
+    {"command": ["sh", "-c", "python mytrain.py --batch-size $OOMGUARD_MICRO_BATCH"]},
+    {"command": [PY, "reads_env.py"]},
+    {"command": [PY, "library.py"]},
+    {"command": [PY, "-m", "no_such_module_xyz"]},  # cannot be read: not refused on a guess
+    {"command": ["no-such-program-xyz"]},
+])
+def test_every_form_that_hands_the_script_its_batch_starts(tmp_path: Path, form: dict[str, object]) -> None:
+    (tmp_path / "mytrain.py").write_text(ARGPARSE_STEERING)
+    (tmp_path / "reads_env.py").write_text("import os\nbs = int(os.environ['OOMGUARD_MICRO_BATCH'])\n")
+    (tmp_path / "library.py").write_text("from oomguard import Session\n")
+    command = form.pop("command")
+    steer(tmp_path, command, **form)  # type: ignore[arg-type]
+
+
+def test_the_refusal_is_one_line_and_exit_2_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "mytrain.py").write_text(ARGPARSE_STEERING)
+    out = oomguard("run", "--run-dir", "run", "--no-web", "--micro-batch", "64", "--global-batch", "128", "--",
+                   PY, "mytrain.py", "--batch-size", "64", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("oomguard: error: COMMAND: oomguard cannot steer this command")
+    assert not (tmp_path / "run").exists()

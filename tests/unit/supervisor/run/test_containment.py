@@ -8,7 +8,7 @@ import sys
 import time
 
 import psutil
-from test_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
+from support_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
 from oomguard.supervisor.run.settle import AttemptProcesses, end, wait_for_gpus
 

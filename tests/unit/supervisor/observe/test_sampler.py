@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,17 +12,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from support_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
+from oomguard.supervisor.decide.tuning import SizeTuner
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, locate_cgroup
-from oomguard.supervisor.observe.gpu import GpuMonitor
+from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
 from oomguard.supervisor.observe.memory import (
     AttemptPeak,
+    CgroupMemory,
     MemorySample,
+    Pressure,
     Sampler,
     fold_peak,
     read_pressure,
     tree_memory,
 )
+from oomguard.supervisor.observe.ranks import process_rank
+from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate, parse_fraction
+from oomguard.supervisor.record.journal import Journal
+from oomguard.web.metrics import make_registry
 
 MIB = 1024**2
 
@@ -237,3 +247,182 @@ def test_sampling_is_cheap(holder: subprocess.Popen[str]) -> None:
         sampler.sample(holder.pid)
     per_sample = (time.process_time() - start) / 50
     assert per_sample < 0.01  # 1 % of a core at 1 Hz
+
+
+# --- merged from tests/test_gpu_ranks.py --------------------------------------------------------------------
+# Memory per GPU and per rank: the fake pynvml at the NVML edge, real rank processes (RANK in their
+# environment, as torchrun sets it), the real sample, thresholds, memory model and /metrics.
+
+
+@pytest.fixture
+def ranks() -> Iterator[list[int]]:
+    """Two real processes that are ranks 0 and 1."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
+    # Popen returns once the child execs, before the kernel has set up its new environment:
+    # /proc/PID/environ can read empty for a moment. A rank reads as one once its environment is there.
+    deadline = time.monotonic() + 30
+    while any(process_rank(p.pid) is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield [p.pid for p in procs]
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_every_gpu_and_every_rank_is_read_and_the_tightest_gpu_decides(ranks: list[int], tmp_path: Path) -> None:
+    rank0, rank1 = ranks
+    fake = FakePynvml([FakeDevice(UUIDS[0], total=80 * GIB, used=60 * GIB, procs=[(rank0, 58 * GIB)]),
+                       FakeDevice(UUIDS[1], name="NVIDIA A100 40GB", total=40 * GIB, used=39 * GIB,
+                                  procs=[(rank1, 37 * GIB), (4242, GIB)])])
+    snap = monitor(fake, pid_exists=lambda pid: True).read([rank0, rank1])
+    assert [d.worker_processes for d in snap.devices] == [((rank0, 58 * GIB),), ((rank1, 37 * GIB),)]
+    sample = MemorySample(time.monotonic(), time.time(), rank0, GIB, (rank0, rank1), 64 * GIB, 32 * GIB, None, None,
+                          snap.devices)
+    row = sample.as_row()
+    assert [(d["cuda_index"], d["ranks"]) for d in row["gpus"]] == [(0, {"0": 58 * GIB}), (1, {"1": 37 * GIB})]
+    # 39/40 on GPU 1 is past a 95 % soft threshold although GPU 0 (60/80) is not: GPU 1 decides.
+    verdict = evaluate(sample, Thresholds(soft_fraction=0.95), False)
+    assert verdict.action is MemoryAction.CHECKPOINT and "GPU 1 (NVIDIA A100 40GB)" in verdict.evidence
+    # The memory model fits every rank under the smallest device.
+    assert SizeTuner(16, 1, 0.05).capacity(sample) == 40 * GIB
+    # /metrics shows every GPU and every rank on it.
+    (tmp_path / "run").mkdir()
+    journal = Journal(tmp_path / "run")
+    journal.record_sample(1, row, time.time(), GIB, sample.worker_gpu_bytes, None, None)
+    text = generate_latest(make_registry(lambda: journal)).decode()
+    assert f'oomguard_gpu_rank_memory_bytes{{device="1",rank="1"}} {float(37 * GIB):.10e}' in text
+    assert f'oomguard_gpu_rank_memory_bytes{{device="0",rank="0"}} {float(58 * GIB):.10e}' in text
+    assert 'oomguard_gpu_memory_used_bytes{device="0"}' in text and 'oomguard_gpu_memory_used_bytes{device="1"}' in text
+
+
+# --- merged from tests/test_thresholds.py -------------------------------------------------------------------
+# The soft/hard thresholds: a pure function over samples, then the same function on a real worker.
+
+
+
+
+def gpu(used: int, total: int = 80 * GIB) -> GpuReading:
+    return GpuReading(0, 0, "GPU-x", "H100", total, used, total - used, 90, used, (1,))
+
+
+def sample_thresholds(
+    rss: int | None = GIB,
+    available: int = 20 * GIB,
+    gpus: tuple[GpuReading, ...] = (),
+    cgroup: CgroupMemory | None = None,
+    psi: float = 0.0,
+) -> MemorySample:
+    return MemorySample(0.0, 0.0, 1, rss, (1, 2), 32 * GIB, available, cgroup, Pressure(psi, 0.0), gpus)
+
+
+def test_quiet_sample_needs_nothing() -> None:
+    assert evaluate(sample_thresholds(gpus=(gpu(40 * GIB),)), Thresholds(), False).action is MemoryAction.NONE
+
+
+def test_gpu_at_soft_threshold_requests_checkpoint() -> None:
+    verdict = evaluate(sample_thresholds(gpus=(gpu(77 * GIB),)), Thresholds(soft_fraction=0.95), False)
+    assert verdict.action is MemoryAction.CHECKPOINT and verdict.reason == "soft_threshold"
+    assert "GPU 0" in verdict.evidence and "--soft-threshold 95%" in verdict.evidence
+
+
+def test_pending_request_is_not_repeated() -> None:
+    verdict = evaluate(sample_thresholds(gpus=(gpu(77 * GIB),)), Thresholds(), True)
+    assert verdict.action is MemoryAction.NONE and "pending" in verdict.reason
+
+
+def test_memory_limit_soft_then_hard() -> None:
+    limits = Thresholds(soft_fraction=0.9, memory_limit_bytes=10 * GIB)
+    assert evaluate(sample_thresholds(rss=8 * GIB), limits, False).action is MemoryAction.NONE
+    assert evaluate(sample_thresholds(rss=9 * GIB), limits, False).action is MemoryAction.CHECKPOINT
+    hard = evaluate(sample_thresholds(rss=10 * GIB), limits, True)  # hard wins even with a request pending
+    assert hard.action is MemoryAction.STOP and hard.reason == "memory_limit" and "--memory-limit" in hard.evidence
+
+
+def test_cgroup_working_set_counts_not_cache() -> None:
+    cg = CgroupMemory(
+        "/sys/fs/cgroup/job",
+        2,
+        usage_bytes=15 * GIB,
+        working_set_bytes=5 * GIB,
+        limit_bytes=16 * GIB,
+        oom_kills=0,
+    )
+    assert evaluate(sample_thresholds(cgroup=cg), Thresholds(), False).action is MemoryAction.NONE
+    tight = CgroupMemory("/sys/fs/cgroup/job", 2, 16 * GIB, 15 * GIB + 512 * MIB, 16 * GIB, 0)
+    verdict = evaluate(sample_thresholds(cgroup=tight), Thresholds(), False)
+    assert verdict.action is MemoryAction.CHECKPOINT and "cgroup" in verdict.evidence
+
+
+def test_host_nearly_full_requests_checkpoint() -> None:
+    verdict = evaluate(sample_thresholds(available=GIB), Thresholds(), False)
+    assert verdict.action is MemoryAction.CHECKPOINT and "host memory" in verdict.evidence
+
+
+def test_psi_trigger_only_when_configured() -> None:
+    assert evaluate(sample_thresholds(psi=60.0), Thresholds(), False).action is MemoryAction.NONE
+    verdict = evaluate(sample_thresholds(psi=60.0), Thresholds(psi_some_avg10=25.0), False)
+    assert verdict.action is MemoryAction.CHECKPOINT and verdict.reason == "memory_pressure"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"soft_fraction": 95.0}, "--soft-threshold"),
+        ({"soft_fraction": 0.0}, "--soft-threshold"),
+        ({"psi_some_avg10": 150.0}, "--psi-threshold"),
+        ({"memory_limit_bytes": 0}, "--memory-limit"),
+    ],
+)
+def test_bad_thresholds_name_the_option(kwargs: dict[str, float], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Thresholds(**kwargs)  # type: ignore[arg-type]
+
+
+def test_parse_fraction() -> None:
+    assert parse_fraction("95%") == pytest.approx(0.95) and parse_fraction("0.9") == 0.9
+    with pytest.raises(ValueError, match="--soft-threshold"):
+        parse_fraction("lots")
+    with pytest.raises(ValueError, match="write 0.95"):
+        Thresholds(soft_fraction=parse_fraction("95"))
+
+
+# A worker that grows 20 MiB every 50 ms and notes SIGUSR1 (the checkpoint request) in a file.
+GROWER = """
+import signal, sys, time
+def on_request(signum, frame):
+    open(sys.argv[1], "w").write(str(sum(len(b) for b in blocks)))
+signal.signal(signal.SIGUSR1, on_request)
+blocks = []
+while True:
+    blocks.append(bytearray(20 * 1024 * 1024))
+    for i in range(0, len(blocks[-1]), 4096): blocks[-1][i] = 1
+    time.sleep(0.05)
+    if len(blocks) > 100: time.sleep(60)
+"""
+
+
+def test_real_worker_gets_checkpoint_request_before_the_hard_stop(tmp_path: Path) -> None:
+    marker = tmp_path / "checkpoint-requested"
+    worker = subprocess.Popen([sys.executable, "-c", GROWER, str(marker)])
+    limits = Thresholds(soft_fraction=0.6, memory_limit_bytes=400 * MIB)
+    sampler = Sampler(gpu=GpuMonitor(visible_devices=""))
+    actions: list[MemoryAction] = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and MemoryAction.STOP not in actions:
+            verdict = evaluate(
+                sampler.sample(worker.pid), limits, checkpoint_pending=MemoryAction.CHECKPOINT in actions
+            )
+            if verdict.action is MemoryAction.CHECKPOINT:
+                os.kill(worker.pid, signal.SIGUSR1)
+            actions.append(verdict.action)
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert MemoryAction.CHECKPOINT in actions and actions[-1] is MemoryAction.STOP
+    assert actions.index(MemoryAction.CHECKPOINT) < actions.index(MemoryAction.STOP)
+    assert actions.count(MemoryAction.CHECKPOINT) == 1  # once pending, not repeated
+    held = int(marker.read_text())  # the worker saw the request while still under the hard limit
+    assert 0.5 * 400 * MIB <= held < 400 * MIB
