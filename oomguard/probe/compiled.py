@@ -16,6 +16,8 @@ first optimizer step. Two places disarm the tracker:
   dynamo without the callback (torch before 2.4) gets the tracker disarmed at its import instead.
 
 A program that never compiles keeps its forward figures.
+
+Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe_matrix.py.
 """
 
 from __future__ import annotations

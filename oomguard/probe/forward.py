@@ -22,6 +22,8 @@ global module hook into the graph it builds (our side effects broke its tracing:
 for mutation") and guards on how many there are (removing them at the first step then recompiled
 every graph). ``compiled()``, called at dynamo's compile start (probe/compiled.py), disarms the
 tracker for good: such a process has no forward figures, and says so once at its first step.
+
+Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ the probe never creates a CUDA context, which costs hundreds of MiB of device me
 What bounds a CPU process is the address space when it runs under ``RLIMIT_AS`` (an allocation fails
 once its mapped size would pass the limit, whatever is resident), else its resident memory (a
 cgroup's or the host's limit, which the supervisor knows): ``host_bound`` names the one that applies.
+
+Tested in tests/e2e/test_probe_compile.py (the allocator's peaks) and tests/e2e/test_probe.py.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ would make the same job look like a new model (and restart it for nothing). A mo
 sequence length is in its weights (nanoGPT's ``wpe``) is caught by the shapes.
 
 Read once per process, never per step: ``python bench/probe_cost.py`` times it (docs/probe.md).
+
+Tested in tests/unit/probe/test_steps.py (the model's fingerprint) and tests/e2e/test_probe.py.
 """
 
 from __future__ import annotations

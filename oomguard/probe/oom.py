@@ -7,6 +7,8 @@ is attached through ``torch.cuda._lazy_call``: at CUDA's own lazy initialization
 initializes CUDA. CPU: the allocator has no observer; an uncaught out-of-memory exception (torch's
 ``DefaultCPUAllocator: can't allocate memory`` RuntimeError, torch.OutOfMemoryError, MemoryError)
 is seen by a chained ``sys.excepthook`` and ``threading.excepthook``, which then call the previous one.
+
+Tested in tests/unit/probe/test_steps.py and tests/e2e/test_probe.py (real out-of-memory errors).
 """
 
 from __future__ import annotations

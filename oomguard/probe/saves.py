@@ -10,6 +10,8 @@ lies between the two whatever it is renamed to afterwards (``ckpt.pt.tmp`` then 
 The wrapper adds two clock reads and one record per save (saves are rare and take far longer);
 the save's own exception goes to the program unchanged, a failure of ours is a ``probe`` record.
 A program that took ``torch.save`` before torch finished importing keeps the unwrapped one.
+
+Tested in tests/e2e/test_probe.py and tests/e2e/test_step_truth.py.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@
 * Connections are bounded by the file descriptors there are: ``RESERVE`` stay for supervision
   (journal, logs, cgroup files, the next worker's pipes); past the cap a new connection is closed
   as soon as it is accepted, and one that sends no request within ``FIRST_REQUEST_TIMEOUT`` is closed.
+
+Tested in tests/e2e/faults/test_exposure.py.
 """
 
 from __future__ import annotations

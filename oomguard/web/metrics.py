@@ -2,6 +2,8 @@
 
 A custom collector reads the journal at scrape time (in the scraping request's thread, through its
 own read-only connection), so the supervision loop does no metrics work at all.
+
+Tested in tests/unit/supervisor/observe/test_sampler.py and tests/e2e/web/test_grafana.py.
 """
 
 from __future__ import annotations

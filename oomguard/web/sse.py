@@ -5,6 +5,8 @@ The journal is the source of truth; a stream sends what the journal gained since
 ``asyncio.Event.set`` on the server's event loop and returns, so it costs the supervision loop a
 few microseconds however many clients there are and however slow they read. Nothing is queued
 per client, so memory stays bounded; a client that falls behind simply gets the next batch.
+
+Tested in tests/e2e/web/test_web_browser.py and tests/e2e/web/test_web_api.py (live updates).
 """
 
 from __future__ import annotations

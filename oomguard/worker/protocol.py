@@ -6,6 +6,8 @@ line, to the file named by ``OOMGUARD_EVENTS``. Every record has ``type`` and ``
 the other fields per type are listed in ``RECORD_FIELDS``. The supervisor asks for a checkpoint by
 creating the file named by ``OOMGUARD_CHECKPOINT_REQUEST`` and sending the signal named by
 ``OOMGUARD_CHECKPOINT_SIGNAL``; the worker deletes the file once the checkpoint is written.
+
+Tested through its writers and readers: tests/unit/worker/test_session.py, tests/unit/supervisor/observe/.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ node) goes:
 A node that cannot reach node 0's store, or a round whose post from some node does not come
 within ``--peer-timeout``, ends with one line and exit code 75 (EX_TEMPFAIL): a scheduler may
 requeue it. Stdlib only at import: torch is imported when a multi-node run starts.
+
+Tested in tests/unit/supervisor/distributed/test_torchrun.py and tests/e2e/test_multinode.py.
 """
 
 from __future__ import annotations

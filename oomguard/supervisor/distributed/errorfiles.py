@@ -12,6 +12,8 @@ file is stamped with the time the agent noticed it, so it names the wrong rank w
 rank to fail left no file. Here the root cause is chosen by evidence: a rank with an OOM beats any
 other, a rank that torchrun itself stopped (SIGTERM after another rank failed) or that only timed
 out in a collective (NCCL/Gloo, "connection closed by peer") is a consequence, not a cause.
+
+Tested in tests/unit/supervisor/distributed/test_torchrun.py.
 """
 
 from __future__ import annotations

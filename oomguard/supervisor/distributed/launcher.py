@@ -5,6 +5,8 @@ the rendezvous) and both give each attempt's argv with the ranks' error files un
 directory and no restarts of their own. oomguard's own options (``--nproc-per-node``, ``--nnodes``,
 ``--node-rank``, ``--rdzv-endpoint``) wrap a plain command in torchrun; given beside a launcher's
 command they must agree with it.
+
+Tested in tests/unit/supervisor/command/test_placeholders.py and tests/e2e/test_torchrun.py.
 """
 
 from __future__ import annotations

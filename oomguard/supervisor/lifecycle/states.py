@@ -9,6 +9,8 @@
 
 A supervisor that starts on an existing run directory begins again at STARTING from whatever the
 journal last said, terminal states included: the run continues where it stopped.
+
+Tested in tests/unit/supervisor/lifecycle/test_outcome.py.
 """
 
 from __future__ import annotations

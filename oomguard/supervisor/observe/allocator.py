@@ -9,6 +9,8 @@ gives, which adds the CUDA context and the allocator's cache and misses peaks sh
 sampling period), the limit the allocator may reach (a per-process memory fraction's cap, else the
 device), and the allocator's figures at a CUDA OOM (``AllocatorOom``). Pure: the loop hands it
 records.
+
+Tested in tests/unit/supervisor/observe/test_progress.py (the probe's figures), tests/unit/probe/test_steps.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ counter in it proves a SIGKILL was the OOM killer's; whether the cgroup's own li
 oomguard's budget (``memory_limit``) from the machine or a parent cgroup running out (``host_oom``).
 Where no cgroup can be made (not root, no memory controller), ``/proc/vmstat`` still counts
 OOM kills machine-wide.
+
+Tested in tests/unit/supervisor/observe/test_sampler.py and tests/e2e/test_spare_budget.py (real cgroups).
 """
 
 from __future__ import annotations

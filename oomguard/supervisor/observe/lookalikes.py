@@ -32,6 +32,8 @@ and the notice below that says nothing was written does not say so while one was
   ``QUIET_LIMIT`` seconds (30 min) of training. Most scripts save more often than that (Hugging
   Face's default 500 steps, nanoGPT's 2000 iterations are minutes); a restart now would lose all
   of it, so even a script that saves rarely is better told once than not at all.
+
+Tested in tests/unit/supervisor/run/test_preflight.py (the files that look like checkpoints).
 """
 
 from __future__ import annotations

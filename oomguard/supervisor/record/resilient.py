@@ -8,6 +8,8 @@ plan) is kept in memory and written, in order, as soon as the journal can be wri
 degraded only one write every ``PROBE_EVERY`` seconds touches the disk, so a full disk costs the
 loop nothing. The degradation is said once (``Degradations``) and journaled as a ``degraded`` event
 when it ends.
+
+Tested in tests/e2e/faults/test_disk_full.py and tests/unit/supervisor/ops/test_notify.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ unit is written only for a command that would start.
 An argument argparse does not know is often the training command with its ``--`` forgotten
 (``oomguard run --micro-batch 8 python train.py``): ``unrecognized`` says to put ``--`` before it, and
 names the option a mistyped one was probably meant to be (``--micro-bach`` -> ``--micro-batch``).
+
+Tested in tests/unit/supervisor/run/test_preflight.py.
 """
 
 from __future__ import annotations

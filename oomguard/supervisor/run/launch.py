@@ -8,6 +8,8 @@ every process in the worker's cgroup (a grandchild that called setsid() is in no
 It also joins the worker's memory cgroup and raises ``oom_score_adj`` before the command starts,
 and ends the way its child ended (same exit code, or the same signal) so classification sees the
 worker's real status.
+
+Tested in tests/e2e/test_supervisor.py and tests/e2e/test_spare_budget.py (the oom_score_adj it sets).
 """
 
 from __future__ import annotations

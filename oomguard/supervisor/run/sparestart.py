@@ -18,6 +18,8 @@ only (the worker's interpreter may not have oomguard installed). It
    so C code's getenv sees it: PyTorch reads its allocator settings at the first CUDA allocation,
    after this), cwd, ``sys.argv``, ``sys.path[0]``, its priority and OOM score back to a worker's,
    then runs the script as ``__main__``, as ``python script.py`` would.
+
+Tested in tests/unit/supervisor/run/test_spare.py (real spares that become the worker).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ wraps each attempt's command in torchrun (ranks' error files under the run direc
 root-cause rank after the attempt, and, with several nodes, carries each round's agreement through
 node 0's store (``run.rounds``): every node starts from node 0's plan and checkpoint, ends with the
 same verdict and acts on node 0's decision. The loop calls it at those points and nowhere else.
+
+Tested in tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
 """
 
 from __future__ import annotations
