@@ -14,11 +14,10 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, oomguard, status
+from support import ROOT
 
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
 from oomguard.supervisor.distributed.errorfiles import RankScanner
@@ -26,7 +25,6 @@ from oomguard.supervisor.observe.output import OutputScanner
 
 CORPUS = ROOT / "tests" / "data" / "oom_corpus.jsonl"
 RECORDS: list[dict[str, Any]] = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
-WORKER = str(ROOT / "tests" / "workers" / "oom_corpus.py")
 GPU_MEMORY = {"cuda", "rocm", "mps", "xpu"}  # accelerators: a smaller micro-batch needs less of their memory
 
 
@@ -126,31 +124,6 @@ def test_the_cpu_allocator_message_made_for_real_is_a_host_oom() -> None:
     assert re.sub(r"alloc_cpu\.cpp:\d+", "", last) == re.sub(r"alloc_cpu\.cpp:\d+", "", recorded)
     verdict = classify(ExitFacts(1), scan(*out.stderr.splitlines()))
     assert verdict.kind is FailureKind.HOST_OOM and verdict.evidence == last
-
-
-def test_one_run_meets_every_form_and_halves_after_each_memory_failure(tmp_path: Path) -> None:
-    """End to end: attempt N of one ``oomguard run`` dies of record N; each memory failure halves the
-    micro-batch, the crash restarts at the same size, and the attempt after the last record finishes."""
-    memory = sum(1 for r in RECORDS if r["kind"] != "crash")
-    start = 2 ** memory
-    out = oomguard("run", "--run-dir", str(tmp_path / "run"), "--no-web", "--backoff", "0.05", "--max-backoff", "0.2",
-                   "--micro-batch", str(start), "--global-batch", str(start), "--",
-                   sys.executable, WORKER, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    doc = status(tmp_path / "run")
-    failures = doc["failures"]
-    assert [f["kind"] for f in failures] == [r["kind"] for r in RECORDS]
-    micro = start
-    for record, failure in zip(RECORDS, failures, strict=True):
-        assert failure["micro_batch"] == micro, record["id"]
-        assert failure["exit_code"] == 1 and failure["signal"] is None, record["id"]
-        if record["kind"] != "crash":
-            assert failure["evidence"] == record["evidence"], record["id"]
-            micro //= 2  # halved: never a crash restart at the same size
-        else:
-            assert record["output"][-1] in failure["evidence"]
-    assert doc["state"] == "succeeded" and doc["micro_batch"] == micro == 1
-    assert f"worker attempt={len(RECORDS) + 1} micro=1" in out.stdout
 
 
 def test_the_docs_list_every_record() -> None:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
-from support import oomguard
 
 from oomguard.probe import SITE_DIR
 from oomguard.supervisor.decide.batch import BatchPlan
@@ -21,7 +18,6 @@ from oomguard.supervisor.distributed.errorfiles import RootCause
 from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.run.runtime import OWN_CODE
 from oomguard.supervisor.run.spare import BOOTSTRAP
 
@@ -96,8 +92,6 @@ def test_load_error() -> None:
 # The exit classifier pinned where mutation testing (bench/mutation.py) found it loose: the edges of
 # a shell's 128+N status, the root-cause rank's exit and evidence, the worker's own record, and the
 # evidence text of each verdict.
-
-
 
 
 def rank(exitcode: int | None = 3, sig: int | None = None, oom_kind: str | None = None,
@@ -347,8 +341,6 @@ USAGE = ["usage: train.py [-h] --batch-size BATCH_SIZE",
          "train.py: error: the following arguments are required: --batch-size"]
 
 
-
-
 def failure(attempt: int, fatal: Fatal | None, kind: FailureKind = FailureKind.CRASH) -> Failure:
     return Failure(attempt, kind, 8, evidence="exit 1", fatal=fatal)
 
@@ -388,21 +380,6 @@ def test_the_same_error_twice_in_a_row_or_once_where_its_class_says_it_ends_the_
 
 def test_its_exit_status_is_its_own() -> None:
     assert EXIT_UNFIXABLE not in (0, EXIT_GAVE_UP, 2, 75) and EXIT_UNFIXABLE < 128
-
-
-@pytest.mark.parametrize(("source", "attempts"), [
-    ("import os\nmicro = os.environ['OOMGUARD_MICRO_BATCH']\nimport no_such_module_xyz\n", 2),
-    ("import os\nmicro = os.environ['OOMGUARD_MICRO_BATCH']\nx = (\n", 1),
-])
-def test_a_real_script_that_cannot_start_ends_the_run_with_its_own_status(tmp_path: Path, source: str,
-                                                                           attempts: int) -> None:
-    (tmp_path / "train.py").write_text(source)
-    out = oomguard("run", "--run-dir", "run", "--no-web", "--backoff", "0.05", "--micro-batch", "8", "--grad-accum",
-                   "1", "--", sys.executable, "train.py", cwd=tmp_path, timeout=120)
-    assert out.returncode == EXIT_UNFIXABLE, out.stderr
-    journal = Journal(tmp_path / "run", readonly=True)
-    assert len(journal.attempts()) == attempts
-    assert "no restart can fix it" in out.stderr
 
 
 # --- merged from tests/test_ownfault.py ---------------------------------------------------------------------
