@@ -1,5 +1,7 @@
 """What the probe does when the program compiles: it steps aside before dynamo sees anything.
 
+Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe_matrix.py.
+
 Dynamo inlines torch's global module hooks into every graph it builds and guards on how many there
 are, so the forward tracker's hooks (probe/forward.py) must be gone before the first trace, not at the
 first optimizer step. Two places disarm the tracker:
@@ -16,8 +18,6 @@ first optimizer step. Two places disarm the tracker:
   dynamo without the callback (torch before 2.4) gets the tracker disarmed at its import instead.
 
 A program that never compiles keeps its forward figures.
-
-Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe_matrix.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The memory figures a probe record carries: host RSS, and the caching allocator's peaks per device.
 
+Tested in tests/e2e/test_probe_compile.py (the allocator's peaks) and tests/e2e/test_probe.py.
+
 CUDA figures are read only where the program initialized CUDA itself (``torch.cuda.is_initialized``):
 the probe never creates a CUDA context, which costs hundreds of MiB of device memory.
 
 What bounds a CPU process is the address space when it runs under ``RLIMIT_AS`` (an allocation fails
 once its mapped size would pass the limit, whatever is resident), else its resident memory (a
 cgroup's or the host's limit, which the supervisor knows): ``host_bound`` names the one that applies.
-
-Tested in tests/e2e/test_probe_compile.py (the allocator's peaks) and tests/e2e/test_probe.py.
 """
 
 from __future__ import annotations

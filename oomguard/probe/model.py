@@ -1,5 +1,7 @@
 """Which model a process trains, as the memory per sample sees it: one ``model`` record per process.
 
+Tested in tests/unit/probe/test_steps.py (the model's fingerprint) and tests/e2e/test_probe.py.
+
 At the process's first optimizer step the optimizer's ``param_groups`` hold what it trains: the
 digest covers the optimizer's class and, in order, each parameter's shape, dtype and
 ``requires_grad``, so a layer more, a wider embedding, a longer position table, half precision
@@ -15,8 +17,6 @@ would make the same job look like a new model (and restart it for nothing). A mo
 sequence length is in its weights (nanoGPT's ``wpe``) is caught by the shapes.
 
 Read once per process, never per step: ``python bench/probe_cost.py`` times it (docs/probe.md).
-
-Tested in tests/unit/probe/test_steps.py (the model's fingerprint) and tests/e2e/test_probe.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The figures at an out-of-memory failure, in the allocator's words.
 
+Tested in tests/unit/probe/test_steps.py and tests/e2e/test_probe.py (real out-of-memory errors).
+
 CUDA: PyTorch's OOM observer (``torch._C._cuda_attach_out_of_memory_observer``, the hook its
 memory-snapshot documentation uses) is called by the caching allocator when an allocation fails,
 with the bytes requested and the device's free memory, before the OutOfMemoryError is raised. It
@@ -7,8 +9,6 @@ is attached through ``torch.cuda._lazy_call``: at CUDA's own lazy initialization
 initializes CUDA. CPU: the allocator has no observer; an uncaught out-of-memory exception (torch's
 ``DefaultCPUAllocator: can't allocate memory`` RuntimeError, torch.OutOfMemoryError, MemoryError)
 is seen by a chained ``sys.excepthook`` and ``threading.excepthook``, which then call the previous one.
-
-Tested in tests/unit/probe/test_steps.py and tests/e2e/test_probe.py (real out-of-memory errors).
 """
 
 from __future__ import annotations

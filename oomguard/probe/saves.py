@@ -1,5 +1,7 @@
 """Reporting checkpoint saves: ``torch.save`` wrapped once, a ``save`` record after each save returns.
 
+Tested in tests/e2e/test_probe.py and tests/e2e/test_step_truth.py.
+
 A checkpoint whose name carries no step (nanoGPT rewrites ``out/ckpt.pt``) took its step from the
 last step record before the file's mtime; step records are written at most every half second, so
 that was a lower bound, steps short of what the file holds. The save itself knows: the record says
@@ -10,8 +12,6 @@ lies between the two whatever it is renamed to afterwards (``ckpt.pt.tmp`` then 
 The wrapper adds two clock reads and one record per save (saves are rare and take far longer);
 the save's own exception goes to the program unchanged, a failure of ours is a ``probe`` record.
 A program that took ``torch.save`` before torch finished importing keeps the unwrapped one.
-
-Tested in tests/e2e/test_probe.py and tests/e2e/test_step_truth.py.
 """
 
 from __future__ import annotations

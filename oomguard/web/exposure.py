@@ -1,5 +1,7 @@
 """Who may reach the dashboard, and how much of the process it may take.
 
+Tested in tests/e2e/faults/test_exposure.py.
+
 * On a loopback bind (``127.0.0.0/8``, ``::1``, ``localhost``) every request's ``Host`` must be a
   loopback name too: a web page elsewhere cannot use DNS rebinding to read the run.
 * On any other bind the network can reach it, so reads need the token as well as control does:
@@ -11,8 +13,6 @@
 * Connections are bounded by the file descriptors there are: ``RESERVE`` stay for supervision
   (journal, logs, cgroup files, the next worker's pipes); past the cap a new connection is closed
   as soon as it is accepted, and one that sends no request within ``FIRST_REQUEST_TIMEOUT`` is closed.
-
-Tested in tests/e2e/faults/test_exposure.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The API's response shapes, for the OpenAPI schema and for clients that read it.
 
+Tested in tests/e2e/web/test_web_fuzz.py (the OpenAPI schema) and tests/e2e/web/test_web_api.py.
+
 Models allow extra fields: the journal and the status document grow (GPU figures, new status
 keys) and the API passes new fields through rather than hiding them until this file catches up.
-
-Tested in tests/e2e/web/test_web_fuzz.py (the OpenAPI schema) and tests/e2e/web/test_web_api.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The contract between the supervisor and a worker process; stdlib only.
 
+Tested through its writers and readers: tests/unit/worker/test_session.py, tests/unit/supervisor/observe/.
+
 The supervisor starts the training command with the environment variables below. A worker that
 uses the ``worker`` library (or any script) may speak back by appending JSON records, one per
 line, to the file named by ``OOMGUARD_EVENTS``. Every record has ``type`` and ``t`` (Unix time);
 the other fields per type are listed in ``RECORD_FIELDS``. The supervisor asks for a checkpoint by
 creating the file named by ``OOMGUARD_CHECKPOINT_REQUEST`` and sending the signal named by
 ``OOMGUARD_CHECKPOINT_SIGNAL``; the worker deletes the file once the checkpoint is written.
-
-Tested through its writers and readers: tests/unit/worker/test_session.py, tests/unit/supervisor/observe/.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Several nodes, one decision: every node's oomguard shares each round through a c10d TCPStore.
 
+Tested in tests/unit/supervisor/distributed/test_torchrun.py and tests/e2e/test_multinode.py.
+
 Node 0's oomguard hosts a ``torch.distributed.TCPStore`` on the rendezvous port + 1 (the
 rendezvous itself is torchrun's: c10d on ``--rdzv-endpoint``); every other node's oomguard is a
 client of it. Which node is node 0: the one given ``--node-rank 0``; without node ranks (PyTorch's
@@ -19,8 +21,6 @@ node) goes:
 A node that cannot reach node 0's store, or a round whose post from some node does not come
 within ``--peer-timeout``, ends with one line and exit code 75 (EX_TEMPFAIL): a scheduler may
 requeue it. Stdlib only at import: torch is imported when a multi-node run starts.
-
-Tested in tests/unit/supervisor/distributed/test_torchrun.py and tests/e2e/test_multinode.py.
 """
 
 from __future__ import annotations

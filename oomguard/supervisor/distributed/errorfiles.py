@@ -1,5 +1,7 @@
 """Which rank failed first, and how: torchrun's per-rank error files, read back after an attempt.
 
+Tested in tests/unit/supervisor/distributed/test_torchrun.py.
+
 torchrun gives every rank ``TORCHELASTIC_ERROR_FILE=<log-dir>/<run>/attempt_<k>/<local_rank>/error.json``;
 a script whose entry point is wrapped in ``torch.distributed.elastic.multiprocessing.errors.record``
 writes its exception there as JSON (message, traceback, timestamp). oomguard passes ``--log-dir`` so
@@ -12,8 +14,6 @@ file is stamped with the time the agent noticed it, so it names the wrong rank w
 rank to fail left no file. Here the root cause is chosen by evidence: a rank with an OOM beats any
 other, a rank that torchrun itself stopped (SIGTERM after another rank failed) or that only timed
 out in a collective (NCCL/Gloo, "connection closed by peer") is a consequence, not a cause.
-
-Tested in tests/unit/supervisor/distributed/test_torchrun.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The run's lifecycle. Stdlib only, so every part of oomguard can name a state.
 
+Tested in tests/unit/supervisor/lifecycle/test_outcome.py.
+
     STARTING ──spawned──> RUNNING ──exit 0──> SUCCEEDED
         ^                    │ failed
         │                    v
@@ -9,8 +11,6 @@
 
 A supervisor that starts on an existing run directory begins again at STARTING from whatever the
 journal last said, terminal states included: the run continues where it stopped.
-
-Tested in tests/unit/supervisor/lifecycle/test_outcome.py.
 """
 
 from __future__ import annotations

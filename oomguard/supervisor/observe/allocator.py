@@ -1,5 +1,7 @@
 """What the in-process probe reports about one attempt: real optimizer steps and the allocator's figures.
 
+Tested in tests/unit/supervisor/observe/test_progress.py (the probe's figures), tests/unit/probe/test_steps.py.
+
 The probe (``oomguard/probe/``) runs inside every Python process of the worker and appends ``step``
 and ``oom`` records to the channel (``worker.protocol``). ``AllocatorReport`` folds them: the step
 training reached (the same on every rank: the highest one seen), how fast steps go (timed by one
@@ -9,8 +11,6 @@ gives, which adds the CUDA context and the allocator's cache and misses peaks sh
 sampling period), the limit the allocator may reach (a per-process memory fraction's cap, else the
 device), and the allocator's figures at a CUDA OOM (``AllocatorOom``). Pure: the loop hands it
 records.
-
-Tested in tests/unit/supervisor/observe/test_progress.py (the probe's figures), tests/unit/probe/test_steps.py.
 """
 
 from __future__ import annotations

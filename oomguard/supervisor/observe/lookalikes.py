@@ -1,5 +1,7 @@
 """Files the worker writes that look like checkpoints: what a ``--checkpoint`` glob that matches nothing missed.
 
+Tested in tests/unit/supervisor/run/test_preflight.py (the files that look like checkpoints).
+
 A glob that matches nothing (``checkpoints/*.pt`` while the script writes ``out/step-N.pt``) used to
 throw a night's progress away in silence: every restart started over. ``LookalikeWatcher`` watches
 the worker's working directory, and the output directories its
@@ -32,8 +34,6 @@ and the notice below that says nothing was written does not say so while one was
   ``QUIET_LIMIT`` seconds (30 min) of training. Most scripts save more often than that (Hugging
   Face's default 500 steps, nanoGPT's 2000 iterations are minutes); a restart now would lose all
   of it, so even a script that saves rarely is better told once than not at all.
-
-Tested in tests/unit/supervisor/run/test_preflight.py (the files that look like checkpoints).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """How status and the report state a run's progress and memory: one wording for both.
 
+Tested in tests/unit/supervisor/observe/test_progress.py.
+
 The progress comes from the journal's ``progress`` meta (``observe.progress``): with the in-process
 probe, real optimizer steps, steps per second (timed inside the worker), the ETA where a total is
 known, the allocator's peak and its limit; without it, the worker library's records or the steps
 read from the output. Each attempt's peaks come from its journal row: the allocator's highest
 per-step peak (``peak_allocated``, the probe's), NVML's GPU figure and the worker tree's RSS.
-
-Tested in tests/unit/supervisor/observe/test_progress.py.
 """
 
 from __future__ import annotations

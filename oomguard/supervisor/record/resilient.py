@@ -1,5 +1,7 @@
 """The supervisor's journal when the disk under it fills up: writes degrade, supervision goes on.
 
+Tested in tests/e2e/faults/test_disk_full.py and tests/unit/supervisor/ops/test_notify.py.
+
 ``sqlite3.OperationalError: database or disk is full`` (or any I/O error) from a journal write used to
 end the supervisor, whose ``finally`` then killed the healthy worker. ``ResilientJournal`` is the
 same journal with every write guarded: a memory sample that cannot be written is dropped (they are
@@ -8,8 +10,6 @@ plan) is kept in memory and written, in order, as soon as the journal can be wri
 degraded only one write every ``PROBE_EVERY`` seconds touches the disk, so a full disk costs the
 loop nothing. The degradation is said once (``Degradations``) and journaled as a ``degraded`` event
 when it ends.
-
-Tested in tests/e2e/faults/test_disk_full.py and tests/unit/supervisor/ops/test_notify.py.
 """
 
 from __future__ import annotations

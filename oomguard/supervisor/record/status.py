@@ -1,8 +1,8 @@
 """The status document: what ``oomguard status --json``, the API and the dashboard all show.
 
-Built from the journal alone, so it works whether or not the supervisor is still running.
-
 Tested in tests/unit/supervisor/run/test_preflight.py, tests/unit/probe/test_steps.py, tests/e2e/.
+
+Built from the journal alone, so it works whether or not the supervisor is still running.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The supervisor's event loop: start an attempt, watch it, classify its end, carry out the policy.
 
+Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/lifecycle/test_outcome.py.
+
 The loop owns all mutable state and is the only code that changes the run's state
 (``_transition``) or its plan (``_replan``, with a ``decide.replan.PlanChange``). An attempt ends as
 one ``Outcome`` whose ``Ending`` the loop dispatches on; the worker is stopped only through
 ``_stop_worker(reason)``, and the reason is journaled with the attempt. Signal handlers and the
 dashboard only set flags (``run.control``) and wake the loop.
-
-Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/lifecycle/test_outcome.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """A spare worker interpreter: imports the script's heavy modules now, becomes the next worker later.
 
+Tested in tests/unit/supervisor/run/test_spare.py (real spares that become the worker).
+
 Run by the worker's own Python, under ``launch.py`` like a worker, as
 ``python [the command's flags] sparestart.py READY_FILE NICE PATH0 [MODULE[:NAME,NAME...]]...``. Stdlib
 only (the worker's interpreter may not have oomguard installed). It
@@ -18,8 +20,6 @@ only (the worker's interpreter may not have oomguard installed). It
    so C code's getenv sees it: PyTorch reads its allocator settings at the first CUDA allocation,
    after this), cwd, ``sys.argv``, ``sys.path[0]``, its priority and OOM score back to a worker's,
    then runs the script as ``__main__``, as ``python script.py`` would.
-
-Tested in tests/unit/supervisor/run/test_spare.py (real spares that become the worker).
 """
 
 from __future__ import annotations
