@@ -1,8 +1,6 @@
 """While the run goes: did each attempt resume where it was told to, and do the ``--checkpoint``
 globs match what the script writes?
 
-Tested in tests/e2e/test_wiring.py.
-
 The start checks (``run/wiring.py``) catch a checkpoint nothing hands over; these two can only be
 seen while the script runs. Each is said at once and once: on the console, in the journal (the
 events below), in ``oomguard status`` and the dashboard (the meta's ``warnings``) and by the
@@ -17,6 +15,8 @@ webhooks (``ops/hooks.py`` forwards the events, once per kind).
   open for writing), during the attempt that wrote it; or the globs match nothing while the script
   trains and writes nothing like a checkpoint at all (``observe/lookalikes.py``). A file another
   process writes under the working directory is never named.
+
+Tested in tests/e2e/test_wiring.py.
 """
 
 from __future__ import annotations
