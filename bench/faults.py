@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/faults.py [--rounds 3] [--kills 15] [--seed N] [--json]
 
-* ``kill``: ``--rounds`` runs of the campaign in ``tests/faults/campaign.py`` with ``--kills`` kills
+* ``kill``: ``--rounds`` runs of the campaign in ``tests/e2e/faults/campaign.py`` with ``--kills`` kills
   each (random instants: checkpoint writes, journal writes, restarts), then a restart on the same
   run directory; counted: duplicate workers, workers outliving their supervisor, journals failing
   ``PRAGMA integrity_check``, resumes from anything but the newest valid checkpoint.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "faults"), str(ROOT)]  # not "faults": that is this file's own name
+sys.path[:0] = [str(ROOT / "tests" / "e2e" / "faults"), str(ROOT)]  # not "faults": that is this file's own name
 
 import campaign  # noqa: E402
 

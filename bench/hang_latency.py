@@ -1,7 +1,7 @@
-"""How long past ``--hang-timeout`` a hang is declared: the figure tests/test_liveness_e2e.py used to
+"""How long past ``--hang-timeout`` a hang is declared: the figure tests/e2e/test_liveness.py used to
 assert (at most one sampling period and one loop tick, 1.25 s here) and now leaves to this benchmark,
 since a loaded machine can miss any bound. The bound itself is pinned with scripted samples in
-tests/test_liveness.py.
+tests/unit/supervisor/observe/test_liveness.py.
 
 Each run is a real ``oomguard run`` whose first attempt prints a line and blocks on a lock (idle,
 silent); the journal's ``hang`` event says how long it had been quiet when declared. Prints the

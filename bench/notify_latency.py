@@ -1,6 +1,6 @@
 """How long ``Notifier.send`` keeps the event loop: the figure behind "a notification never blocks
 the supervisor" (``oomguard/supervisor/ops/notify.py``), measured here rather than asserted in a test
-(a loaded machine can miss any bound; tests/test_notify.py checks the order of events instead).
+(a loaded machine can miss any bound; tests/unit/supervisor/ops/test_notify.py checks the order of events instead).
 
 Two targets on 127.0.0.1: one refuses connections (nothing listens: every try fails and backs off)
 and one holds every request unanswered. ``send`` only queues, so its time is the queue's; once the

@@ -20,7 +20,7 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 { nvidia-smi -L; "$py" -c 'import torch, sys; print(sys.version.split()[0], "torch", torch.__version__)'; } \
     | tee "$out/machine.txt"
-OOMGUARD_GPU_TESTS=1 timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/test_probe_gpu.py \
+OOMGUARD_GPU_TESTS=1 timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/e2e/test_probe_gpu.py \
     2>&1 | tail -25 | tee "$out/probe-gpu.txt"
 timeout "${PEERS_TIMEOUT:-390}" "$py" bench/peers.py --device cuda --rounds 3 --no-bisect --sweep-min 8 \
     --only oomguard-run oomguard-run-measured oomguard-run-predict oomguard-session \

@@ -12,11 +12,11 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "test.sh: no chromium and not root: the browser tests will be skipped" >&2
   fi
 fi
-# The multi-node sbatch example is checked with Debian's shellcheck (tests/test_deploy.py).
+# The multi-node sbatch example is checked with Debian's shellcheck (tests/e2e/test_deploy.py).
 if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null 2>&1 || true
 fi
-# The image is built and run for real (tests/test_docker.py) with Debian's podman and runc, on a Debian
+# The image is built and run for real (tests/e2e/test_docker.py) with Debian's podman and runc, on a Debian
 # base that mmdebstrap makes here, since no image registry is reachable from CI. Not fatal: without them
 # those tests say why and skip.
 if ! { command -v podman && command -v runc && command -v mmdebstrap; } >/dev/null 2>&1; then

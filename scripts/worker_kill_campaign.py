@@ -19,7 +19,7 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=200, help="kill points for the synchronous-save run")
     args = p.parse_args()
     env = {**os.environ, "OOMGUARD_TEST_KILLS": str(args.kills)}
-    test = "tests/worker/test_worker_kill.py"
+    test = "tests/e2e/worker/test_worker_kill.py"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
     return subprocess.call(command, env=env, cwd=ROOT)
 

@@ -14,13 +14,13 @@ from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 # on one process (a module-scoped fixture, such as a finished run or a zygote, is made once), and the files go out
 # in the order collected. Not loadgroup: pytest 9.2 ignores the test ids it rewrites to carry the groups
 # (pytest-dev/pytest-xdist#1386), and every test then goes out on its own.
-FIRST = "tests/test_docker.py"
+FIRST = "tests/e2e/test_docker.py"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """tests/test_docker.py first: on a fresh machine its image (and the Debian base that
-    tests/test_systemd_pid1.py builds on too) takes minutes, mostly waiting on the network, while the other
+    """tests/e2e/test_docker.py first: on a fresh machine its image (and the Debian base that
+    tests/e2e/test_systemd_pid1.py builds on too) takes minutes, mostly waiting on the network, while the other
     process runs the rest; collected in its place, it could run beside the systemd file on the other process,
     both then waiting on one build lock, or come last and be the run's tail."""
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] != FIRST)  # stable: the rest keep their order

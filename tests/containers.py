@@ -182,7 +182,7 @@ def build(root: Path, base: str) -> tuple[str, float]:
     return image, time.monotonic() - started
 
 
-# systemd as PID 1 over the same base (tests/test_systemd_pid1.py). Only systemd and oomguard's dependencies are
+# systemd as PID 1 over the same base (tests/e2e/test_systemd_pid1.py). Only systemd and oomguard's dependencies are
 # in the image; the checkout's oomguard/ is mounted read-only at run time through a .pth file, so a change to
 # the code needs no rebuild and the image is made once per machine (its tag is a hash of the recipe).
 SYSTEMD_REPOSITORY = "localhost/oomguard-test-systemd"

@@ -1,5 +1,7 @@
 """How the probe speaks: ``worker.protocol`` records, each with the process's identity, never raising.
 
+Tested in tests/e2e/test_probe.py (the records real probed processes write).
+
 Every probe record carries pid, rank, local_rank and world_size, read when it is written (a
 launcher may set them after the process started). A channel that cannot be written loses the
 record: the probe is evidence, and the program's run matters more.

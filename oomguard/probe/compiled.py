@@ -1,5 +1,7 @@
 """What the probe does when the program compiles: it steps aside before dynamo sees anything.
 
+Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe_matrix.py.
+
 Dynamo inlines torch's global module hooks into every graph it builds and guards on how many there
 are, so the forward tracker's hooks (probe/forward.py) must be gone before the first trace, not at the
 first optimizer step. Two places disarm the tracker:

@@ -1,5 +1,7 @@
 """How far through its forward pass a process was when memory ran out, and what it held before it.
 
+Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe.py.
+
 The supervisor can extrapolate a step's need from an OOM only if it knows what share of the work
 the memory at the OOM paid for. torch's global module hooks
 (``torch.nn.modules.module.register_module_forward_pre_hook`` / ``register_module_forward_hook``)

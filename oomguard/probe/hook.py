@@ -1,5 +1,7 @@
 """A post-import hook: call a function once a module has finished importing, never before.
 
+Tested in tests/unit/probe/test_steps.py (the post-import hook) and tests/e2e/test_probe.py.
+
 The probe must not import torch (a program that never does pays nothing) nor touch it half-built.
 A finder first on ``sys.meta_path`` lets the other finders find the module, then wraps the found
 loader so that the callback runs right after the module's own code. This is the technique of

@@ -1,5 +1,7 @@
 """The memory figures a probe record carries: host RSS, and the caching allocator's peaks per device.
 
+Tested in tests/e2e/test_probe_compile.py (the allocator's peaks) and tests/e2e/test_probe.py.
+
 CUDA figures are read only where the program initialized CUDA itself (``torch.cuda.is_initialized``):
 the probe never creates a CUDA context, which costs hundreds of MiB of device memory.
 

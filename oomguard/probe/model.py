@@ -1,5 +1,7 @@
 """Which model a process trains, as the memory per sample sees it: one ``model`` record per process.
 
+Tested in tests/unit/probe/test_steps.py (the model's fingerprint) and tests/e2e/test_probe.py.
+
 At the process's first optimizer step the optimizer's ``param_groups`` hold what it trains: the
 digest covers the optimizer's class and, in order, each parameter's shape, dtype and
 ``requires_grad``, so a layer more, a wider embedding, a longer position table, half precision

@@ -1,5 +1,7 @@
 """The figures at an out-of-memory failure, in the allocator's words.
 
+Tested in tests/unit/probe/test_steps.py and tests/e2e/test_probe.py (real out-of-memory errors).
+
 CUDA: PyTorch's OOM observer (``torch._C._cuda_attach_out_of_memory_observer``, the hook its
 memory-snapshot documentation uses) is called by the caching allocator when an allocation fails,
 with the bytes requested and the device's free memory, before the OutOfMemoryError is raised. It

@@ -1,5 +1,7 @@
 """Reporting checkpoint saves: ``torch.save`` wrapped once, a ``save`` record after each save returns.
 
+Tested in tests/e2e/test_probe.py and tests/e2e/test_step_truth.py.
+
 A checkpoint whose name carries no step (nanoGPT rewrites ``out/ckpt.pt``) took its step from the
 last step record before the file's mtime; step records are written at most every half second, so
 that was a lower bound, steps short of what the file holds. The save itself knows: the record says

@@ -1,5 +1,7 @@
 """Start the probe: wait for torch, then hook its optimizer steps, its allocator, its saves and OOMs.
 
+Tested in tests/e2e/test_probe.py and tests/e2e/test_probe_matrix.py.
+
 ``sitecustomize`` calls ``start()`` in every Python process of the worker. Until the program
 imports torch the probe is one finder on ``sys.meta_path``; a program that never does pays one
 string comparison per import and writes nothing.

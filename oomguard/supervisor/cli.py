@@ -1,4 +1,7 @@
-"""``oomguard``: the command line. Options of ``run`` are generated from ``RunConfig``."""
+"""``oomguard``: the command line. Options of ``run`` are generated from ``RunConfig``.
+
+Tested in tests/unit/test_readme_commands.py, tests/unit/test_docs.py (the parser) and tests/e2e/ (every command).
+"""
 
 from __future__ import annotations
 

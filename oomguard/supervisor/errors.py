@@ -1,4 +1,7 @@
-"""The one error type a user sees: a bad option, value or command, said in one line."""
+"""The one error type a user sees: a bad option, value or command, said in one line.
+
+Tested through the refusals it carries: tests/unit/supervisor/test_config.py.
+"""
 
 from __future__ import annotations
 

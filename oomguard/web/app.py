@@ -1,5 +1,7 @@
 """The dashboard's FastAPI app: read endpoints, a live stream, metrics and control.
 
+Tested in tests/e2e/web/test_web_api.py and tests/e2e/web/test_web_server.py.
+
 ``create_app`` is a factory so tests, the supervisor and a read-only viewer of an old run
 directory (``control=None``) each build their own. Every read goes through a per-thread read-only
 journal connection, so a slow request can never hold the lock the supervision loop writes under.

@@ -1,6 +1,8 @@
 """The CLI's side of the API: ``oomguard checkpoint|restart|stop``, ``oomguard status`` and
 ``oomguard dashboard`` (the many-runs page, web/fleet.py; its server is imported only when it runs).
 
+Tested in tests/e2e/test_operator.py (``oomguard checkpoint|restart|stop``) and tests/e2e/web/.
+
 The address comes from the journal (``web_url``, recorded by the running supervisor) and the
 token from ``RUN_DIR/token``; stdlib ``urllib`` keeps these commands quick to start.
 """

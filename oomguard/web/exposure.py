@@ -1,5 +1,7 @@
 """Who may reach the dashboard, and how much of the process it may take.
 
+Tested in tests/e2e/faults/test_exposure.py.
+
 * On a loopback bind (``127.0.0.0/8``, ``::1``, ``localhost``) every request's ``Host`` must be a
   loopback name too: a web page elsewhere cannot use DNS rebinding to read the run.
 * On any other bind the network can reach it, so reads need the token as well as control does:

@@ -1,5 +1,7 @@
 """The many-runs page: ``oomguard dashboard DIR…`` lists every run on a machine, live, from their journals.
 
+Tested in tests/e2e/web/test_fleet.py.
+
 Nothing here depends on a run's own server being up. The list is read from the journals
 (``record/runs.py``, the same rows as ``oomguard ls --json``), and each run's own view is served here
 too, read-only, at ``/runs/<key>/``: the run dashboard's app with no control, so a finished run or

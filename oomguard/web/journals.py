@@ -1,5 +1,7 @@
 """Read-only journal connections for the web layer, one per thread.
 
+Tested in tests/e2e/web/test_web_api.py.
+
 The supervisor's own ``Journal`` serialises its users with a lock; if request threads shared it, a
 slow query would hold up the loop's next write. Each web thread instead opens its own read-only
 connection (SQLite WAL: readers never block the writer) and keeps it for later requests.

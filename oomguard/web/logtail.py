@@ -1,5 +1,7 @@
 """The tail of an attempt's log, found by attempt number only.
 
+Tested in tests/e2e/web/test_web_server.py and tests/e2e/web/test_web_fuzz.py.
+
 The client never names a path: the file is ``run_dir/logs/attempt-N.log`` for a validated integer
 N, and the resolved path must still lie inside ``run_dir/logs`` (a symlinked log is refused).
 """

@@ -1,5 +1,7 @@
 """``/metrics``: the run's figures in Prometheus text format, all named ``oomguard_*``.
 
+Tested in tests/unit/supervisor/observe/test_sampler.py and tests/e2e/web/test_grafana.py.
+
 A custom collector reads the journal at scrape time (in the scraping request's thread, through its
 own read-only connection), so the supervision loop does no metrics work at all.
 """

@@ -1,5 +1,7 @@
 """The dashboard's server: uvicorn in a background thread of the supervisor process.
 
+Tested in tests/e2e/web/test_web_server.py.
+
 uvicorn normally owns the process's signals; here the supervisor does (its handlers set flags and
 its loop acts), so ``_ThreadServer`` installs none. We bind the socket ourselves: a port in use is
 then a one-line error (or, for the default port, a printed fallback to a free one) instead of a

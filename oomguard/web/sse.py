@@ -1,5 +1,7 @@
 """Live updates: from ``Supervisor.listeners`` (the loop's thread) to server-sent-event streams.
 
+Tested in tests/e2e/web/test_web_browser.py and tests/e2e/web/test_web_api.py (live updates).
+
 The journal is the source of truth; a stream sends what the journal gained since it last looked
 (events by id, samples by time). The listener only *wakes* the streams: it schedules
 ``asyncio.Event.set`` on the server's event loop and returns, so it costs the supervision loop a

@@ -1,5 +1,7 @@
 """The contract between the supervisor and a worker process; stdlib only.
 
+Tested through its writers and readers: tests/unit/worker/test_session.py, tests/unit/supervisor/observe/.
+
 The supervisor starts the training command with the environment variables below. A worker that
 uses the ``worker`` library (or any script) may speak back by appending JSON records, one per
 line, to the file named by ``OOMGUARD_EVENTS``. Every record has ``type`` and ``t`` (Unix time);

@@ -1,6 +1,6 @@
 """Run a framework's own training script, unmodified, as ``__main__`` and write what matrix_report
 writes for a case (tests/probing_matrix.py reads it), for the frameworks' cases of the probe's matrix
-(tests/test_probe_matrix_frameworks.py):
+(tests/e2e/test_probe_matrix_frameworks.py):
 
     python tests/matrix/framework_run.py SCRIPT [ARGS...]
 

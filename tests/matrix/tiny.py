@@ -1,4 +1,4 @@
-"""The plain-PyTorch cases of the probe's matrix (tests/test_probe_matrix.py): a tiny GPT-style model
+"""The plain-PyTorch cases of the probe's matrix (tests/e2e/test_probe_matrix.py): a tiny GPT-style model
 trained a few steps from a fixed seed, in the mode ``--case`` names. Writes matrix_report's file."""
 
 from __future__ import annotations

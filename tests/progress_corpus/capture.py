@@ -8,7 +8,7 @@ written for that one source from what it prints (``label_*`` below), independent
 under test: a step where the line is the training loop's progress, None everywhere else (paths, file
 names, checkpoint and resume messages, evaluation bars, logging dicts). A source's ``.jsonl`` starts
 with a header (the command, the versions, the accumulation its bars count batches of), then one
-record per distinct line. tests/test_progress_corpus.py checks ``StepMatcher`` on every line.
+record per distinct line. tests/unit/supervisor/observe/test_progress.py checks ``StepMatcher`` on every line.
 
     .venv/bin/python tests/progress_corpus/capture.py [--nanogpt DIR] [--nanochat DIR --nanochat-deps DIR]
 

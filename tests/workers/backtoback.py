@@ -1,4 +1,4 @@
-"""Back-to-back OOMs for the spare pool's test (tests/test_spare.py): the second restart must find a
+"""Back-to-back OOMs for the spare pool's test (tests/unit/supervisor/run/test_spare.py): the second restart must find a
 spare that has already imported.
 
     python backtoback.py --mb MICRO --ga ACCUM --wait-for FILE

@@ -2,7 +2,7 @@
 ``torch.cuda.set_per_process_memory_fraction`` so the device's limit is small and known.
 
 Checkpoints to ``--ckpt-dir`` (``ck-STEP``), resumes from the newest, saves on SIGUSR1 and SIGTERM.
-Run by tests/test_causes_e2e.py::test_e_cuda_leak_under_a_memory_fraction (skipped without CUDA).
+Run by tests/e2e/test_causes.py::test_e_cuda_leak_under_a_memory_fraction (skipped without CUDA).
 """
 
 from __future__ import annotations

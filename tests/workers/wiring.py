@@ -1,4 +1,4 @@
-"""An argparse training script as new users write them, for the wiring mistakes (tests/test_wiring_e2e.py).
+"""An argparse training script as new users write them, for the wiring mistakes (tests/e2e/test_wiring.py).
 
 It saves ``OUTPUT/step-N.pt`` every ``--save-every`` steps (written to a temp name, then renamed),
 resumes with ``--resume PATH``, and, like many scripts, ignores arguments it does not know (a

@@ -1,5 +1,7 @@
 """oomguard's probe, loaded into every Python process of a supervised worker (docs/probe.md).
 
+Tested in tests/e2e/test_probe.py (a user's own sitecustomize still runs).
+
 oomguard puts this directory first on the worker's PYTHONPATH, as ``opentelemetry-instrument`` and
 ``ddtrace-run`` do. It holds only this file, so it shadows nothing but ``sitecustomize``: the user's
 own one, if any, is run right after the probe starts. Nothing here may raise into the program.

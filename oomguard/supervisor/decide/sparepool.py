@@ -141,7 +141,7 @@ def worker_score(own: int, spares: list[int], limit: int) -> int:
     1000 * (largest + all spares) / limit. Half that is used: the other half is slack for pages in
     the worker's RSS charged elsewhere (a shared library another process loaded first) and the
     kernel's rounding (at the full bound a worker beside a 60 MiB spare in 600 MiB was still taken:
-    tests/test_spare_budget.py). Never more than the usual WORKER_ABOVE above ours, never less than
+    tests/e2e/test_spare_budget.py). Never more than the usual WORKER_ABOVE above ours, never less than
     one above ours (the kernel still prefers the worker to oomguard)."""
     if not spares or limit <= 0:
         return min(1000, own + WORKER_ABOVE)

@@ -1,5 +1,8 @@
 """One attempt under torchrun (or accelerate launch, which runs torchrun's agent): its argv, the ranks'
-error files and output, and the root cause after it."""
+error files and output, and the root cause after it.
+
+Tested in tests/e2e/test_torchrun.py and tests/e2e/test_accelerate.py.
+"""
 
 from __future__ import annotations
 

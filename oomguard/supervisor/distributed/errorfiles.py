@@ -1,5 +1,7 @@
 """Which rank failed first, and how: torchrun's per-rank error files, read back after an attempt.
 
+Tested in tests/unit/supervisor/distributed/test_torchrun.py.
+
 torchrun gives every rank ``TORCHELASTIC_ERROR_FILE=<log-dir>/<run>/attempt_<k>/<local_rank>/error.json``;
 a script whose entry point is wrapped in ``torch.distributed.elastic.multiprocessing.errors.record``
 writes its exception there as JSON (message, traceback, timestamp). oomguard passes ``--log-dir`` so

@@ -1,5 +1,7 @@
 """The run's lifecycle. Stdlib only, so every part of oomguard can name a state.
 
+Tested in tests/unit/supervisor/lifecycle/test_outcome.py.
+
     STARTING ──spawned──> RUNNING ──exit 0──> SUCCEEDED
         ^                    │ failed
         │                    v

@@ -1,5 +1,7 @@
 """What the in-process probe reports about one attempt: real optimizer steps and the allocator's figures.
 
+Tested in tests/unit/supervisor/observe/test_progress.py (the probe's figures), tests/unit/probe/test_steps.py.
+
 The probe (``oomguard/probe/``) runs inside every Python process of the worker and appends ``step``
 and ``oom`` records to the channel (``worker.protocol``). ``AllocatorReport`` folds them: the step
 training reached (the same on every rank: the highest one seen), how fast steps go (timed by one

@@ -1,6 +1,8 @@
 """Memory cgroups (v1 or v2), one class: the worker's own (accounting, oomguard's --memory-limit,
 OOM-kill counters) and any other oomguard reads (the figures of ``MemoryCgroup.read``).
 
+Tested in tests/unit/supervisor/observe/test_sampler.py and tests/e2e/test_spare_budget.py (real cgroups).
+
 The supervisor makes a child cgroup of its own for each attempt's worker. The kernel's oom_kill
 counter in it proves a SIGKILL was the OOM killer's; whether the cgroup's own limit was hit tells
 oomguard's budget (``memory_limit``) from the machine or a parent cgroup running out (``host_oom``).

@@ -1,5 +1,7 @@
 """Files the worker writes that look like checkpoints: what a ``--checkpoint`` glob that matches nothing missed.
 
+Tested in tests/unit/supervisor/run/test_preflight.py (the files that look like checkpoints).
+
 A glob that matches nothing (``checkpoints/*.pt`` while the script writes ``out/step-N.pt``) used to
 throw a night's progress away in silence: every restart started over. ``LookalikeWatcher`` watches
 the worker's working directory, and the output directories its

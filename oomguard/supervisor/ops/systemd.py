@@ -6,7 +6,7 @@ one kernel OOM kill of the worker stops the whole unit, supervisor included), a 
 long enough for a final checkpoint, and ``KillMode=mixed`` so that systemd sends SIGTERM to the
 supervisor alone and the supervisor stops its worker group itself (SIGKILL reaches all only at the
 deadline). How ``oomguard run`` ends (lifecycle/exits.py) decides what systemd does next: a stop is a
-success, a give-up is not restarted, a crash of oomguard itself is. tests/test_systemd_pid1.py runs
+success, a give-up is not restarted, a crash of oomguard itself is. tests/e2e/test_systemd_pid1.py runs
 the unit under a real systemd and shows each of these.
 
 Arguments are quoted by systemd's rules (``systemd.service(5)``, "Command lines"), not the shell's:

@@ -1,5 +1,7 @@
 """The supervisor's own messages: one path, the stdlib logger ``oomguard``.
 
+Tested in tests/e2e/test_supervisor.py (what a real run prints).
+
 Every part says what it has to say through ``say`` (or ``logging.getLogger(__name__)`` under
 ``oomguard.``); where it lands is the handler's business: stderr with an ``[oomguard]`` prefix by
 default, the terminal status line when one is shown (``ops.statusline``), whatever a host program

@@ -1,5 +1,7 @@
 """How status and the report state a run's progress and memory: one wording for both.
 
+Tested in tests/unit/supervisor/observe/test_progress.py.
+
 The progress comes from the journal's ``progress`` meta (``observe.progress``): with the in-process
 probe, real optimizer steps, steps per second (timed inside the worker), the ETA where a total is
 known, the allocator's peak and its limit; without it, the worker library's records or the steps

@@ -1,5 +1,7 @@
 """The supervisor's journal when the disk under it fills up: writes degrade, supervision goes on.
 
+Tested in tests/e2e/faults/test_disk_full.py and tests/unit/supervisor/ops/test_notify.py.
+
 ``sqlite3.OperationalError: database or disk is full`` (or any I/O error) from a journal write used to
 end the supervisor, whose ``finally`` then killed the healthy worker. ``ResilientJournal`` is the
 same journal with every write guarded: a memory sample that cannot be written is dropped (they are

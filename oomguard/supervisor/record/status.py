@@ -1,5 +1,7 @@
 """The status document: what ``oomguard status --json``, the API and the dashboard all show.
 
+Tested in tests/unit/supervisor/run/test_preflight.py, tests/unit/probe/test_steps.py, tests/e2e/.
+
 Built from the journal alone, so it works whether or not the supervisor is still running.
 """
 

@@ -1,5 +1,7 @@
 """Reading ``oomguard run``'s arguments outside ``oomguard run``, and saying what a mistyped line meant.
 
+Tested in tests/unit/supervisor/run/test_preflight.py.
+
 ``oomguard service`` writes a unit that runs ``oomguard run ARGS`` later, under systemd, where a typo
 in ARGS would only show when the unit starts. ``check_run_args`` reads ARGS as ``oomguard run`` does
 (the options generated from ``RunConfig``, its validation, the start checks of ``preflight``), so a

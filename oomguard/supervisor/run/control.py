@@ -1,5 +1,7 @@
 """What the world asks of the loop: signals, and the dashboard's or the CLI's requests.
 
+Tested in tests/unit/supervisor/ops/test_systemd.py and tests/e2e/test_operator.py.
+
 Signal handlers and the web server's threads only set a flag here and wake the loop (uvicorn's
 rule); the loop reads the flags at its next tick and acts. A second SIGINT/SIGTERM forces the stop:
 the worker's grace period is cut short.

@@ -1,5 +1,7 @@
 """The worker's launcher: a tiny stdlib-only parent between the supervisor and the training command.
 
+Tested in tests/e2e/test_supervisor.py and tests/e2e/test_spare_budget.py (the oom_score_adj it sets).
+
 Run as ``python -I -S launch.py SUPERVISOR_PID OOM_SCORE_ADJ CGROUP_PROCS -- COMMAND...`` in a new
 session (its own process group). It exists so that no worker outlives the supervisor: the kernel
 sends it SIGTERM when the supervisor dies (PR_SET_PDEATHSIG, even after SIGKILL) and it then kills

@@ -4,6 +4,7 @@ Read ``_loop`` and ``_dispatch`` first: they are the whole run. ``run/attempt.py
 one attempt and returns one ``Outcome``; ``decide/recovery.py``'s pure ``recover`` decides what follows a
 failure. This file carries those out: the only code that changes the run's state (``_transition``) or its
 plan (``_replan``), writing the journal through one ``Recorder``. Signals and the dashboard only set flags.
+Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/lifecycle/test_outcome.py.
 """
 
 from __future__ import annotations

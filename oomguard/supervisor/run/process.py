@@ -1,5 +1,7 @@
 """Starting, watching and stopping one worker: every OS call for the worker is behind this class.
 
+Tested in tests/e2e/test_operator.py and tests/e2e/faults/test_output.py.
+
 The worker runs under ``launch.py`` in a session of its own, so one ``killpg`` reaches the whole
 tree. Its merged stdout/stderr is drained in chunks as it streams (``pump.OutputPump``), passed to the
 console untouched, appended to the attempt's log file and cut into lines for the loop's line callback.

@@ -1,5 +1,7 @@
 """A spare worker interpreter: imports the script's heavy modules now, becomes the next worker later.
 
+Tested in tests/unit/supervisor/run/test_spare.py (real spares that become the worker).
+
 Run by the worker's own Python, under ``launch.py`` like a worker, as
 ``python [the command's flags] sparestart.py READY_FILE NICE PATH0 [MODULE[:NAME,NAME...]]...``. Stdlib
 only (the worker's interpreter may not have oomguard installed). It

@@ -15,6 +15,8 @@ webhooks (``ops/hooks.py`` forwards the events, once per kind).
   open for writing), during the attempt that wrote it; or the globs match nothing while the script
   trains and writes nothing like a checkpoint at all (``observe/lookalikes.py``). A file another
   process writes under the working directory is never named.
+
+Tested in tests/e2e/test_wiring.py.
 """
 
 from __future__ import annotations

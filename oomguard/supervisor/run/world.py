@@ -1,5 +1,7 @@
 """The attempt's world beyond one process: torchrun's ranks on this node, the other nodes' supervisors.
 
+Tested in tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
+
 For a single-process run this object does nothing and the loop never notices it. Under torchrun it
 wraps each attempt's command in torchrun (ranks' error files under the run directory), reads the
 root-cause rank after the attempt, and, with several nodes, carries each round's agreement through
