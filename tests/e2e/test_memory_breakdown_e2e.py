@@ -50,9 +50,10 @@ def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 def rlimit_run(tmp: Path, kind: str, restarts: int) -> tuple[subprocess.CompletedProcess[str], dict[str, int], int]:
     """The script at micro-batch 16 under an address-space limit that 16 samples' 16 MiB do not fit, 8 do."""
+    # (300 MiB above torch: 16 samples need 256 MiB besides what malloc maps around them, 8 need 128.)
     figures = tmp / "figures.json"
     figures.write_text("{}")
-    limit = torch_mapped_bytes() + 240 * MIB
+    limit = torch_mapped_bytes() + 300 * MIB
     out = oomguard("run", "--run-dir", str(tmp / "run"), *FAST, "--micro-batch", "16", "--global-batch", "32",
                    "--max-restarts", str(restarts),
                    *(["--min-micro-batch", "16"] if not restarts else []), "--", "prlimit", f"--as={limit}", PY,
@@ -82,13 +83,15 @@ def test_adamw_at_the_oom_and_at_the_peak_that_fit_beside_it_in_the_report(tmp_p
     found = events(tmp_path / "run", "memory_breakdown")
     oom = [e for e in found if e["at"] == "oom"]
     peak = [e for e in found if e["at"] == "peak"]
-    assert [(e["attempt"], e["micro_batch"]) for e in oom] == [(1, 16)], found
-    assert [(e["attempt"], e["micro_batch"]) for e in peak] == [(2, 8)], found
-    check_oom(oom[0], own, limit, "AdamW")
+    # 8 samples fit with room to spare; a box under load may still map more (malloc's arenas): then 4 does.
+    assert (oom[0]["attempt"], oom[0]["micro_batch"]) == (1, 16) and len(peak) == 1, found
+    assert peak[0]["attempt"] == oom[-1]["attempt"] + 1 and peak[0]["micro_batch"] < oom[-1]["micro_batch"], found
+    for event in oom:
+        check_oom(event, own, limit, "AdamW")
     assert {k: peak[0][k] for k in FIXED} == own and peak[0]["activations"] > 0, peak
     comparison = events(tmp_path / "run", "memory_comparison")[-1]
-    assert comparison["failed_attempt"] == 1 and comparison["other_attempt"] == 2, comparison
-    assert "at micro-batch 16" in comparison["text"] and "AdamW state" in comparison["text"], comparison
+    assert (comparison["failed_attempt"], comparison["other_attempt"]) == (oom[-1]["attempt"], peak[0]["attempt"])
+    assert f"at micro-batch {oom[-1]['micro_batch']}" in comparison["text"] and "AdamW state" in comparison["text"]
     text = format_report(read_report(tmp_path / "run"))
     assert "    memory:   cpu at the OOM: weights " in text and f"    across:   {comparison['text']}" in text, text
     print("\n" + "\n".join(line for line in text.splitlines() if line.startswith(("    memory:", "    across:"))))
