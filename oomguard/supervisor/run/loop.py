@@ -589,7 +589,7 @@ class Supervisor:
 
     def _read_channel(self, current: Current, channel: ChannelReader) -> None:
         for record in channel.read():
-            self.breakdowns.take(record, self.attempt)
+            self.guarded("memory breakdown", self.breakdowns.take, record, self.attempt)
             if current.watch.take(record, time.monotonic()):
                 self._event(f"worker_{record['type']}", **{k: v for k, v in record.items() if k != "type"})
             if record["type"] == "probe":
@@ -632,7 +632,7 @@ class Supervisor:
         if (named := worker.named_pids()) is not None:  # the training process and ranks, for status
             self.journal.set_meta(**named)
         self.last_sample = sample
-        self.breakdowns.sampled(sample, self.attempt)  # each process's reading: a kernel kill's last word
+        self.guarded("memory breakdown", self.breakdowns.sampled, sample, self.attempt)  # a kernel kill's last word
         watch.observe(sample)  # its peaks, and what its processes did since the last sample
         worker_bytes = sample.cgroup.working_set_bytes if sample.cgroup else sample.worker_rss_bytes
         if worker_bytes is not None:  # the spares' budget: their room is what the worker's peak leaves
