@@ -14,6 +14,11 @@ user knows, each from torch's own objects (a ``memory`` record, at ``oom``):
   libraries, what the program imported before) and less the three above;
 - the cache: CUDA's reserved less allocated (none on the host).
 
+On CUDA the OOM observer reads the allocator before the error is raised. On the host the exception
+hook reads the process once the error has unwound: tensors the failed expression held only as
+temporaries (a list being built) are freed by then, so the host's activations at an OOM are a lower
+bound of what was held at the failure, and the report says "at least".
+
 Tensors are counted once per storage (tied weights, views) and only on the failing device. Modules
 and optimizers are found by one walk of the garbage collector's objects, done only at a failure
 (an OOM is rare and ends the process, or the program's own handler takes its time).

@@ -57,20 +57,23 @@ def compare(failed: dict[str, Any], other: dict[str, Any] | None,
     m1, a1 = failed.get("micro_batch"), failed.get("activations")
     if not isinstance(m1, int) or not isinstance(a1, int) or m1 < 1:
         return None
-    per_sample, text = a1 // m1, f"activations {format_size(a1)} at micro-batch {m1}"
+    # On the host the figure is read in the exception hook, once the error unwound the failed expression's
+    # temporaries: what was held at the failure was at least that much, and so is a slope from it.
+    least = "at least " if failed.get("device") == "cpu" else ""
+    per_sample, text = a1 // m1, f"activations {least}{format_size(a1)} at micro-batch {m1}"
     m2 = other.get("micro_batch") if other else None
     a2 = other.get("activations") if other else None
     if other is not None and isinstance(m2, int) and isinstance(a2, int) and m2 != m1:
         text += f", {format_size(a2)} at {m2}"
         if (a1 - a2) * (m1 - m2) > 0:
             per_sample = (a1 - a2) // (m1 - m2)
-            text += f": about {format_size(per_sample)} a sample"
+            text += f": {least or 'about '}{format_size(per_sample)} a sample"
         else:  # the failure came early in its step: what it held then says nothing of a sample
             per_sample = 0
             text += " (the failed attempt held no more when it failed: no per-sample figure)"
     else:
         other = None
-        text += f": about {format_size(per_sample)} a sample"
+        text += f": {least or 'about '}{format_size(per_sample)} a sample"
     text += _fixed_text(failed, other)
     room = _room(failed, other)
     no_room = room is not None and per_sample > 0 and room < per_sample
@@ -154,9 +157,11 @@ def breakdown_text(event: dict[str, Any]) -> str:
         limit = f" of the {format_size(event['limit'])} {event['limit_kind']} limit" if event.get("limit") else ""
         return f"last reading before the kill: {_size(event.get('total'))}{limit}: {procs}"
     frozen = f" ({format_size(event['frozen_weights'])} of them frozen)" if event.get("frozen_weights") else ""
+    unwound = event.get("at") == "oom" and event.get("device") == "cpu" and event.get("activations") is not None
+    activations = (f"activations at least {_size(event.get('activations'))} (read once the error unwound)" if unwound
+                   else f"activations {_size(event.get('activations'))}")
     parts = [f"weights {_size(event.get('weights'))}{frozen}", f"gradients {_size(event.get('gradients'))}",
-             f"{state_words(event)} {_size(event.get('optimizer_state'))}",
-             f"activations {_size(event.get('activations'))}"]
+             f"{state_words(event)} {_size(event.get('optimizer_state'))}", activations]
     if event.get("cache") is not None:
         parts.append(f"cache {format_size(event['cache'])}")
     if event.get("baseline"):

@@ -204,7 +204,7 @@ class Attempt:
     def _read_channel(self, channel: ChannelReader) -> None:
         record = self.parts.record
         for item in channel.read():
-            self.parts.breakdowns.take(item, self.number)
+            record.guarded("memory breakdown", self.parts.breakdowns.take, item, self.number)
             if self.watch.take(item, time.monotonic()):
                 record.event(f"worker_{item['type']}", **{k: v for k, v in item.items() if k != "type"})
             if item["type"] == "probe":

@@ -33,7 +33,7 @@ def sample(attempt: Attempt) -> None:
     if (named := worker.named_pids()) is not None:  # the training process and ranks, for status
         record.meta(**named)
     parts.last_sample = reading
-    parts.breakdowns.sampled(reading, attempt.number)  # each process's reading: a kernel kill's last word
+    record.guarded("memory breakdown", parts.breakdowns.sampled, reading, attempt.number)  # a kernel kill's last word
     watch.observe(reading)  # its peaks, and what its processes did since the last sample
     worker_bytes = reading.cgroup.working_set_bytes if reading.cgroup else reading.worker_rss_bytes
     if worker_bytes is not None:  # the spares' budget: their room is what the worker's peak leaves

@@ -91,3 +91,11 @@ def test_the_report_gets_each_failures_breakdowns_and_its_comparison() -> None:
     assert text[0].startswith("    memory:   rank 0 at the OOM: weights 512.0 MiB, gradients 512.0 MiB, AdamW state")
     assert "    snapshot: /r/s.pickle (open it in https://pytorch.org/memory_viz)" in text
     assert "      1.0 GiB in 2 allocations at t.py:3 in f" in text and text[-1] == "    across:   activations ..."
+
+
+def test_a_host_ooms_activations_are_a_lower_bound_and_said_so() -> None:
+    failed = event(1, 16, "oom", 4 * GIB, device="cpu", cache=None)
+    found = memorylines.compare(failed, event(2, 8, "peak", GIB, device="cpu", cache=None))
+    assert found is not None
+    assert found.text.startswith("activations at least 4.0 GiB at micro-batch 16, 1.0 GiB at 8: at least 384.0 MiB a")
+    assert "activations at least 4.0 GiB (read once the error unwound)" in memorylines.breakdown_text(failed)
