@@ -1,6 +1,7 @@
 """The API's response shapes, for the OpenAPI schema and for clients that read it.
 
-Tested in tests/e2e/web/test_web_fuzz.py (the OpenAPI schema), tests/e2e/web/test_web_api.py and tests/unit/web/test_models.py.
+Tested in tests/e2e/web/test_web_fuzz.py (the OpenAPI schema), tests/e2e/web/test_web_api.py and
+tests/unit/web/test_models.py.
 
 The journal's rows allow extra fields: the journal grows (GPU figures, new columns) and the API
 passes new fields through rather than hiding them until this file catches up. The status document

@@ -1,6 +1,7 @@
 """Several nodes, one decision: every node's oomguard shares each round through a c10d TCPStore.
 
-Tested in tests/unit/supervisor/distributed/test_torchrun.py, tests/unit/supervisor/distributed/test_coordination.py and tests/e2e/test_multinode.py.
+Tested in tests/unit/supervisor/distributed/test_torchrun.py, test_coordination.py and
+tests/e2e/test_multinode.py.
 
 One node's oomguard hosts a ``torch.distributed.TCPStore`` on the rendezvous port + 1 (the
 rendezvous itself is torchrun's: c10d on ``--rdzv-endpoint``); every other node's oomguard is a
