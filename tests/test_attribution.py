@@ -7,16 +7,14 @@ import random
 
 import pytest
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, attribute
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.decide.forecast import Budget, Move, forecast, soonest
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.trend import Reading, steady_rise
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.observe.phase import Phase, phase_of
+from oomguard.supervisor.observe.output import OutputScanner, Phase, phase_of
+from oomguard.supervisor.sizing.trend import Budget, Move, Reading, forecast, soonest, steady_rise
 
 MB = 10**6
 MIB = 2**20
@@ -165,7 +163,7 @@ def test_attribution_order_dataloader_then_leak_then_phase_then_per_sample() -> 
 
 
 def test_per_sample_names_the_plateau_and_the_models_scaling() -> None:
-    from oomguard.supervisor.decide.memmodel import Fit
+    from oomguard.supervisor.sizing.memmodel import Fit
 
     per = attribute(plateau_series(), Evidence(), 16, model=Fit(100 * MIB, 40 * MIB, 2))
     assert per.cause is Cause.PER_SAMPLE and "40.0 MiB a sample" in per.summary
@@ -331,7 +329,7 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     from test_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
-    from oomguard.supervisor.record.degraded import Degradations
+    from oomguard.supervisor.record.resilient import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
@@ -369,7 +367,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
     from test_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
-    from oomguard.supervisor.record.degraded import Degradations
+    from oomguard.supervisor.record.resilient import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
@@ -399,7 +397,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
 
 
 def _sample(t: float, rss: int, working_set: int, limit: int) -> object:
-    from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample
+    from oomguard.supervisor.observe.sampler import CgroupMemory, MemorySample
 
     return MemorySample(t, t, 1, rss, (1,), 64 * 2**30, 32 * 2**30,
                         CgroupMemory("/cg", 1, working_set, working_set, limit, 0), None)

@@ -13,9 +13,9 @@ from test_attribution import plateau_series
 from test_explains import LIMIT, MIB, cgroup, creep, then
 
 from oomguard.supervisor.decide.attribution import Cause, Evidence, Plateau, attribute, step_peaks
-from oomguard.supervisor.decide.memmodel import Fit
-from oomguard.supervisor.decide.trend import Reading
 from oomguard.supervisor.observe.allocator import AllocatorOom
+from oomguard.supervisor.sizing.memmodel import Fit
+from oomguard.supervisor.sizing.trend import Reading
 
 CREEP = creep(n=18, every=1.0, steps_per_s=10, per_step=1 * MIB)  # 100 MiB + 1 MiB a step, 10 steps a second
 GIB = 2**30

@@ -7,8 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from oomguard.supervisor.observe.checkpoints import CheckpointIndex, scan, step_of
-from oomguard.supervisor.observe.ckptstep import SAVE, StepEvidence
+from oomguard.supervisor.observe.checkpoints import SAVE, CheckpointIndex, StepEvidence, scan, step_of
 
 
 def test_step_numbers() -> None:

@@ -17,8 +17,14 @@ from typing import Any
 import pytest
 
 from oomguard.supervisor.observe import checkpoints
-from oomguard.supervisor.observe.checkpoints import CheckpointIndex, _watch_roots, quiet_stop_race, renamed_name, scan
-from oomguard.supervisor.observe.ckptstep import StepEvidence
+from oomguard.supervisor.observe.checkpoints import (
+    CheckpointIndex,
+    StepEvidence,
+    _watch_roots,
+    quiet_stop_race,
+    renamed_name,
+    scan,
+)
 
 
 class QuietObserver:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.observe.ckptname import NameReading, read_name
+from oomguard.supervisor.observe.checkpoints import NameReading, read_name
 
 
 @pytest.mark.parametrize("name,step,ordinal", [

@@ -8,8 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from oomguard.supervisor.observe import ckptstep
-from oomguard.supervisor.observe.ckptstep import recorded_step
+from oomguard.supervisor.observe import checkpoints as ckptstep
+from oomguard.supervisor.observe.checkpoints import recorded_step
 
 
 def _state(directory: Path, step: int, size: int | None = None) -> Path:

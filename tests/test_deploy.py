@@ -88,4 +88,4 @@ def test_jobset_gives_oomguard_options_it_accepts_and_fails_for_good_on_1_2_and_
     assert shape.rdzv_endpoint == "pretrain-node-0-0.pretrain:29400"
     assert config.world_size == 16 and config.initial_plan.grad_accum == 8
     assert job["completions"] == job["parallelism"] == shape.nnodes
-    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2, 3]  # lifecycle/exits.py
+    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2, 3]  # lifecycle/states.py

@@ -7,7 +7,7 @@ import socket
 
 from support import oomguard
 
-from oomguard.supervisor.ops.distcheck import backend_lines, rendezvous_lines
+from oomguard.supervisor.ops.doctor import backend_lines, rendezvous_lines
 
 
 def listening_pair() -> tuple[socket.socket, socket.socket, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.record.downsample import Retention, SampleRow, rows_to_drop
+from oomguard.supervisor.record.journal import Retention, SampleRow, rows_to_drop
 
 HOUR = 3600.0
 

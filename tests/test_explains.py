@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.attribution import Cause, Evidence, Limit, attribute
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.forecast import Budget, forecast
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.trend import (
+from oomguard.supervisor.sizing.trend import (
     MAX_JUMP_READINGS,
     NOISE_SIGMAS,
     TOLERANCE_FRACTION,
+    Budget,
     Headroom,
     Reading,
+    forecast,
     steady_rise,
 )
 
@@ -271,7 +272,7 @@ def test_recorded_series(name: str, cause: Cause, also: Cause | None) -> None:
 
 def sample(t: float, rss: int, counted: int | None = None, limit: int | None = None,
            available: int = 32 * 2**30) -> object:
-    from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample
+    from oomguard.supervisor.observe.sampler import CgroupMemory, MemorySample
 
     cg = None if limit is None else CgroupMemory("/cg", 1, rss, rss, limit, 0, counted)
     return MemorySample(t, t, 1, rss, (1,), 64 * 2**30, available, cg, None)
@@ -314,7 +315,7 @@ def test_a_cuda_leak_under_a_memory_fraction_is_measured_against_the_cap_its_oom
     here): the OOM message's "4.00 GiB allowed" is the limit that applied, and the process's own
     GPU memory (its CUDA context included, so a little past the cap) is measured against it."""
     from oomguard.supervisor.observe.gpu import GpuReading
-    from oomguard.supervisor.observe.memory import MemorySample
+    from oomguard.supervisor.observe.sampler import MemorySample
     from oomguard.supervisor.run.trendwatch import TrendWatch
 
     device = 80 * 2**30

@@ -1,4 +1,4 @@
-"""``--predict-shrink`` without processes: the prediction beyond proof (decide/extrapolate.py) from
+"""``--predict-shrink`` without processes: the prediction beyond proof (sizing/memmodel.py) from
 scripted OOM figures, how it changes the policy's decision, how ``--grow`` climbs back after a jump
 that went too far, the probe's forward tracker and the record's fold, and the option's check."""
 
@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from oomguard.common.batch import BatchPlan
 from oomguard.probe.forward import ForwardTracker
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.decide import extrapolate
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.memmodel import OomFigures, Point, propose_growth
 from oomguard.supervisor.decide.policy import Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.allocator import AllocatorReport
+from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point, propose_growth
+from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 
 MB = 2**20
 

@@ -1,4 +1,4 @@
-"""Pins for the survivors of mutation testing in decide/extrapolate.py (docs/mutation.md): the size
+"""Pins for the survivors of mutation testing in sizing/memmodel.py (docs/mutation.md): the size
 ``--predict-shrink`` restarts at, the reason's figures, the floor and the proven size as its bounds,
 and which of the policy's decisions the jump changes."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from oomguard.supervisor.decide import extrapolate
-from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point, Prediction
 
 MB = 2**20
 EARLY = OomFigures(64, 20 * MB, 160 * MB, 180 * MB, 100 * MB, 0.25)  # 80 MB past the fixed a quarter in

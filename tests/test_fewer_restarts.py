@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide import replan
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.fitstore import OUTPUT, FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import OomFigures, Point, shrink_after_oom, unfit
 from oomguard.supervisor.decide.policy import Plan
-from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.checkpoints import CheckpointIndex
+from oomguard.supervisor.record.fitstore import OUTPUT, FitStore, JobKey
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point, shrink_after_oom, unfit
+from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 
 MB = 2**20
 

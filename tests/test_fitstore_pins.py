@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.decide.fitstore import (
-    _HASHED_MAX,
-    OUTPUT,
-    FitRecord,
-    FitStore,
-    JobKey,
-    default_cache_dir,
-    merge_point,
-)
-from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.record.fitstore import _HASHED_MAX, OUTPUT, FitStore, JobKey, default_cache_dir
+from oomguard.supervisor.sizing.memmodel import Point
+from oomguard.supervisor.sizing.tuning import FitRecord, merge_point
 
 GIB = 2**30
 H100 = ("NVIDIA H100 80GB HBM3", 80 * GIB)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.decide.forecast import Budget, Forecast, Move, budgets, forecast
-from oomguard.supervisor.decide.trend import Reading
 from oomguard.supervisor.observe.cgroup import CgroupMemory
 from oomguard.supervisor.observe.gpu import GpuReading
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
+from oomguard.supervisor.sizing.trend import Budget, Forecast, Move, Reading, budgets, forecast
 
 GIB = 2**30
 EARLY = [Reading(0.0, 0, 0)]  # too few readings for a line of this attempt's own

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.fragmentation import judge
+from oomguard.common.batch import BatchPlan
+from oomguard.supervisor.decide.classify import FailureKind, judge
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.observe.output import OutputScanner
 

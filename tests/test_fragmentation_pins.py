@@ -4,7 +4,7 @@ and which figures it is judged from: the probe's at the OOM, else the OOM messag
 
 from __future__ import annotations
 
-from oomguard.supervisor.decide.fragmentation import Judgement, at_oom, judge
+from oomguard.supervisor.decide.classify import Judgement, at_oom, judge
 from oomguard.supervisor.observe.allocator import AllocatorOom
 
 GIB = 2**30

@@ -14,11 +14,9 @@ import pytest
 from prometheus_client import generate_latest
 from test_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
-from oomguard.supervisor.decide.tuning import SizeTuner
-from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.observe.ranks import process_rank
-from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
+from oomguard.supervisor.observe.sampler import MemoryAction, MemorySample, Thresholds, evaluate, process_rank
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.sizing.tuning import SizeTuner
 from oomguard.web.metrics import make_registry
 
 

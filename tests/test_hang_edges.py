@@ -4,11 +4,11 @@ needs both enough gaps and a span of at least ``CADENCE_FLOOR`` seconds."""
 
 from __future__ import annotations
 
+from oomguard.common import protocol
 from oomguard.supervisor.observe import liveness
 from oomguard.supervisor.observe.liveness import Cadence
-from oomguard.supervisor.observe.memory import MemorySample
 from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.worker import protocol
+from oomguard.supervisor.observe.sampler import MemorySample
 
 
 def idle_sample(t: float) -> MemorySample:

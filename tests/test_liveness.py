@@ -12,9 +12,8 @@ import pytest
 from oomguard.supervisor.observe import liveness
 from oomguard.supervisor.observe.gpu import GpuReading
 from oomguard.supervisor.observe.liveness import Activity, Cadence, Liveness, activity_between
-from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.steps import StepSeen
+from oomguard.supervisor.observe.progress import AttemptWatch, StepSeen
+from oomguard.supervisor.observe.sampler import MemorySample
 
 MIB = 1 << 20
 

@@ -19,7 +19,7 @@ from oomguard.supervisor.observe.liveness import (
     activity_between,
     gpu_activity,
 )
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
 
 MIB = 1 << 20
 

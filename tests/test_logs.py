@@ -15,8 +15,7 @@ from typing import IO
 import pytest
 from support import ROOT, oomguard
 
-from oomguard.supervisor.record.attemptlog import CUT_MARKER, AttemptLog
-from oomguard.supervisor.record.logs import GAP, follow, log_file
+from oomguard.supervisor.record.logs import CUT_MARKER, GAP, AttemptLog, follow, log_file
 
 PY = sys.executable
 

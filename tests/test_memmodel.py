@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from oomguard.supervisor.decide.memmodel import Point, divisors, fit, propose_growth, shrink_after_oom
+from oomguard.common.batch import divisors
+from oomguard.supervisor.sizing.memmodel import Point, fit, propose_growth, shrink_after_oom
 
 CAPACITY = 100_000  # bytes of a pretend device; the model is unit-free
 

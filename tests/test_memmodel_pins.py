@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.decide.memmodel import (
+from oomguard.supervisor.sizing.memmodel import (
     Fit,
     OomFigures,
     Point,

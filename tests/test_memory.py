@@ -14,7 +14,7 @@ import pytest
 
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, locate_cgroup
 from oomguard.supervisor.observe.gpu import GpuMonitor
-from oomguard.supervisor.observe.memory import (
+from oomguard.supervisor.observe.sampler import (
     AttemptPeak,
     MemorySample,
     Sampler,

@@ -18,7 +18,7 @@ from support import oomguard
 
 from oomguard.supervisor.ops import notify
 from oomguard.supervisor.ops.notify import Notifier, NotifyConfig, NotifyConfigError, Target, parse_target
-from oomguard.supervisor.record.degraded import Degradations
+from oomguard.supervisor.record.resilient import Degradations
 
 HOST = socket.gethostname()
 

@@ -1,4 +1,4 @@
-"""The rule that tells oomguard's own failures from the script's (decide/ownfault.py), fed tracebacks
+"""The rule that tells oomguard's own failures from the script's (decide/classify.py), fed tracebacks
 as the worker prints them, and the policy that follows from it (decide/policy.py)."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ import os
 
 import pytest
 
+from oomguard.common.batch import BatchPlan
 from oomguard.probe import SITE_DIR
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.ownfault import Addition, OwnFault, own_fault
+from oomguard.supervisor.decide.classify import Addition, FailureKind, OwnFault, own_fault
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.run.runtime import OWN_CODE
@@ -172,8 +171,8 @@ OSError: [Errno 9] Bad file descriptor
   File "{PKG}/probe/channel.py", line 37, in emit
     protocol.emit(record_type, **fields, **identity())''')
     own = fault(by_probe)
-    assert own is not None and own.addition is Addition.PROBE and own.frame.startswith("oomguard/worker/protocol.py")
-    assert fault(library.format("oomguard.worker.protocol.emit('progress', step=3)")) is None  # the script's call
+    assert own is not None and own.addition is Addition.PROBE and own.frame.startswith("oomguard/common/protocol.py")
+    assert fault(library.format("oomguard.common.protocol.emit('progress', step=3)")) is None  # the script's call
 
 
 def test_only_a_crash_whose_traceback_ended_the_output_is_ours() -> None:

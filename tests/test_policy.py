@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 

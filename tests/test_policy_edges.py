@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import CRASH_LOOP_REPEATS, Action, Failure, Plan, PolicyConfig, decide
 

@@ -3,11 +3,10 @@ the reasons users read, the boundaries of each remedy and the plan carried throu
 
 from __future__ import annotations
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.attribution import Attribution, Cause
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.classify import FailureKind, Fatal
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.unfixable import Fatal
 
 PLAN = Plan(BatchPlan(16, 64, 1))
 CONFIG = PolicyConfig(min_micro_batch=1)

@@ -7,14 +7,14 @@ import random
 import re
 from typing import Any
 
+from oomguard.common import protocol
 from oomguard.supervisor.decide.attribution import Cause, Evidence, Limit, Plateau, attribute, step_peaks
-from oomguard.supervisor.decide.fragmentation import at_oom
-from oomguard.supervisor.decide.trend import Reading
-from oomguard.supervisor.decide.tuning import SizeTuner
+from oomguard.supervisor.decide.classify import at_oom
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.record.figures import progress_text
-from oomguard.worker import protocol
+from oomguard.supervisor.sizing.trend import Reading
+from oomguard.supervisor.sizing.tuning import SizeTuner
 
 MIB = 2**20
 GIB = 2**30
@@ -198,7 +198,7 @@ def test_the_forecast_and_a_leak_are_measured_on_the_allocators_step_peaks_again
     """NVML sees no per-process figure here; the probe's step peaks rise 64 MiB a second toward the
     fraction's 24 GiB cap: the forecast names the allocator, and the CUDA OOM at the cap is a leak."""
     from oomguard.supervisor.decide.classify import FailureKind
-    from oomguard.supervisor.observe.memory import MemorySample
+    from oomguard.supervisor.observe.sampler import MemorySample
     from oomguard.supervisor.run.trendwatch import TrendWatch
 
     watch = TrendWatch()

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.steps import StepMatcher
+from oomguard.supervisor.observe.progress import AttemptWatch, StepMatcher
 
 CORPUS = Path(__file__).resolve().parent / "progress_corpus"
 SOURCES = sorted(p.stem for p in CORPUS.glob("*.jsonl"))

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.common import protocol
+from oomguard.supervisor.observe.checkpoints import ResumeCheck
 from oomguard.supervisor.observe.progress import (
     MTIME_SLACK,
     PROGRESS_EVENT_EVERY,
     REQUEST_COOLDOWN,
     STAMP_SLACK,
     AttemptWatch,
+    StepSeen,
 )
-from oomguard.supervisor.observe.resume import ResumeCheck
-from oomguard.supervisor.observe.steps import StepSeen
-from oomguard.worker import protocol
+from oomguard.supervisor.observe.sampler import MemorySample
 
 
 def watch() -> AttemptWatch:

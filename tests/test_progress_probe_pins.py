@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from test_probe_figures import oom_record, step_record
 
+from oomguard.common import protocol
+from oomguard.supervisor.observe.checkpoints import ResumeCheck
 from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.resume import ResumeCheck
-from oomguard.worker import protocol
 
 
 def test_each_probe_step_is_placed_at_its_records_time_the_last_256_kept() -> None:

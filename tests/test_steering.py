@@ -11,14 +11,14 @@ from support import oomguard
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.run import steering
+from oomguard.supervisor.run import preflight as steering
 
 PY = sys.executable
 ARGPARSE = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--batch-size')\np.parse_args()\n"
 
 
 def steer(cwd: Path, command: list[str], **options: object) -> None:
-    steering.check(build_config({"micro_batch": "8", "grad_accum": "1", **options}, command), cwd)
+    steering.check_steering(build_config({"micro_batch": "8", "grad_accum": "1", **options}, command), cwd)
 
 
 def test_a_script_given_no_batch_is_refused_naming_what_would_steer_it(tmp_path: Path) -> None:

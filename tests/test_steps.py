@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.observe import ckptstep
-from oomguard.supervisor.observe.ckptstep import StepEvidence
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.steps import StepMatcher, StepSeen, compile_pattern
+from oomguard.supervisor.observe import checkpoints as ckptstep
+from oomguard.supervisor.observe.checkpoints import StepEvidence
+from oomguard.supervisor.observe.progress import AttemptWatch, StepMatcher, StepSeen, compile_pattern
 
 
 @pytest.mark.parametrize("line,expected", [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.observe.steps import StepMatcher, StepSeen
+from oomguard.supervisor.observe.progress import StepMatcher, StepSeen
 
 
 @pytest.mark.parametrize("line", [

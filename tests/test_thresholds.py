@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
-from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample, Pressure, Sampler
-from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate, parse_fraction
+from oomguard.supervisor.observe.sampler import (
+    CgroupMemory,
+    MemoryAction,
+    MemorySample,
+    Pressure,
+    Sampler,
+    Thresholds,
+    evaluate,
+    parse_fraction,
+)
 
 GIB = 1024**3
 MIB = 1024**2

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from oomguard.supervisor.decide.trend import Headroom, Reading, Trend, after_warmup, steady_rise
+from oomguard.supervisor.sizing.trend import Headroom, Reading, Trend, after_warmup, steady_rise
 
 MIB = 2**20
 T0 = 5000.0  # a monotonic clock's readings do not start at 0

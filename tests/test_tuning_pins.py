@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from oomguard.supervisor.decide.fitstore import FitRecord, JobKey, ModelPrint
-from oomguard.supervisor.decide.memmodel import OomFigures, Point
-from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.gpu import GpuReading
-from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
+from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample
+from oomguard.supervisor.record.fitstore import JobKey
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point
+from oomguard.supervisor.sizing.tuning import FitRecord, ModelPrint, SizeTuner, figures_at_oom
 
 GIB = 2**30
 KEY = JobKey(("python", "train.py"), (), 1)

@@ -1,4 +1,4 @@
-"""Errors no restart can fix (decide/unfixable.py): read from the output as it streams, then one rule;
+"""Errors no restart can fix (decide/classify.py): read from the output as it streams, then one rule;
 then real scripts under the real CLI: a missing module is run twice, a script that does not compile once."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 from support import oomguard
 
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.common.batch import BatchPlan
+from oomguard.supervisor.decide.classify import FailureKind, Fatal, seen
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.unfixable import Fatal, seen
-from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
+from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.journal import Journal
 

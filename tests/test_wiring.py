@@ -20,15 +20,16 @@ import pytest
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.attribution import Evidence, Plateau, attribute, earlier_plateaus
-from oomguard.supervisor.decide.trend import Reading
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.observe.checkpoints import quiet_stop_race
+from oomguard.supervisor.lifecycle.states import exit_text
+from oomguard.supervisor.observe.checkpoints import ResumeCheck, quiet_stop_race
 from oomguard.supervisor.observe.lookalikes import (
     QUIET_LIMIT,
     Lookalike,
     LookalikeWatcher,
     candidate,
     final_path,
+    held_for_writing,
     matched,
     missed,
     missed_notice,
@@ -36,11 +37,7 @@ from oomguard.supervisor.observe.lookalikes import (
     suggest_glob,
     unmatched_notice,
 )
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.resume import ResumeCheck
-from oomguard.supervisor.observe.steps import StepSeen
-from oomguard.supervisor.observe.writers import held_for_writing
-from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.observe.progress import AttemptWatch, StepSeen
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import (
     CLOSED_INTERRUPTED,
@@ -50,8 +47,10 @@ from oomguard.supervisor.record.report import (
     stopped_by,
 )
 from oomguard.supervisor.record.status import format_status, status_document
-from oomguard.supervisor.run import preflight, wiring
+from oomguard.supervisor.run import preflight
+from oomguard.supervisor.run import preflight as wiring
 from oomguard.supervisor.run.arguments import unrecognized
+from oomguard.supervisor.sizing.trend import Reading
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from oomguard.supervisor.record.journal import Journal, journal_path
 from oomguard.supervisor.record.status import status_document
-from oomguard.web import redact
+from oomguard.web import exposure as redact
 
 
 class JournalUnavailable(RuntimeError):

@@ -23,10 +23,10 @@ from oomguard.worker import (
     load,
     shrink,
 )
-from oomguard.worker import rng as rng_state
+from oomguard.worker import checkpoint as rng_state
 from oomguard.worker.batching import grow, split_sizes
-from oomguard.worker.channel import Requests
 from oomguard.worker.data import batch_size, slice_batch
+from oomguard.worker.link import Requests
 
 
 def test_shrink_takes_the_largest_divisor_at_most_half() -> None:

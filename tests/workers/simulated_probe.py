@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from oomguard.worker import protocol
+from oomguard.common import protocol
 
 MIB = 2**20
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from oomguard.supervisor.distributed.torchrun import Shape
 
-# EX_TEMPFAIL: the run can go on once every node is back (lifecycle/exits.py holds every exit status)
-from oomguard.supervisor.lifecycle.exits import EXIT_PEER_LOST as EXIT_PEER_LOST
+# EX_TEMPFAIL: the run can go on once every node is back (lifecycle/states.py holds every exit status)
+from oomguard.supervisor.lifecycle.states import EXIT_PEER_LOST as EXIT_PEER_LOST
 
 _TIERS = {"cuda_oom": 0, "host_oom": 0, "memory_limit": 0, "hang": 1, "crash": 2, "killed": 3}
 

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.lifecycle.states import Ending, StopReason, exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 

@@ -67,7 +67,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     try:
         doc = status_document(journal)
         meta = journal.meta()
-        # on a network bind, the address others open (web/addresses.py), not this machine's loopback
+        # on a network bind, the address others open (web/exposure.py), not this machine's loopback
         web_url = (meta.get("web_public") or [meta.get("web_url")])[0]
     except sqlite3.OperationalError as exc:
         if str(exc).startswith("no such table"):  # damage.py let it through: a supervisor is creating it

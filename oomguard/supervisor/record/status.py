@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.lifecycle.states import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.units import format_size
@@ -78,7 +78,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
         "liveness": _liveness(meta, alive),
         "degraded": (meta.get("degraded") or []) if alive else [],
         "probe": meta.get("probe"),  # the in-process probe: loaded, failed, off, or none seen and why
-        # oomguard's own additions that failed an attempt, each off for the attempts after (decide/ownfault.py)
+        # oomguard's own additions that failed an attempt, each off for the attempts after (decide/classify.py)
         "own_failures": [{"attempt": n, **data} for n, data in journal.event_data("own_failure").items()],
         "spare": meta.get("spare"),  # why no spare interpreter is held (run/spare.py), said once a run
         "warnings": meta.get("warnings") or [],  # a resume that did not happen, a glob that matches nothing

@@ -20,42 +20,39 @@ from typing import Any, BinaryIO
 
 import psutil
 
+from oomguard.common import protocol
 from oomguard.supervisor.command.configedit import Edit, apply_edits, check_edits
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide import extrapolate, replan, unfixable
+from oomguard.supervisor.decide import classify as unfixable
+from oomguard.supervisor.decide import replan
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, earlier_plateaus, step_peaks
-from oomguard.supervisor.decide.classify import FailureKind, Verdict
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint
-from oomguard.supervisor.decide.forecast import Move
-from oomguard.supervisor.decide.fragmentation import at_oom
-from oomguard.supervisor.decide.memmodel import OomFigures, fit
-from oomguard.supervisor.decide.ownfault import Addition, OwnFault, own_fault
+from oomguard.supervisor.decide.classify import Addition, FailureKind, OwnFault, Verdict, at_oom, own_fault
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.decide.replan import PlanChange
-from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.lifecycle.outcome import Outcome, Stop, ending_of, grace
-from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
-from oomguard.supervisor.observe import ckptstep
-from oomguard.supervisor.observe.channel import ChannelReader
-from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
-from oomguard.supervisor.observe.ckptstep import StepEvidence
-from oomguard.supervisor.observe.memory import MemorySample, Sampler
-from oomguard.supervisor.observe.probestate import ProbeReport
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.steps import StepMatcher
-from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
+from oomguard.supervisor.lifecycle.states import (
+    EXIT_GAVE_UP,
+    EXIT_UNFIXABLE,
+    Ending,
+    RunState,
+    StopReason,
+    check_transition,
+)
+from oomguard.supervisor.observe import checkpoints as ckptstep
+from oomguard.supervisor.observe.allocator import ProbeReport
+from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex, StepEvidence
+from oomguard.supervisor.observe.progress import AttemptWatch, ChannelReader, StepMatcher
+from oomguard.supervisor.observe.sampler import MemoryAction, MemorySample, Sampler, Thresholds, evaluate
 from oomguard.supervisor.record.console import say as log
-from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.fitstore import FitStore, JobKey
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import closing_decision, stopped_by
-from oomguard.supervisor.record.resilient import ResilientJournal
-from oomguard.supervisor.run.containment import Containment, remove_stale
-from oomguard.supervisor.run.control import ControlFlags
-from oomguard.supervisor.run.lock import RunLock
+from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
+from oomguard.supervisor.run.containment import Containment, Handover, remove_stale
+from oomguard.supervisor.run.control import ControlFlags, RunLock
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import (
     OWN_CODE,
@@ -66,12 +63,14 @@ from oomguard.supervisor.run.runtime import (
     expandable_already,
     placeholder_values,
 )
-from oomguard.supervisor.run.settle import Handover
 from oomguard.supervisor.run.spare import Spares
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
-from oomguard.worker import protocol
+from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing.memmodel import OomFigures, fit
+from oomguard.supervisor.sizing.trend import Move
+from oomguard.supervisor.sizing.tuning import ModelPrint, SizeTuner, figures_at_oom
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
@@ -144,7 +143,7 @@ class Supervisor:
         self.spares = Spares(config.spare, self.run_dir, self.cwd, config.memory_limit, self._event,
                              say=lambda doc: self.journal.set_meta(spare=doc))
         self.edits: list[Edit] = []  # --edit, checked when the run opens
-        self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
+        self.probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/classify.py)
         self._lock = RunLock(self.run_dir)
         self._chores = Chores(self.tickers)
         self._board: ForecastBoard
@@ -703,7 +702,7 @@ class Supervisor:
                                       grow_to=watch.grow_to)
 
     def _checkpoint_step(self, ckpt: Checkpoint, watch: AttemptWatch) -> StepEvidence:
-        """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
+        """The step ``ckpt`` holds, from the best evidence (observe/checkpoints.py), taught to the index
         so that the choice of the newest one to resume from goes by it too."""
         if ckpt.step_from == ckptstep.SAVE:  # learned from this write's save record already
             return StepEvidence(ckpt.step, ckpt.step_from)
@@ -752,7 +751,7 @@ class Supervisor:
         self._transition(RunState.RECOVERING, f"attempt {self.attempt} ended: {verdict.kind.value}"
                          f" ({verdict.evidence})")
         current = self.current
-        # Our own code failed it (decide/ownfault.py): nothing it shows is the script's, nor its memory's.
+        # Our own code failed it (decide/classify.py): nothing it shows is the script's, nor its memory's.
         own = own_fault(verdict.kind, watch.scanner, current.additions, OWN_CODE,
                         current.handover_lost) if current is not None else None
         if own is None:
