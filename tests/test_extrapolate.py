@@ -1,4 +1,4 @@
-"""``--predict-shrink`` without processes: the prediction beyond proof (sizing/memmodel.py) from
+"""``--predict-shrink`` without processes: the prediction beyond proof (sizing/tuning.py) from
 scripted OOM figures, how it changes the policy's decision, how ``--grow`` climbs back after a jump
 that went too far, the probe's forward tracker and the record's fold, and the option's check."""
 
@@ -14,7 +14,7 @@ from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.allocator import AllocatorReport
-from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing import tuning as extrapolate
 from oomguard.supervisor.sizing.memmodel import OomFigures, Point, propose_growth
 from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 

@@ -1,4 +1,4 @@
-"""Pins for the survivors of mutation testing in sizing/memmodel.py (docs/mutation.md): the size
+"""Pins for the survivors of mutation testing in sizing/tuning.py (docs/mutation.md): the size
 ``--predict-shrink`` restarts at, the reason's figures, the floor and the proven size as its bounds,
 and which of the policy's decisions the jump changes."""
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing import tuning as extrapolate
 from oomguard.supervisor.sizing.memmodel import OomFigures, Point, Prediction
 
 MB = 2**20

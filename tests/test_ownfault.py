@@ -161,7 +161,7 @@ def test_the_worker_library_is_the_probes_only_when_the_probe_called_it() -> Non
     library = f'''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 12, in <module>
     {{}}
-  File "{PKG}/worker/protocol.py", line 90, in emit
+  File "{PKG}/common/protocol.py", line 90, in emit
     os.write(fd, data)
 OSError: [Errno 9] Bad file descriptor
 '''

@@ -1,7 +1,7 @@
 """What the in-process probe reports about one attempt: real optimizer steps and the allocator's figures.
 
 The probe (``oomguard/probe/``) runs inside every Python process of the worker and appends ``step``
-and ``oom`` records to the channel (``worker.protocol``). ``AllocatorReport`` folds them: the step
+and ``oom`` records to the channel (``common.protocol``). ``AllocatorReport`` folds them: the step
 training reached (the same on every rank: the highest one seen), how fast steps go (timed by one
 process, the lowest rank, from the seconds each record says its steps took), the CUDA caching
 allocator's peaks since the attempt began (what the model allocated, not the driver's view NVML
@@ -85,7 +85,7 @@ def _fraction_done(value: Any) -> float | None:
 @dataclass(frozen=True)
 class OomProgress:
     """How far the step had got at an OOM, on any device, and what the process held, in one measure
-    (``memory``): the figures ``decide.extrapolate`` predicts a smaller size from."""
+    (``memory``): the figures ``sizing.tuning`` predicts a smaller size from."""
 
     memory: str
     micro_batch: int | None

@@ -1,6 +1,6 @@
 """What the loop learns about one attempt while it runs: progress, checkpoints, hangs, peaks.
 
-``AttemptWatch`` folds the worker's structured records (``worker.protocol``) and the output
+``AttemptWatch`` folds the worker's structured records (``common.protocol``) and the output
 scanner's evidence into facts the loop and the policy read: the last step, whether a checkpoint
 landed, whether the worker reported its own failure, how long it has been quiet and, with what its
 processes did (``observe.liveness``), whether that quiet is a hang. It does no I/O; the loop feeds it

@@ -67,7 +67,7 @@ from oomguard.supervisor.run.spare import Spares
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
-from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing import tuning as extrapolate
 from oomguard.supervisor.sizing.memmodel import OomFigures, fit
 from oomguard.supervisor.sizing.trend import Move
 from oomguard.supervisor.sizing.tuning import ModelPrint, SizeTuner, figures_at_oom
