@@ -1,8 +1,8 @@
 """Finding the newest valid checkpoint among the files or directories the worker writes.
 
-The newest is the one holding the highest step, where its step is known (``observe/checkpoints.py``:
+The newest is the one holding the highest step, where its step is known (``resolve`` below:
 the probe's save record, learned from the loop; HF's ``trainer_state.json``; a number its name labels
-as a step, ``observe/checkpoints.py``); else the highest epoch or save count its name gives; else the
+as a step, ``read_name``); else the highest epoch or save count its name gives; else the
 newest modification time. A number the name does not label as a step (a batch size, a version, a
 rank) never orders them. A checkpoint still being written is never
 chosen: temp names are skipped, and while the worker runs a candidate must keep the same size and
@@ -39,7 +39,7 @@ from watchdog.observers.polling import PollingObserver
 # What a checkpoint's name says about its step: only a number the name labels as a step.
 #
 # A name is a string that only looks like a record, so it is the weakest evidence of a step
-# (``observe/checkpoints.py`` prefers the probe's save record and the checkpoint's own record). A number
+# (``resolve`` prefers the probe's save record and the checkpoint's own record). A number
 # in it is read as the step only where it is labelled as one (``step=500``, ``global_step1000``,
 # ``iter_0001000``, Composer's ``ba100``, fairseq's updates in ``checkpoint_3_1500.pt``) or where it is
 # the name's only number, unlabelled or named by the checkpoint's own noun (HF's ``checkpoint-500``,
@@ -159,7 +159,7 @@ def _the_checkpoints_own(number: _Number) -> bool:
 # (``AttemptWatch.saved_step``): the optimizer's own count when the save began, measured in the
 # worker; (2) the checkpoint's own record where reading it is cheap and safe (HF's
 # ``trainer_state.json``, whose ``global_step`` its ``checkpoint-N`` name repeats); (3) its name,
-# only a number labelled as a step or the name's sole number (``observe/checkpoints.py``); (4) the step
+# only a number labelled as a step or the name's sole number (``read_name``); (4) the step
 # the worker reported when the file was written (``AttemptWatch.step_at``); else unknown, and said
 # so, never guessed.
 #
@@ -233,7 +233,7 @@ class Checkpoint:
     mtime: float
     size: int
     ordinal: int | None = None  # an epoch or save count from the name: orders, is never a step
-    step_from: str | None = None  # which evidence gave the step (observe/checkpoints.py); None if unknown
+    step_from: str | None = None  # which evidence gave the step (``resolve``); None if unknown
 
     @property
     def signature(self) -> tuple[float, int]:
@@ -273,7 +273,7 @@ def quiet_stop_race() -> None:
 
 
 def step_of(path: str) -> int | None:
-    """The step a checkpoint's name labels as one, if any (``observe/checkpoints.py``)."""
+    """The step a checkpoint's name labels as one, if any (``read_name``)."""
     return read_name(Path(path).name).step
 
 

@@ -15,7 +15,7 @@ telling the user to point ``--checkpoint`` at such a file would resume another r
 look-alike is the worker's when the probe's ``save`` record names it (the path the worker's
 ``torch.save`` was given, or the temp name an atomic writer renamed to it, or a file inside it) or
 when one of the worker's processes held it open for writing as its write was reported
-(``observe/lookalikes.py``: the evidence where the probe does not speak). Any other is never named,
+(``held_for_writing`` below: the evidence where the probe does not speak). Any other is never named,
 and the notice below that says nothing was written does not say so while one was.
 
 ``missed_notice`` and ``unmatched_notice`` say when to tell the user, once, and what:

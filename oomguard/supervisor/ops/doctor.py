@@ -320,7 +320,7 @@ def check_port(ctx: DoctorContext) -> list[Check]:
 
 
 def check_distributed(ctx: DoctorContext) -> list[Check]:
-    """Collective backends, and with --rdzv-endpoint the multi-node rendezvous (ops/doctor.py)."""
+    """Collective backends, and with --rdzv-endpoint the multi-node rendezvous."""
     from oomguard.supervisor.ops import doctor as distcheck
 
     if not (ctx.distributed or ctx.rdzv_endpoint):
