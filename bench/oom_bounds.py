@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import workload
 
-from oomguard.supervisor.decide.memmodel import OomFigures
+from oomguard.supervisor.sizing.memmodel import OomFigures
 
 REQUESTED = re.compile(r"allocate (\d+) bytes")
 

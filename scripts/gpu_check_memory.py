@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from oomguard.supervisor.decide.memmodel import Point, propose_growth, shrink_after_oom
-from oomguard.supervisor.observe.memory import MemorySample, Sampler
+from oomguard.supervisor.observe.sampler import MemorySample, Sampler
+from oomguard.supervisor.sizing.memmodel import Point, propose_growth, shrink_after_oom
 
 GIB = 1024**3
 PROBE = 4  # micro-batch of the first probe; the second is twice as large

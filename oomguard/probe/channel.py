@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 
 
 def _number(name: str) -> int | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 from . import channel
 
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 from . import channel, memory
 from .forward import ForwardTracker
 from .parts import BreakdownReporter

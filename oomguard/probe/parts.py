@@ -37,7 +37,7 @@ import gc
 from collections.abc import Iterable
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 from . import channel, memory
 
 Baseline = tuple[int, int] | None  # (address space, resident) when torch finished importing

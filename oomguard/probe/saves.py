@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 from . import channel
 
 _MARK = "_oomguard_save"

@@ -19,7 +19,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 from . import channel
 
 ENV_SWITCH = "OOMGUARD_MEMORY_SNAPSHOT"

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..worker import protocol
+from ..common import protocol
 from . import channel, memory
 
 EVERY = 0.5  # seconds between two step records of one process

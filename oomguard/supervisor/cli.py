@@ -19,7 +19,7 @@ from typing import NoReturn
 from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle.exits import EXIT_CRASHED
+from oomguard.supervisor.lifecycle.states import EXIT_CRASHED
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
 from oomguard.supervisor.run.arguments import ambiguous, unrecognized

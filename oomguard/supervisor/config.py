@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.command.accumulation import Carrier, carrier
-from oomguard.supervisor.command.placeholders import check_template, used
-from oomguard.supervisor.decide.batch import BatchPlan, divisors
+from oomguard.common.batch import BatchPlan, divisors
+from oomguard.common.protocol import signal_name
+from oomguard.supervisor.command.placeholders import Carrier, carrier, check_template, used
 from oomguard.supervisor.distributed.launcher import shape_of
 from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
@@ -55,7 +55,7 @@ def _count(text: str) -> int:
 
 
 def _fraction(text: str) -> float:
-    from oomguard.supervisor.observe.thresholds import parse_fraction
+    from oomguard.supervisor.observe.sampler import parse_fraction
 
     return parse_fraction(str(text))
 
@@ -313,7 +313,7 @@ class RunConfig:
                              f"{per}, so the global batch would not be exact", f"use {fits}")
 
     def _check_memory_options(self) -> None:
-        from oomguard.supervisor.observe.thresholds import Thresholds
+        from oomguard.supervisor.observe.sampler import Thresholds
         from oomguard.supervisor.ops.notify import parse_target
 
         for spec in self.notify:
@@ -326,7 +326,7 @@ class RunConfig:
             raise UsageError(option, text.removeprefix(option).strip(" :"), "see oomguard run --help") from None
 
     def _check_progress_pattern(self) -> None:
-        from oomguard.supervisor.observe.steps import compile_pattern
+        from oomguard.supervisor.observe.progress import compile_pattern
 
         if self.progress_pattern:
             try:
@@ -335,11 +335,8 @@ class RunConfig:
                 raise UsageError("--progress-pattern", str(exc), "see oomguard run --help") from None
 
     def _check_signal(self) -> None:
-        import signal
-
-        name = self.checkpoint_signal.upper()
-        name = name if name.startswith("SIG") else "SIG" + name
-        if not isinstance(getattr(signal, name, None), signal.Signals):
+        name = signal_name(self.checkpoint_signal)
+        if name is None:
             raise UsageError("--checkpoint-signal", f"unknown signal {self.checkpoint_signal!r}",
                              "use e.g. SIGUSR1 or SIGUSR2")
         if name in ("SIGKILL", "SIGSTOP", "SIGTERM", "SIGINT", "SIGCONT"):

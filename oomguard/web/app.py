@@ -25,14 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from oomguard.supervisor.record.picture import Attempt, supervisor_alive
-from oomguard.web import models, redact
+from oomguard.web import exposure as redact
+from oomguard.web import models
 from oomguard.web.exposure import ANONYMOUS
 from oomguard.web.journals import JournalPool, JournalUnavailable, StatusCache
 from oomguard.web.logtail import log_path, tail
-from oomguard.web.markers import MarkerScan
 from oomguard.web.metrics import make_registry
 from oomguard.web.sse import ChangeBroker, TooManyStreams, stream
-from oomguard.web.timeline import chart_point, downsample
+from oomguard.web.timeline import MarkerScan, chart_point, downsample
 
 STATIC = Path(__file__).parent / "static"
 MAX_ATTEMPT = 1_000_000

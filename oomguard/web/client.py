@@ -5,6 +5,10 @@ Tested in tests/e2e/test_operator.py (``oomguard checkpoint|restart|stop``) and 
 
 The address comes from the journal (``web_url``, recorded by the running supervisor) and the
 token from ``RUN_DIR/token``; stdlib ``urllib`` keeps these commands quick to start.
+
+Also here:
+
+- ``oomguard checkpoint``: ask for a checkpoint and say whether one was written.
 """
 
 from __future__ import annotations
@@ -14,14 +18,15 @@ import json
 import os
 import shlex
 import signal
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.record.journal import open_existing
+from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.status import read_status, supervisor_alive
 
 TIMEOUT = 5.0
@@ -106,7 +111,7 @@ def _detail(exc: urllib.error.HTTPError) -> str:
 def _cmd_control(args: argparse.Namespace, command: Sequence[str]) -> int:
     run_dir = Path(args.run_dir)
     if args.subcommand == "checkpoint":
-        from oomguard.web.checkpointwait import ask_and_wait
+        from oomguard.web.client import ask_and_wait
 
         return ask_and_wait(run_dir, args.wait, lambda: control(run_dir, "checkpoint"), lambda s: print(s, flush=True))
     print(control(run_dir, args.subcommand))
@@ -119,7 +124,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parser.add_argument("--run-dir", default="oomguard-run",
                             help="the run directory (default: oomguard-run)")
         if action == "checkpoint":
-            from oomguard.web.checkpointwait import DEFAULT_WAIT
+            from oomguard.web.client import DEFAULT_WAIT
 
             parser.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
                                 help="how long to wait for the checkpoint to appear; exit 1 when none does "
@@ -171,3 +176,64 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535; 0: any free port)")
     return value
+
+
+# ``oomguard checkpoint``: ask for a checkpoint and say whether one was written.
+#
+# It used to print ``checkpoint requested`` and exit 0 whatever happened, also when the worker had no
+# handler for the signal and nothing was ever written. Now it follows the journal after the request:
+# the loop's ``checkpoint_request`` event says whether the signal was sent (only to a worker that
+# handles it; the request file is written either way, for scripts that poll it), and a ``checkpoint``
+# event, or the worker removing the request file (the protocol's acknowledgement), says one was
+# written. Nothing within ``--wait`` seconds: one line saying so, exit 1.
+
+
+DEFAULT_WAIT = 300.0  # a large model's state takes minutes to write; --wait 0 only asks
+POLL = 0.2
+REQUEST_FILE = "checkpoint.request"  # run/runtime.py's AttemptFiles.checkpoint_request
+_OVER = frozenset({"stopped", "failed", "succeeded"})
+
+
+def ask_and_wait(run_dir: Path, wait: float, send: Callable[[], str], say: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic) -> int:
+    """Send the request (``send``), then follow the journal for up to ``wait`` seconds; 0 when a
+    checkpoint was written, 1 when none was."""
+    journal = open_existing(run_dir)
+    try:
+        since, meta = journal.last_event_id(), journal.meta()
+        say(send())
+        if wait <= 0:
+            return 0
+        return _follow(journal, run_dir, since, meta, wait, say, clock)
+    finally:
+        journal.close()
+
+
+def _follow(journal: Journal, run_dir: Path, since: int, meta: dict[str, Any], wait: float,
+            say: Callable[[str], None], clock: Callable[[], float]) -> int:
+    started, handled = clock(), None
+    signal_name = (meta.get("config") or {}).get("checkpoint_signal", "SIGUSR1")
+    while clock() - started < wait:
+        for event in journal.events(since):
+            since, kind, data = event["id"], event["kind"], event["data"]
+            if kind == "checkpoint_request" and data.get("reason") == "requested" and handled is None:
+                handled = data.get("signal") is not None
+                if not handled:
+                    say(f"the worker has no handler for {signal_name}: only the request file was written "
+                        f"({run_dir / REQUEST_FILE}), which a script must poll (the worker library does both)")
+            elif kind == "checkpoint":
+                step = f" (step {data['step']})" if data.get("step") is not None else ""
+                say(f"checkpoint written: {data['path']}{step}, {clock() - started:.0f} s after the request")
+                return 0
+            elif kind == "state" and data.get("to") in _OVER:
+                say(f"no checkpoint: the run ended ({data['to']}: {data.get('reason', '')})")
+                return 1
+        if handled is not None and not (run_dir / REQUEST_FILE).exists():
+            say("the worker acknowledged the request (it removed the request file)"
+                + ("" if (meta.get("config") or {}).get("checkpoints") else
+                   "; no --checkpoint glob is watched, so oomguard cannot name the file"))
+            return 0
+        time.sleep(POLL)
+    why = "" if handled is not False else f" (the worker does not handle {signal_name})"
+    say(f"no checkpoint appeared within {wait:g} s{why}; see oomguard logs --run-dir {run_dir}")
+    return 1

@@ -13,6 +13,11 @@ Tested in tests/e2e/faults/test_exposure.py.
 * Connections are bounded by the file descriptors there are: ``RESERVE`` stay for supervision
   (journal, logs, cgroup files, the next worker's pipes); past the cap a new connection is closed
   as soon as it is accepted, and one that sends no request within ``FIRST_REQUEST_TIMEOUT`` is closed.
+
+Also here:
+
+- The addresses a dashboard is reached at: from this machine, and from elsewhere.
+- Secret-looking arguments and environment values, hidden from what the dashboard serves.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ import asyncio
 import hmac
 import ipaddress
 import os
+import re
 import resource
-from collections.abc import Awaitable, Callable, MutableMapping
+import socket
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
+import psutil
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 Scope = MutableMapping[str, Any]
@@ -176,3 +184,114 @@ async def _plain(send: Send, status: int, body: bytes, kind: bytes = b"text/plai
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+# The addresses a dashboard is reached at: from this machine, and from elsewhere.
+#
+# On a wildcard bind (``--host 0.0.0.0``) the first link printed used to be ``http://127.0.0.1:PORT/``
+# (which answers 401 there, since a network bind needs the token) and the token link named
+# ``localhost`` (``socket.getfqdn()`` on a machine whose hosts file maps its name to 127.0.1.1): neither
+# opens from another machine. The links others use are the machine's host name and its non-loopback
+# interface addresses (psutil), or the address the user bound to.
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def local_url(host: str, port: int) -> str:
+    """Where clients on this machine reach a server bound to ``host``."""
+    return url("127.0.0.1" if host in WILDCARDS else host, port)
+
+
+def public_urls(host: str, port: int) -> list[str]:
+    """Where a person on another machine opens it: the address bound to, or for a wildcard bind
+    the machine's name and each non-loopback address it has (IPv6 too for ``::``)."""
+    if host not in WILDCARDS:
+        return [url(host, port)]
+    names = [name] if (name := socket.gethostname()) and not _loopback_name(name) else []
+    families = (socket.AF_INET, socket.AF_INET6) if host == "::" else (socket.AF_INET,)
+    try:
+        interfaces = psutil.net_if_addrs()
+    except OSError:
+        interfaces = {}
+    for addresses in interfaces.values():
+        for address in addresses:
+            if address.family in families and _reachable(address.address.split("%")[0]):
+                names.append(address.address.split("%")[0])
+    return [url(name, port) for name in dict.fromkeys(names)] or [local_url(host, port)]
+
+
+def _loopback_name(name: str) -> bool:
+    return name.lower().startswith("localhost") or _is_ip(name) and not _reachable(name)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _reachable(text: str) -> bool:
+    """An address another machine may reach: not loopback, link-local or unspecified."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)
+
+
+# Secret-looking arguments and environment values, hidden from what the dashboard serves.
+#
+# The dashboard shows the training command and streams the worker's log; on a shared machine or a
+# network bind, ``--api-key sk-...`` or ``HF_TOKEN=...`` in either would be read by whoever can reach
+# it. ``argv`` hides the value after (or in) a secret-looking option and in ``NAME=value`` words with a
+# secret-looking name; ``text`` does the same inside free text (log lines).
+
+
+HIDDEN = "***"
+# Names that hold secrets by convention: API_KEY, HF_TOKEN, WANDB_API_KEY, DB_PASSWORD, --secret ...
+# A name ending in key/token/auth/credential(s)/passphrase (not --tokenizer), or holding secret/password.
+_SECRET_NAME = r"[A-Za-z0-9_.-]*(?:key|token|auth|credentials?|passphrase|(?:secret|passw(?:or)?d)[A-Za-z0-9_.-]*)"
+_OPTION = re.compile(rf"^--?{_SECRET_NAME}$", re.IGNORECASE)
+_OPTION_EQ = re.compile(rf"^(--?{_SECRET_NAME}=)(.+)$", re.IGNORECASE)
+_ASSIGN = re.compile(rf"^({_SECRET_NAME}=)(.+)$", re.IGNORECASE)
+# Environment-style NAME=value (upper case): the word anywhere in the name, e.g. AWS_ACCESS_KEY_ID.
+_ENV_NAME = r"[A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSW(?:OR)?D|CREDENTIAL|AUTH)[A-Z0-9_]*"
+_ENV = re.compile(rf"^({_ENV_NAME}=)(.+)$")
+_ENV_IN_TEXT = re.compile(rf"(\b{_ENV_NAME}=)(\"[^\"]*\"|'[^']*'|[^\s;,&]+)")
+_IN_TEXT = re.compile(rf"((?:--?{_SECRET_NAME}(?:=|\s+))|(?:\b{_SECRET_NAME}(?:=|:\s*)))(\"[^\"]*\"|'[^']*'|[^\s;,&]+)",
+                      re.IGNORECASE)
+
+
+def argv(words: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for word in words:
+        if hide_next and not word.startswith("-"):
+            out.append(HIDDEN)
+            hide_next = False
+            continue
+        hide_next = bool(_OPTION.match(word))
+        match = _OPTION_EQ.match(word) or _ASSIGN.match(word) or _ENV.match(word)
+        out.append(match.group(1) + HIDDEN if match else text(word))  # text(): a script in one word
+    return out
+
+
+def text(line: str) -> str:
+    if _IN_TEXT.search(line):
+        line = _IN_TEXT.sub(lambda m: m.group(1) + HIDDEN, line)
+    if _ENV_IN_TEXT.search(line):
+        line = _ENV_IN_TEXT.sub(lambda m: m.group(1) + HIDDEN, line)
+    return line
+
+
+def status(doc: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(doc.get("command"), list):
+        doc = {**doc, "command": argv(doc["command"])}
+    return doc

@@ -25,7 +25,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from oomguard.supervisor.record.runs import MAX_DEPTH, find_runs, summarize
-from oomguard.web import redact
+from oomguard.web import exposure as redact
 from oomguard.web.app import CSP, STATIC, create_app
 from oomguard.web.exposure import ASGIApp, Receive, Scope, Send, is_loopback
 from oomguard.web.sse import ChangeBroker

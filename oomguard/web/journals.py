@@ -21,7 +21,8 @@ from pathlib import Path
 
 from oomguard.supervisor.record.journal import Journal, journal_path
 from oomguard.supervisor.record.status import status_document
-from oomguard.web import models, redact
+from oomguard.web import exposure as redact
+from oomguard.web import models
 
 
 class JournalUnavailable(RuntimeError):

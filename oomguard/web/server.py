@@ -28,9 +28,8 @@ import uvicorn
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.console import say
 from oomguard.supervisor.record.durable import write_atomic
-from oomguard.web.addresses import local_url, public_urls
 from oomguard.web.app import Control, create_app
-from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback
+from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback, local_url, public_urls
 from oomguard.web.sse import ChangeBroker
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from typing import Any
 from anyio import to_thread
 
 from oomguard.supervisor.record.status import status_document
-from oomguard.web import redact
+from oomguard.web import exposure as redact
 from oomguard.web.journals import JournalPool, JournalUnavailable, last_event_id
 from oomguard.web.timeline import chart_point
 

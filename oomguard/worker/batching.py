@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+from oomguard.common.batch import divisors
 
 
 def shrink(per_process: int, failed: int, floor: int = 1) -> int | None:

@@ -34,12 +34,16 @@ import torch
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 from torch.utils.data import Dataset
 
-from oomguard.worker import checkpoint, ddp, oom, protocol, rng
-from oomguard.worker.batching import BatchDecision, Tuner, divisors, split_sizes
-from oomguard.worker.channel import Channel, Requests
-from oomguard.worker.data import batch_size, draw, slice_batch
-from oomguard.worker.memory import MemoryProbe
-from oomguard.worker.sampler import ResumableSampler
+from oomguard.common import protocol
+from oomguard.common.batch import divisors
+from oomguard.worker import checkpoint
+from oomguard.worker import checkpoint as rng
+from oomguard.worker import outofmemory as ddp
+from oomguard.worker import outofmemory as oom
+from oomguard.worker.batching import BatchDecision, Tuner, split_sizes
+from oomguard.worker.data import ResumableSampler, batch_size, draw, slice_batch
+from oomguard.worker.link import Channel, Requests
+from oomguard.worker.outofmemory import MemoryProbe
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -510,19 +514,9 @@ class Session:
 # ----- configuration from the environment
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
-
-
 def _resolve_global(config: SessionConfig) -> tuple[int, int]:
-    world = _env_int(protocol.ENV_WORLD_SIZE) or config.world_size
-    env_global = _env_int(protocol.ENV_GLOBAL_BATCH)
+    world = protocol.env_int(protocol.ENV_WORLD_SIZE) or config.world_size
+    env_global = protocol.env_int(protocol.ENV_GLOBAL_BATCH)
     if env_global is not None and config.global_batch is not None and env_global != config.global_batch:
         raise ValueError(
             f"{protocol.ENV_GLOBAL_BATCH}={env_global} but SessionConfig.global_batch={config.global_batch}; "
@@ -537,8 +531,8 @@ def _resolve_global(config: SessionConfig) -> tuple[int, int]:
 
 
 def _resolve_micro(config: SessionConfig, per_process: int) -> int:
-    micro = _env_int(protocol.ENV_MICRO_BATCH)
-    accum = _env_int(protocol.ENV_GRAD_ACCUM)
+    micro = protocol.env_int(protocol.ENV_MICRO_BATCH)
+    accum = protocol.env_int(protocol.ENV_GRAD_ACCUM)
     if micro is None and accum is not None:
         micro = per_process // accum
     micro = micro or config.micro_batch or per_process

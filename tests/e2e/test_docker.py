@@ -143,7 +143,7 @@ def test_exactly_the_copy_set_installs_into_a_fresh_venv(tmp_path: Path) -> None
     version = _sh(bin_ / "oomguard", "--version")
     assert version.returncode == 0 and version.stdout.strip() == f"oomguard {__version__}", version.stderr
     ran = _sh(bin_ / "python", "-c", "import oomguard.supervisor.run.loop, oomguard.web.server, "
-              "oomguard.worker.protocol, oomguard; print(oomguard.__file__)")
+              "oomguard.common.protocol, oomguard; print(oomguard.__file__)")
     assert ran.returncode == 0 and str(env_dir) in ran.stdout, ran.stderr  # the venv's copy, not the checkout
     package = Path(ran.stdout.strip()).parent
     wanted = {p.relative_to(ROOT / "oomguard") for p in (ROOT / "oomguard").rglob("*")

@@ -1,4 +1,4 @@
-"""oomguard's own additions never fail a run (decide/ownfault.py), under the real ``oomguard run``: the
+"""oomguard's own additions never fail a run (decide/classify.py), under the real ``oomguard run``: the
 probe raising inside its hook, a spare failing at its handover. The run finishes, the batch is kept,
 nothing is counted against the script, and console, journal, status and report say it once. A
 program's own exception that only passes through our code is counted against the script as before."""
@@ -13,7 +13,7 @@ from typing import Any
 
 from support import ROOT
 
-from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP
+from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP
 from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable

@@ -75,7 +75,7 @@ def test_beside_supervisord_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None
         assert version.returncode == 0 and version.stdout.startswith("oomguard "), version.stderr
     both = _sh(bin_ / "python", "-c",
                "import oomguard, supervisor, supervisor.states as s; s.SupervisorStates;"
-               "import oomguard.supervisor.run.loop, oomguard.web.app, oomguard.worker.protocol;"
+               "import oomguard.supervisor.run.loop, oomguard.web.app, oomguard.common.protocol;"
                "print(oomguard.__file__, supervisor.__file__)")
     assert both.returncode == 0, both.stderr
     ours_file, theirs_file = both.stdout.split()

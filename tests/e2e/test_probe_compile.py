@@ -16,7 +16,7 @@ from torch import nn
 from oomguard.probe import compiled, forward
 from oomguard.probe.memory import device_peaks
 from oomguard.probe.steps import StepCounter
-from oomguard.supervisor.observe.probestate import ProbeReport
+from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.record.status import probe_text
 
 

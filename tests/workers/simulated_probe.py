@@ -1,6 +1,6 @@
 """A worker that SIMULATES the in-process probe (oomguard/probe/): it appends to the channel
 (``OOMGUARD_EVENTS``) exactly the ``probe``, ``step`` and ``oom`` records the probe writes, with
-``worker.protocol.encode``, and needs no torch and no GPU. Its figures come from a simple memory
+``common.protocol.encode``, and needs no torch and no GPU. Its figures come from a simple memory
 model: each step's allocator peak is ``fixed + per_sample × micro-batch`` against a limit. Above
 ``--fail-above`` it reports the probe's ``oom`` record after a few steps and dies the way PyTorch does
 on a CUDA OOM (the traceback's last line on stderr, exit 1). Its output also prints lines that look
@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from oomguard.worker import protocol
+from oomguard.common import protocol
 
 MIB = 2**20
 

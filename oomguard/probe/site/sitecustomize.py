@@ -38,7 +38,7 @@ def _start_probe() -> None:
 
 def _failed(detail: str) -> None:
     """One ``probe`` record (state failed) written without the probe's own modules, which may be
-    what failed; the channel's format is worker/protocol.py's."""
+    what failed; the channel's format is common/protocol.py's."""
     import json  # here, not at the top: every Python process of the worker runs this file
 
     def number(name: str) -> int | None:

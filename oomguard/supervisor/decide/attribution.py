@@ -47,10 +47,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from oomguard.supervisor.decide.memmodel import Fit, Point, fit
-from oomguard.supervisor.decide.trend import MIB, Headroom, Reading, Trend, steady_rise
 from oomguard.supervisor.observe.allocator import AllocatorOom, OomProgress
-from oomguard.supervisor.observe.phase import Phase, phase_of
+from oomguard.supervisor.observe.output import Phase, phase_of
+from oomguard.supervisor.sizing.memmodel import Fit, Point, fit
+from oomguard.supervisor.sizing.trend import MIB, Headroom, Reading, Trend, steady_rise
 from oomguard.supervisor.units import format_size
 
 

@@ -11,11 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.attribution import Attribution, Cause
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.ownfault import Addition, OwnFault
-from oomguard.supervisor.decide.unfixable import Fatal, give_up
+from oomguard.supervisor.decide.classify import Addition, FailureKind, Fatal, OwnFault, give_up
 
 CRASH_LOOP_REPEATS = 3  # the same failure this many times in a row, with no new checkpoint: give up
 

@@ -18,17 +18,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oomguard.supervisor.decide import extrapolate, unfixable
+from oomguard.supervisor.decide import classify as unfixable
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, Limit, Plateau, attribute
-from oomguard.supervisor.decide.classify import FailureKind, Verdict
-from oomguard.supervisor.decide.fragmentation import Judgement, at_oom
-from oomguard.supervisor.decide.memmodel import OomFigures, Point, fit
-from oomguard.supervisor.decide.ownfault import Addition, OwnCode, OwnFault, own_fault
+from oomguard.supervisor.decide.classify import (
+    Addition,
+    FailureKind,
+    Judgement,
+    OwnCode,
+    OwnFault,
+    Verdict,
+    at_oom,
+    own_fault,
+)
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.trend import Reading
-from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
-from oomguard.supervisor.observe.memory import MemorySample
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.sampler import MemorySample
+from oomguard.supervisor.sizing import tuning as extrapolate
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point, fit
+from oomguard.supervisor.sizing.trend import Reading
+from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from oomguard.supervisor.decide.batch import BatchPlan, largest_divisor_at_most
+from oomguard.common.batch import BatchPlan, largest_divisor_at_most
 from oomguard.supervisor.decide.policy import Plan
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomguard.supervisor.decide.classify import FailureKind, Verdict
-from oomguard.supervisor.decide.ownfault import Addition
+from oomguard.supervisor.decide.classify import Addition, FailureKind, Verdict
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.progress import AttemptWatch

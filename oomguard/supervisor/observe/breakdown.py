@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.worker import protocol
+from oomguard.common import protocol
+from oomguard.supervisor.observe.sampler import MemorySample
 
 EVENT = "memory_breakdown"
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")  # decide/classify.py's FailureKind values

@@ -1,18 +1,25 @@
 """Finding the newest valid checkpoint among the files or directories the worker writes.
 
-The newest is the one holding the highest step, where its step is known (``observe/ckptstep.py``:
+The newest is the one holding the highest step, where its step is known (``resolve`` below:
 the probe's save record, learned from the loop; HF's ``trainer_state.json``; a number its name labels
-as a step, ``observe/ckptname.py``); else the highest epoch or save count its name gives; else the
+as a step, ``read_name``); else the highest epoch or save count its name gives; else the
 newest modification time. A number the name does not label as a step (a batch size, a version, a
 rank) never orders them. A checkpoint still being written is never
 chosen: temp names are skipped, and while the worker runs a candidate must keep the same size and
 mtime for ``settle`` seconds. The ``watchdog`` package tells us when something changed, so the
 directory is rescanned only then (with a polling observer where inotify is unavailable).
+
+Also here:
+
+- What a checkpoint's name says about its step: only a number the name labels as a step.
+- The step a checkpoint holds, from the best evidence there is, and which evidence that was.
+- Did the attempt start where it was told to? Its first step against the checkpoint's step.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import re
@@ -21,6 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -28,8 +36,189 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from oomguard.supervisor.observe.ckptname import read_name
-from oomguard.supervisor.observe.ckptstep import NAME, OWN_RECORD, StepEvidence, recorded_step
+# What a checkpoint's name says about its step: only a number the name labels as a step.
+#
+# A name is a string that only looks like a record, so it is the weakest evidence of a step
+# (``resolve`` prefers the probe's save record and the checkpoint's own record). A number
+# in it is read as the step only where it is labelled as one (``step=500``, ``global_step1000``,
+# ``iter_0001000``, Composer's ``ba100``, fairseq's updates in ``checkpoint_3_1500.pt``) or where it is
+# the name's only number, unlabelled or named by the checkpoint's own noun (HF's ``checkpoint-500``,
+# ``model_000250.pt``, ``ckpt-12.pt``). Everything else is not a step: an epoch (``epoch=2``,
+# ``ep3``, timm's ``checkpoint-7.pth.tar``), a version (Lightning's ``-v1``), a rank, a batch size
+# (``bs16``, which oomguard itself changes), a metric (``loss=0.53``), and the numbers of a name that
+# holds several unlabelled ones. An epoch, or a count of saves (accelerate's ``checkpoint_4``), still
+# orders the checkpoints of one scheme among themselves: that is ``ordinal``, never reported as a step.
+
+
+# Labels that name an optimizer step (or a count of them): Lightning/DeepSpeed/torchtitan ``step``,
+# Megatron/mmengine ``iter``, Composer ``ba`` (its batch count: one batch is one optimizer step),
+# fairseq ``updates``.
+_STEP_LABELS = frozenset({"step", "steps", "globalstep", "gs", "iter", "iters", "iteration", "iterations", "it",
+                          "ba", "update", "updates", "upd"})
+_EPOCH_LABELS = frozenset({"epoch", "epochs", "ep"})
+# The checkpoint's own noun: a number it names is "the checkpoint's number" (HF ``checkpoint-500``).
+_NOUNS = frozenset({"checkpoint", "checkpoints", "ckpt", "ckpts", "chkpt", "model", "weights", "state",
+                    "snapshot", "save", "saved"})
+# Words whose number is something else than the checkpoint's: a sole number after one of these is no
+# step even with a separator (``bs-32``, ``rank_0``, ``seed-42``), where a user's own word for the
+# checkpoint (``ck-100``, ``gpt_2000``) still gives the name's number.
+_NOT_STEPS = frozenset({"bs", "batch", "batchsize", "mb", "micro", "microbatch", "accum", "ga", "rank", "r", "v",
+                        "ver", "version", "seed", "gpu", "gpus", "node", "nodes", "world", "fold", "shard", "part",
+                        "tp", "pp", "dp", "mp", "lr", "loss", "acc", "top", "layer", "layers", "dim", "of", "best",
+                        "last", "latest", "k", "n", "x"})
+# Extensions stripped before reading (``.h5`` holds a digit that is no number of the checkpoint's).
+_EXTENSIONS = re.compile(r"(\.(pt|pth|tar|ckpt|bin|safetensors|h5|hdf5|pkl|pickle|npz|npy|json|gz|zip|"
+                         r"distcp|msgpack|onnx|keras|model|state|pdparams))+$", re.I)
+# A number with the letters right before it (its label) and the separator between them; a decimal
+# or a scientific number (a metric, a learning rate) is read whole so that it is never a step.
+_NUMBER = re.compile(r"(?P<label>[A-Za-z]+)?(?P<sep>[-_=.]?)(?P<num>\d+(?:\.\d+)?(?:e-?\d+)?)")
+
+# Schemes whose sole number is known not to be a step (full name, extension included).
+_EPOCH_SCHEMES = (
+    re.compile(r"^checkpoint(?P<n>\d+)\.pt$"),         # fairseq: checkpoint{epoch}.pt (checkpoint_utils.py)
+    re.compile(r"^checkpoint-(?P<n>\d+)\.pth\.tar$"),  # timm CheckpointSaver: checkpoint-{epoch}.pth.tar
+    re.compile(r"^model_(?P<n>[1-9]\d*|0)\.pth$"),     # torchvision references: model_{epoch}.pth (unpadded)
+)
+_SAVE_COUNT = re.compile(r"^checkpoint_(?P<n>\d+)$")  # accelerate automatic_checkpoint_naming: its save count
+_FAIRSEQ_UPDATES = re.compile(r"^checkpoint_(?P<epoch>\d+)_(?P<updates>\d+)\.pt$")  # checkpoint_{epoch}_{updates}.pt
+
+
+@dataclass(frozen=True)
+class NameReading:
+    """What a name says: the step (None when it says none) and a number that orders the checkpoints
+    of its scheme without being a step (an epoch, a save count)."""
+
+    step: int | None
+    ordinal: int | None = None
+
+
+@dataclass(frozen=True)
+class _Number:
+    label: str  # lower case, "" when none
+    sep: str  # between the label and the number: "", "-", "_", "=" or "."
+    text: str
+
+    @property
+    def whole(self) -> int | None:
+        return int(self.text) if self.text.isdigit() else None
+
+
+def read_name(name: str) -> NameReading:
+    """The step a checkpoint's base name says, where it says one (see the module's docstring)."""
+    known = _known_scheme(name)
+    if known is not None:
+        return known
+    numbers = _numbers(_EXTENSIONS.sub("", name))
+    steps = {n.whole for n in numbers if n.label in _STEP_LABELS and n.whole is not None}
+    epochs = {n.whole for n in numbers if n.label in _EPOCH_LABELS and n.whole is not None}
+    ordinal = next(iter(epochs)) if len(epochs) == 1 else None
+    if steps:  # two different step labels in one name: which one the trainer counts is unknown
+        return NameReading(steps.pop() if len(steps) == 1 else None, ordinal)
+    if len(numbers) == 1 and _the_checkpoints_own(numbers[0]):
+        return NameReading(numbers[0].whole, ordinal)
+    return NameReading(None, ordinal)
+
+
+def _known_scheme(name: str) -> NameReading | None:
+    """A framework's scheme whose numbers the label rules would misread."""
+    for scheme in _EPOCH_SCHEMES:
+        if m := scheme.match(name):
+            return NameReading(None, int(m["n"]))
+    if m := _SAVE_COUNT.match(name):
+        return NameReading(None, int(m["n"]))
+    if m := _FAIRSEQ_UPDATES.match(name):
+        return NameReading(int(m["updates"]), int(m["epoch"]))
+    return None
+
+
+def _numbers(stem: str) -> list[_Number]:
+    return [_Number((m["label"] or "").lower(), m["sep"], m["num"])
+            for m in _NUMBER.finditer(stem)]
+
+
+def _the_checkpoints_own(number: _Number) -> bool:
+    """A name's only number counts as its step when nothing but the checkpoint's noun names it (a
+    ``-``, ``_`` or nothing before it), or a word of the user's own set apart by ``-`` or ``_``
+    (``ck-100``); a number glued to another word (``r16``, ``gpt2``), given with ``=`` (a metric's
+    form) or after a word that names something else (``bs-32``, ``rank_0``) is that word's."""
+    if number.whole is None:
+        return False
+    if not number.label:
+        return True
+    if number.sep == "=":
+        return False
+    if number.label in _NOUNS:
+        return True
+    return number.sep in ("-", "_") and number.label not in _NOT_STEPS and number.label not in _EPOCH_LABELS
+
+
+# The step a checkpoint holds, from the best evidence there is, and which evidence that was.
+#
+# In order: (1) the probe's ``save`` record of the file, or of a file inside the checkpoint's
+# directory, either under the temp name an atomic writer renamed into place
+# (``AttemptWatch.saved_step``): the optimizer's own count when the save began, measured in the
+# worker; (2) the checkpoint's own record where reading it is cheap and safe (HF's
+# ``trainer_state.json``, whose ``global_step`` its ``checkpoint-N`` name repeats); (3) its name,
+# only a number labelled as a step or the name's sole number (``read_name``); (4) the step
+# the worker reported when the file was written (``AttemptWatch.step_at``); else unknown, and said
+# so, never guessed.
+#
+# A measured step beats a name that says another: every other step oomguard reports (progress, the
+# resume check, the journal, ``{checkpoint_step}`` for a worker whose optimizer keeps no count) is
+# the optimizer's count, and names count other things under the same label: accelerate's examples
+# name ``step_{overall_step}``, a count of micro-batches that is ``grad_accum`` times the optimizer's
+# under gradient accumulation (which oomguard raises as it halves the micro-batch).
+
+
+SAVE = "save"  # the probe's save record
+OWN_RECORD = "trainer_state"  # HF's trainer_state.json in the checkpoint directory
+NAME = "name"
+OUTPUT = "output"  # the step reported when the file was written
+JOURNAL = "journal"  # the step the journal kept for it, resolved by an earlier supervisor on the run
+_STATE_MAX_BYTES = 16 * 2**20  # its log history grows with the run; a larger file is not read
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    step: int | None
+    source: str | None  # one of the sources above; None when the step is unknown
+
+
+def resolve(saved: int | None, own: StepEvidence, by_time: int | None) -> StepEvidence:
+    """The best of the evidence: the probe's save record, the checkpoint's own (its record or its
+    name, as the index found it), the step reported at its mtime; unknown when none says one."""
+    if saved is not None:
+        return StepEvidence(saved, SAVE)
+    if own.step is not None:
+        return own
+    if by_time is not None:
+        return StepEvidence(by_time, OUTPUT)
+    return StepEvidence(None, None)
+
+
+def recorded_step(path: str) -> int | None:
+    """``global_step`` from ``<path>/trainer_state.json`` (HF Trainer writes it into each
+    ``checkpoint-N``), or None where there is none, it is too large, or it does not parse."""
+    state = os.path.join(path, "trainer_state.json")
+    try:
+        st = os.stat(state)
+    except OSError:
+        return None
+    if st.st_size > _STATE_MAX_BYTES:
+        return None
+    return _global_step(state, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=256)
+def _global_step(state: str, mtime_ns: int, size: int) -> int | None:
+    """Read once per version of the file (the index rescans on every change in the directory)."""
+    try:
+        with open(state, encoding="utf-8") as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
 
 # Names that writers use while a checkpoint is incomplete (torch.save to a temp, HF/our own temp dirs).
 _TEMP = re.compile(r"(^\.|\.tmp|tmp[-_.]|[-_.]tmp|\.partial$|\.part$|\.incomplete$|~$|\.lock$)", re.I)
@@ -44,7 +233,7 @@ class Checkpoint:
     mtime: float
     size: int
     ordinal: int | None = None  # an epoch or save count from the name: orders, is never a step
-    step_from: str | None = None  # which evidence gave the step (observe/ckptstep.py); None if unknown
+    step_from: str | None = None  # which evidence gave the step (``resolve``); None if unknown
 
     @property
     def signature(self) -> tuple[float, int]:
@@ -84,7 +273,7 @@ def quiet_stop_race() -> None:
 
 
 def step_of(path: str) -> int | None:
-    """The step a checkpoint's name labels as one, if any (``observe/ckptname.py``)."""
+    """The step a checkpoint's name labels as one, if any (``read_name``)."""
     return read_name(Path(path).name).step
 
 
@@ -260,3 +449,71 @@ class CheckpointIndex:
         if checkpoint is None or os.path.exists(checkpoint.path):
             return checkpoint
         return self.newest(exclude | {checkpoint.path}, worker_alive=False)
+
+
+# Did the attempt start where it was told to? Its first step against the checkpoint's step.
+#
+# An attempt started from a checkpoint at step N must show (in its output, or in the worker
+# library's progress records) a first step past N. A script that was not really handed the
+# checkpoint (a resume flag it ignores, a fixed path it does not read) starts over at step 1 and
+# every failure quietly redoes everything; ``ResumeCheck`` turns its first step into a verdict the
+# loop says at once, and the report counts the steps that were really redone.
+#
+# Which first step counts:
+#
+# - step 0 does not: a progress bar prints ``0/100`` when it is drawn, before a resumed Trainer
+#   jumps it to N+1; a script that did start over shows step 1 next;
+# - a bar whose total is at most N does not: the training that reached step N runs to more than N,
+#   so a shorter bar is another one (``Loading checkpoint shards 1/2``, an evaluation's 5/50);
+# - a first step of N - 1 or more is a resume. Scripts number steps differently: a checkpoint
+#   ``step-N`` may be followed by step N+1 (saved after step N, counted from 1), by step N itself
+#   (nanoGPT saves before running iteration N, whose step a resumed run prints again), or by N - 1
+#   (a step read off the output a beat late, or counted from 0). ``MARGIN`` = 2 covers those; a first
+#   step at N - 2 or below means at least two steps redone that no numbering explains. (With N of 1
+#   or 2, a start over cannot be told from a numbering and is not said.)
+
+
+MARGIN = 2
+
+
+@dataclass(frozen=True)
+class ResumeVerdict:
+    path: str  # the checkpoint the attempt was started from
+    step: int  # its step
+    first_step: int  # the first step the attempt showed
+
+    @property
+    def resumed(self) -> bool:
+        return self.first_step > self.step - MARGIN
+
+    def message(self, hint: str) -> str:
+        """One line for the console, the journal, status and the notification."""
+        name = Path(self.path).name
+        if self.first_step <= 1:
+            return f"the script started over at step {self.first_step}, not from {name}: {hint}"
+        return (f"the script went back to step {self.first_step}, not on from {name} (step {self.step}): "
+                f"{self.step - self.first_step + 1} step(s) redone; {hint}")
+
+
+class ResumeCheck:
+    """Fed every step an attempt shows (the output thread and the loop both feed it); the verdict
+    is taken from the first one that counts."""
+
+    def __init__(self, path: str, step: int) -> None:
+        self.path = path
+        self.step = step
+        self._first: int | None = None
+        self._lock = threading.Lock()
+
+    def see(self, step: int, total: int | None = None) -> None:
+        if step < 1 or (total is not None and total <= self.step):
+            return
+        with self._lock:
+            if self._first is None:
+                self._first = step
+
+    @property
+    def verdict(self) -> ResumeVerdict | None:
+        with self._lock:
+            first = self._first
+        return None if first is None else ResumeVerdict(self.path, self.step, first)

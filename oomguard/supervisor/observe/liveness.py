@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomguard.supervisor.observe.gpu import GpuReading
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
 
 CPU_FLOOR = 0.05  # share of one core; see the table above
 # /proc counts CPU time in clock ticks of 10 ms: over a quarter-second interval one tick is already

@@ -17,7 +17,7 @@ telling the user to point ``--checkpoint`` at such a file would resume another r
 look-alike is the worker's when the probe's ``save`` record names it (the path the worker's
 ``torch.save`` was given, or the temp name an atomic writer renamed to it, or a file inside it) or
 when one of the worker's processes held it open for writing as its write was reported
-(``observe/writers.py``: the evidence where the probe does not speak). Any other is never named,
+(``held_for_writing`` below: the evidence where the probe does not speak). Any other is never named,
 and the notice below that says nothing was written does not say so while one was.
 
 ``missed_notice`` and ``unmatched_notice`` say when to tell the user, once, and what:
@@ -34,6 +34,10 @@ and the notice below that says nothing was written does not say so while one was
   ``QUIET_LIMIT`` seconds (30 min) of training. Most scripts save more often than that (Hugging
   Face's default 500 steps, nanoGPT's 2000 iterations are minutes); a restart now would lose all
   of it, so even a script that saves rarely is better told once than not at all.
+
+Also here:
+
+- Which files the worker's processes hold open for writing: the kernel's word that the worker wrote one.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +57,57 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
 from oomguard.supervisor.observe.checkpoints import is_temp_name, quiet_stop_race, renamed_name
-from oomguard.supervisor.observe.writers import held_for_writing
+
+# Which files the worker's processes hold open for writing: the kernel's word that the worker wrote one.
+#
+# An inotify event says a file under the working directory was written, not by whom: a ``cp`` from
+# another shell, a ``pip install``, another experiment's job look the same. Where the probe speaks,
+# its ``save`` records name the files the worker's ``torch.save`` wrote; where it does not (a program
+# that is not Python, ``--no-probe``, a file written without ``torch.save``), the only sound evidence
+# short of privileged kernel interfaces (fanotify's writer pid needs CAP_SYS_ADMIN) is the open file
+# itself: ``/proc/<pid>/fd/<n>`` links to it and ``/proc/<pid>/fdinfo/<n>``'s ``flags`` carry
+# ``O_WRONLY`` or ``O_RDWR`` while one of the worker's processes writes it.
+#
+# The look is taken when inotify reports the write (within milliseconds: the file is created, then
+# written), so a file written and closed faster than that (a small ``torch.save``, a ``write_text``)
+# may not be seen here: a missing answer, never a wrong one. A large checkpoint, whose write takes
+# seconds, is. The processes asked are the worker's as last sampled (every ``--sample-interval``): one
+# it started since is not asked, and a process that is not the worker's never is.
+
+
+MAX_FDS = 65536  # descriptors looked at per process: a pathological table is not read whole
+
+
+def held_for_writing(pids: Iterable[int], paths: Collection[str]) -> set[str]:
+    """Those of ``paths`` (real, absolute) that one of ``pids`` holds open for writing now."""
+    held: set[str] = set()
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)[:MAX_FDS]
+        except OSError:  # gone, or not ours to read: no evidence
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target in paths and target not in held and _writable(pid, fd):
+                held.add(target)
+    return held
+
+
+def _writable(pid: int, fd: str) -> bool:
+    """The descriptor was opened for writing (its access mode, from ``fdinfo``'s octal ``flags``)."""
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
 
 SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
 SETTLE = 3.0  # seconds a look-alike beside the watched files must have been still before it is named

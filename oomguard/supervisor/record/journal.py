@@ -4,6 +4,11 @@ Everything a person or a later supervisor needs to know about the run lives here
 they ended, decisions, checkpoints seen (and which were bad), state changes, the current batch
 plan, memory samples. WAL with ``synchronous=FULL`` makes every committed write survive ``kill -9``
 (and power loss); readers in other processes or threads never block the supervisor's writes.
+
+Also here:
+
+- A journal that cannot be read: found out at open, said in one line, never overwritten.
+- Bounded storage for memory samples: which journal rows to keep as they age.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from oomguard.supervisor.errors import UsageError
 
 JOURNAL_NAME = "journal.sqlite"
 
@@ -68,7 +76,7 @@ class Journal:
     """One connection to a run's journal. Thread-safe; each process opens its own."""
 
     def __init__(self, run_dir: Path, readonly: bool = False) -> None:
-        from oomguard.supervisor.record.damage import check
+        from oomguard.supervisor.record.journal import check
 
         self.path = journal_path(run_dir)
         check(self.path, thorough=not readonly)  # a damaged journal: one line, and never overwritten
@@ -204,7 +212,7 @@ class Journal:
 
     def thin_samples(self, now: float | None = None) -> int:
         """Downsample old memory samples (each attempt's peak is kept for ever); rows deleted."""
-        from oomguard.supervisor.record.downsample import SampleRow, rows_to_drop
+        from oomguard.supervisor.record.journal import SampleRow, rows_to_drop
 
         rows = [SampleRow(r["id"], r["attempt"] or 0, r["t"], d.get("worker_rss_bytes"), d.get("gpu_worker_bytes"))
                 for r in self._query("SELECT id, attempt, t, data FROM samples")
@@ -296,3 +304,169 @@ class Journal:
                            (start if start is not None else 0.0, end if end is not None else 1e18))
         step = max(1, len(rows) // max(1, max_points))
         return [{"t": r["t"], "attempt": r["attempt"], **json.loads(r["data"])} for r in rows[::step]]
+
+
+# A journal that cannot be read: found out at open, said in one line, never overwritten.
+#
+# A journal cut in half (a copy interrupted, a disk that lost blocks), filled with garbage or left at
+# zero bytes used to give tracebacks from ``status``, ``report``, ``stop`` and ``run`` (and ``run``
+# would have started writing a new journal into an empty file). ``check`` looks before SQLite does:
+# the file's header, its size against the page count the header promises, and a query (``run``
+# also asks SQLite's ``quick_check``). What it finds is a ``JournalDamaged``: the file and the fix.
+
+
+MAGIC = b"SQLite format 3\x00"
+BEING_CREATED = 5.0  # seconds: a younger empty or table-less journal is being created, not damaged
+
+
+class JournalDamaged(UsageError):
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__("--run-dir", f"the journal {path} cannot be read: {why}",
+                         f"move it aside (mv {path} {path}.damaged) and run again, or use another --run-dir; "
+                         "oomguard never overwrites it")
+
+
+def check(path: Path, thorough: bool = False) -> None:
+    """Raise ``JournalDamaged`` if the journal at ``path`` exists but cannot be a readable journal.
+    ``thorough`` is the supervisor's own open (under the run lock, so nobody else is creating it)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(100)
+            size = fh.seek(0, 2)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise JournalDamaged(path, exc.strerror or str(exc)) from None
+    if size == 0:
+        if not thorough and _young(path):  # a supervisor is creating it right now: not damage
+            return
+        raise JournalDamaged(path, "it is empty (0 bytes)")
+    if not head.startswith(MAGIC) or len(head) < 100:
+        raise JournalDamaged(path, "it is not an SQLite database")
+    _check_size(path, head, size)
+    _probe(path, thorough)
+
+
+def _young(path: Path) -> bool:
+    return time.time() - path.stat().st_mtime < BEING_CREATED
+
+
+def _check_size(path: Path, head: bytes, size: int) -> None:
+    """The header's page count is valid when its change counter matches version-valid-for (SQLite's
+    file format, section 1.3.7); a file shorter than it was cut."""
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    valid = head[24:28] == head[92:96]
+    if valid and pages and size < pages * page_size:
+        raise JournalDamaged(path, f"it is cut short ({size} of {pages * page_size} bytes)")
+
+
+def _probe(path: Path, thorough: bool) -> None:
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            db.execute("SELECT count(*) FROM meta").fetchone()
+            if thorough:
+                result = db.execute("PRAGMA quick_check").fetchone()[0]
+                if result != "ok":
+                    raise JournalDamaged(path, f"SQLite's quick_check says {result}")
+        finally:
+            db.close()
+    except sqlite3.OperationalError as exc:
+        if str(exc).startswith("no such table") and not thorough and _young(path):
+            return  # the creating supervisor has not written the schema yet
+        raise JournalDamaged(path, str(exc)) from None
+    except sqlite3.DatabaseError as exc:
+        raise JournalDamaged(path, str(exc)) from None
+
+
+# Bounded storage for memory samples: which journal rows to keep as they age.
+#
+# The journal stores one row per sample (1 Hz by default). ``rows_to_drop`` says which rows to
+# delete so that storage stays bounded on runs of weeks:
+#
+# - samples younger than ``recent_s`` stay at full rate;
+# - older ones keep, per attempt and per time bucket, only the row with the highest host memory and
+#   the row with the highest GPU memory, so a chart of old history still shows the peaks; buckets
+#   grow coarser with age (``tiers``);
+# - every attempt's peak rows (host and GPU) are kept for ever.
+#
+# Buckets are aligned to absolute time (not to "now"), so running it again over already thinned
+# rows keeps the same rows: the journal can call it every few minutes over the whole table.
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """The fields of a journal sample row that retention looks at. ``t`` in seconds (wall)."""
+
+    id: int
+    attempt: int
+    t: float
+    host_bytes: int | None
+    gpu_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Retention:
+    """``recent_s`` at full rate, then (min age, bucket width) tiers, youngest tier first."""
+
+    recent_s: float = 600.0
+    tiers: tuple[tuple[float, float], ...] = ((600.0, 60.0), (86_400.0, 900.0))
+
+    def __post_init__(self) -> None:
+        ages = [age for age, _ in self.tiers]
+        if self.recent_s < 0 or ages != sorted(ages) or any(width <= 0 for _, width in self.tiers):
+            raise ValueError("retention tiers must have increasing ages and positive bucket widths")
+
+    def bucket_width(self, age: float) -> float | None:
+        """Bucket width for a row this old, or None while it is recent."""
+        width = None
+        for min_age, tier_width in self.tiers:
+            if age >= min_age:
+                width = tier_width
+        return width if age >= self.recent_s else None
+
+
+def rows_to_drop(rows: Iterable[SampleRow], now: float, policy: Retention | None = None) -> list[int]:
+    """Ids of rows the journal may delete now (pure; ``rows`` in any order)."""
+    policy = policy or Retention()
+    rows = list(rows)
+    keep = _attempt_peaks(rows)
+    buckets: dict[tuple[int, float, int], list[SampleRow]] = {}
+    for row in rows:
+        width = policy.bucket_width(now - row.t)
+        if width is None:
+            keep.add(row.id)
+            continue
+        buckets.setdefault((row.attempt, width, int(row.t // width)), []).append(row)
+    for members in buckets.values():
+        keep.update(_bucket_keepers(members))
+    return sorted(row.id for row in rows if row.id not in keep)
+
+
+def _attempt_peaks(rows: Sequence[SampleRow]) -> set[int]:
+    """Ids of each attempt's highest host row and highest GPU row (earliest on ties)."""
+    best: dict[tuple[int, str], SampleRow] = {}
+    for row in rows:
+        for kind, value in (("host", row.host_bytes), ("gpu", row.gpu_bytes)):
+            if value is None:
+                continue
+            current = best.get((row.attempt, kind))
+            if current is None or value > _value(current, kind) or (
+                value == _value(current, kind) and row.t < current.t
+            ):
+                best[(row.attempt, kind)] = row
+    return {row.id for row in best.values()}
+
+
+def _bucket_keepers(members: Sequence[SampleRow]) -> set[int]:
+    keepers = {max(members, key=lambda r: (r.host_bytes or 0, -r.t)).id}
+    if any(r.gpu_bytes is not None for r in members):
+        keepers.add(max(members, key=lambda r: (r.gpu_bytes or 0, -r.t)).id)
+    return keepers
+
+
+def _value(row: SampleRow, kind: str) -> int:
+    value = row.host_bytes if kind == "host" else row.gpu_bytes
+    return value or 0

@@ -16,9 +16,8 @@ from typing import Any
 
 import psutil
 
-from oomguard.supervisor.lifecycle.states import Ending
+from oomguard.supervisor.lifecycle.states import Ending, exit_text
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.memoryparts import MemoryBreakdown
 from oomguard.supervisor.record.migration import ending_of

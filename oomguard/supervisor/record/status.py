@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oomguard.supervisor.lifecycle.states import exit_text
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.exits import exit_text
 from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.picture import Attempt, RunPicture, read_picture, supervisor_alive

@@ -16,24 +16,21 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from oomguard.common import protocol
 from oomguard.supervisor.command.configedit import Edit, apply_edits
 from oomguard.supervisor.decide.attribution import Evidence, earlier_plateaus, step_peaks
-from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.fitstore import ModelPrint
-from oomguard.supervisor.decide.ownfault import Addition
+from oomguard.supervisor.decide.classify import Addition, FailureKind
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.decide.recovery import Facts
 from oomguard.supervisor.lifecycle.outcome import Outcome, Pending, Stop, ending_of, grace
 from oomguard.supervisor.lifecycle.states import StopReason
-from oomguard.supervisor.observe import ckptstep
-from oomguard.supervisor.observe.channel import ChannelReader
-from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.observe.ckptstep import StepEvidence
-from oomguard.supervisor.observe.probestate import ProbeReport
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.steps import StepMatcher
+from oomguard.supervisor.observe import checkpoints as ckptstep
+from oomguard.supervisor.observe.allocator import ProbeReport
+from oomguard.supervisor.observe.checkpoints import Checkpoint, StepEvidence
+from oomguard.supervisor.observe.progress import AttemptWatch, ChannelReader, StepMatcher
 from oomguard.supervisor.record.console import say as log
 from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.fitstore import ModelPrint
 from oomguard.supervisor.record.memorylines import memory_breakdown
 from oomguard.supervisor.run.attemptmemory import sample
 from oomguard.supervisor.run.containment import Containment
@@ -41,7 +38,6 @@ from oomguard.supervisor.run.parts import TICK, RunParts
 from oomguard.supervisor.run.process import WorkerProcess
 from oomguard.supervisor.run.runtime import OWN_CODE, AttemptFiles, build_argv, build_env, placeholder_values
 from oomguard.supervisor.run.trendwatch import TrendWatch
-from oomguard.worker import protocol
 
 
 def render(parts: RunParts, plan: Plan, number: int, checkpoint: Checkpoint | None, files: AttemptFiles,

@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from oomguard.supervisor.decide.forecast import Move
 from oomguard.supervisor.lifecycle.outcome import Pending
 from oomguard.supervisor.lifecycle.states import StopReason
-from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate
+from oomguard.supervisor.observe.sampler import MemoryAction, MemorySample, Thresholds, evaluate
 from oomguard.supervisor.record.console import say as log
+from oomguard.supervisor.sizing.trend import Move
 
 if TYPE_CHECKING:
     from oomguard.supervisor.run.attempt import Attempt

@@ -4,20 +4,29 @@ The cgroup is what turns a kernel OOM kill into evidence: its ``oom_kill`` count
 the worker's tree, and ``--memory-limit`` is enforced by the kernel there. Without one (no
 controller, not root) the machine-wide counter in /proc/vmstat is the fallback and the limit is
 enforced by watching RSS.
+
+Also here:
+
+- Restart only onto free memory: before the next attempt, the last one's processes are gone and
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+import signal
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from oomguard.supervisor.decide.classify import ExitFacts
 from oomguard.supervisor.lifecycle.outcome import Stop
 from oomguard.supervisor.lifecycle.states import StopReason
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
+from oomguard.supervisor.observe.gpu import GpuMonitor, GpuSnapshot
 from oomguard.supervisor.observe.progress import AttemptWatch
 
 
@@ -100,3 +109,139 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# Restart only onto free memory: before the next attempt, the last one's processes are gone and
+# its GPU memory is back.
+#
+# A rank's data-loader children, or a CUDA context still being torn down, can hold GPU memory for
+# seconds after the attempt ended; an attempt started onto that memory fails at once and would be
+# halved for memory that was never really short. NVIDIA's fault-tolerance launcher polls NVML
+# every 2 s for up to 50 s and then starts anyway, only logging who holds memory. Here the holders
+# are known (the old attempt's process tree, each remembered with its start time so a reused pid is
+# never hit, and its cgroup), so they are named and ended first; then NVML is polled until none of
+# them is on a GPU and every device's used memory is back near its level before the attempt.
+
+
+POLL = 0.5  # seconds between NVML readings while waiting
+TOLERANCE = 512 * 2**20  # used memory this close to the level before the attempt counts as back
+
+
+@dataclass
+class AttemptProcesses:
+    """Every process seen in an attempt's tree: pid -> start time (pids are reused; times are not)."""
+
+    seen: dict[int, float] = field(default_factory=dict)
+
+    def add(self, procs: Iterable[psutil.Process]) -> None:
+        for proc in procs:
+            try:
+                self.seen.setdefault(proc.pid, proc.create_time())
+            except psutil.Error:
+                continue
+
+    def alive(self, extra: Iterable[int] = ()) -> list[psutil.Process]:
+        """Those still running (zombies aside), plus ``extra`` pids (the cgroup's members)."""
+        out = []
+        for pid in {*self.seen, *extra}:
+            try:
+                proc = psutil.Process(pid)
+                if pid in self.seen and abs(proc.create_time() - self.seen[pid]) > 0.01:
+                    continue  # the pid now belongs to someone else
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except psutil.Error:
+                continue
+        return out
+
+
+def end(procs: Iterable[psutil.Process]) -> list[str]:
+    """SIGKILL the old attempt's leftovers (its worker already exited: nothing to save); their names."""
+    named = []
+    for proc in procs:
+        try:
+            named.append(f"{proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})")
+            os.kill(proc.pid, signal.SIGKILL)
+        except (psutil.Error, OSError):
+            continue
+    psutil.wait_procs(list(procs), timeout=5)
+    return named
+
+
+@dataclass(frozen=True)
+class Settled:
+    waited: float
+    settled: bool
+    holding: str  # who still held GPU memory when the wait ended ("" when it settled)
+
+
+def wait_for_gpus(read: Callable[[Collection[int]], GpuSnapshot], old_pids: Iterable[int],
+                  baseline: Mapping[int, int], timeout: float, sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.monotonic) -> Settled:
+    """Poll NVML until none of ``old_pids`` is on a GPU and each device's used memory is within
+    TOLERANCE of ``baseline`` (by CUDA index), or ``timeout`` passes."""
+    pids = list(old_pids)
+    start = clock()
+    while True:
+        snap = read(pids)
+        holding = _holding(snap, baseline)
+        if not holding or clock() - start >= timeout:
+            return Settled(clock() - start, not holding, holding)
+        sleep(POLL)
+
+
+def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
+    parts = []
+    for gpu in snap.devices:
+        ours = [str(pid) for pid, _ in gpu.worker_processes]
+        if ours:
+            parts.append(f"GPU {gpu.cuda_index}: old attempt's pids {','.join(ours)}")
+        elif gpu.used_bytes > baseline.get(gpu.cuda_index, gpu.used_bytes) + TOLERANCE:
+            extra = (gpu.used_bytes - baseline[gpu.cuda_index]) / 2**30
+            parts.append(f"GPU {gpu.cuda_index}: {extra:.1f} GiB more in use than before the attempt")
+    return "; ".join(parts)
+
+
+class Handover:
+    """From one attempt to the next: the last one's leftovers ended, its GPU memory back, then a
+    fresh memory cgroup (the last one removed) for the next. ``event`` and ``say`` are the loop's."""
+
+    def __init__(self, event: Callable[..., None], say: Callable[[str], None]) -> None:
+        self.containment: Containment | None = None  # the current attempt's cgroup
+        self.procs = AttemptProcesses()  # the current attempt's processes, as sampling sees them
+        self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
+        self._event = event
+        self._say = say
+
+    def next_containment(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
+                 settle_timeout: float, adopt: Containment | None = None) -> Containment:
+        """``adopt``: the cgroup a spare interpreter already lives in (``run/spare.py``)."""
+        self._settle(gpu, settle_timeout)
+        self.remove()
+        self.containment = adopt or Containment.create(name, memory_limit)
+        self.procs = AttemptProcesses()
+        return self.containment
+
+    def remove(self) -> None:
+        if self.containment is not None:
+            self.containment.remove()
+
+    def _settle(self, gpu: GpuMonitor | None, timeout: float) -> None:
+        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
+        memory freed; note the level every device is at before the next attempt."""
+        containment = self.containment
+        cgroup = containment.cgroup if containment is not None else None
+        leftovers = self.procs.alive(cgroup.pids() if cgroup is not None else [])
+        if leftovers:
+            named = end(leftovers)
+            self._event("leftovers_ended", processes=named)
+            self._say(f"ended the last attempt's leftover processes: {', '.join(named)}")
+        if gpu is None:
+            return
+        if self._gpu_baseline and self.procs.seen:
+            done = wait_for_gpus(gpu.read, self.procs.seen, self._gpu_baseline, timeout)
+            self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
+                        holding=done.holding)
+            if not done.settled:
+                self._say(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
+        self._gpu_baseline = {g.cuda_index: g.used_bytes for g in gpu.read(()).devices}

@@ -5,13 +5,23 @@ Tested in tests/unit/supervisor/ops/test_systemd.py and tests/e2e/test_operator.
 Signal handlers and the web server's threads only set a flag here and wake the loop (uvicorn's
 rule); the loop reads the flags at its next tick and acts. A second SIGINT/SIGTERM forces the stop:
 the worker's grace period is cut short.
+
+Also here:
+
+- One supervisor per run directory: an exclusive flock held for the supervisor's lifetime.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shlex
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
+
+from oomguard.supervisor.errors import UsageError
 
 
 class ControlFlags:
@@ -65,3 +75,34 @@ class ControlFlags:
         """Wait for a wake-up or ``seconds``, whichever comes first."""
         self.wake.wait(seconds)
         self.wake.clear()
+
+
+# One supervisor per run directory: an exclusive flock held for the supervisor's lifetime.
+#
+# The kernel drops the lock when the process dies, ``kill -9`` included, so a stale lock file never
+# blocks the next start.
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "supervisor.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UsageError("--run-dir", f"{self.path.parent} is already supervised by pid {holder}",
+                             f"stop that supervisor (oomguard stop --run-dir {shlex.quote(str(self.path.parent))}) "
+                             "or choose another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -27,20 +27,24 @@ from oomguard.supervisor.decide.recovery import decision_event, recover
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason, check_transition
+from oomguard.supervisor.lifecycle.states import (
+    EXIT_GAVE_UP,
+    EXIT_UNFIXABLE,
+    Ending,
+    RunState,
+    StopReason,
+    check_transition,
+)
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.console import say as log
-from oomguard.supervisor.record.degraded import Degradations
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import stopped_by
-from oomguard.supervisor.record.resilient import ResilientJournal
+from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
 from oomguard.supervisor.run.attempt import Attempt, render
 from oomguard.supervisor.run.containment import remove_stale
-from oomguard.supervisor.run.control import ControlFlags
-from oomguard.supervisor.run.lock import RunLock
+from oomguard.supervisor.run.control import ControlFlags, RunLock
 from oomguard.supervisor.run.parts import RunParts
 from oomguard.supervisor.run.recorder import Recorder
 from oomguard.supervisor.run.runtime import AttemptFiles, alloc_conf, expandable_already

@@ -15,26 +15,26 @@ from pathlib import Path
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import replan
 from oomguard.supervisor.decide.attribution import Cause
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import Point
-from oomguard.supervisor.decide.ownfault import Addition, OwnFault
+from oomguard.supervisor.decide.classify import Addition, OwnFault
 from oomguard.supervisor.decide.policy import Plan, PolicyConfig
 from oomguard.supervisor.decide.recovery import Recovery, RecoveryConfig
 from oomguard.supervisor.decide.replan import PlanChange
-from oomguard.supervisor.decide.tuning import SizeTuner
 from oomguard.supervisor.observe.breakdown import BreakdownWatch
 from oomguard.supervisor.observe.checkpoints import CheckpointIndex
-from oomguard.supervisor.observe.memory import MemorySample, Sampler
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.observe.sampler import MemorySample, Sampler
 from oomguard.supervisor.record.console import say as log
+from oomguard.supervisor.record.fitstore import FitStore, JobKey
+from oomguard.supervisor.run.containment import Handover
 from oomguard.supervisor.run.control import ControlFlags
 from oomguard.supervisor.run.recorder import Recorder
 from oomguard.supervisor.run.resume import ResumePoints
-from oomguard.supervisor.run.settle import Handover
 from oomguard.supervisor.run.spare import Spares
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
+from oomguard.supervisor.sizing.memmodel import Point
+from oomguard.supervisor.sizing.tuning import SizeTuner
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples

@@ -17,10 +17,10 @@ from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.lifecycle.outcome import Outcome
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.record.degraded import Degradations
+from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import closing_decision
+from oomguard.supervisor.record.resilient import Degradations
 
 Listener = Callable[[str, dict[str, Any]], None]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from oomguard.supervisor.observe import ckptstep
+from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.record.console import say as log
 from oomguard.supervisor.run.recorder import Recorder

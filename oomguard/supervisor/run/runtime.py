@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import oomguard
+from oomguard.common import protocol
 from oomguard.probe import SITE_DIR
 from oomguard.supervisor.command.placeholders import render
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide.ownfault import OwnCode
+from oomguard.supervisor.decide.classify import OwnCode
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.worker import protocol
 
 _PACKAGE = os.path.dirname(os.path.abspath(oomguard.__file__))
 # Where the worker's tracebacks show our code: the probe's files (SITE_DIR is under this directory)

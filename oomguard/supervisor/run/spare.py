@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from oomguard.common import protocol
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.sparepool import (
     POOL,
@@ -46,7 +47,6 @@ from oomguard.supervisor.observe.cgroup import SharedLimit, shared_limit
 from oomguard.supervisor.run.containment import Containment
 from oomguard.supervisor.run.process import LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
 from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
-from oomguard.worker import protocol
 
 BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
 SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first
@@ -210,7 +210,7 @@ class Spare:
         self.started = time.monotonic()
         self.handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
         self.pid: int | None = None  # its interpreter's (the launcher's child), from its ready record
-        self.lost: str | None = None  # at the handover: it had exited already, and how (decide/ownfault.py)
+        self.lost: str | None = None  # at the handover: it had exited already, and how (decide/classify.py)
         self._size: int | None = None
         self.nice = 0  # above the supervisor's, as last set
         self.start_nice = 0  # what its interpreter sets itself to as it starts (``os.nice``, relative)
@@ -625,7 +625,7 @@ class Spares:
                             why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def turn_off(self) -> None:
-        """A spare's handover failed an attempt (decide/ownfault.py): every later attempt starts cold,
+        """A spare's handover failed an attempt (decide/classify.py): every later attempt starts cold,
         as with --no-spare; the loop journals why."""
         self.enabled = False
         self._command = None

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field, replace
 
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, Limit, Plateau, attribute
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.forecast import ALLOCATOR, Forecast, Move, budgets, forecast, soonest
-from oomguard.supervisor.decide.memmodel import Fit
 from oomguard.supervisor.decide.recovery import Readings
-from oomguard.supervisor.decide.trend import Reading, steady_rise
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
+from oomguard.supervisor.sizing.memmodel import Fit
+from oomguard.supervisor.sizing.trend import ALLOCATOR, Forecast, Move, Reading, budgets, forecast, soonest, steady_rise
 
 MAX_READINGS = 600  # per budget; past this, every other reading is dropped (the whole attempt stays in view)
 HOST = "worker RSS"

@@ -1,13 +1,13 @@
 """While the run goes: did each attempt resume where it was told to, and do the ``--checkpoint``
 globs match what the script writes?
 
-The start checks (``run/wiring.py``) catch a checkpoint nothing hands over; these two can only be
+The start checks (``run/preflight.py``) catch a checkpoint nothing hands over; these two can only be
 seen while the script runs. Each is said at once and once: on the console, in the journal (the
 events below), in ``oomguard status`` and the dashboard (the meta's ``warnings``) and by the
 webhooks (``ops/hooks.py`` forwards the events, once per kind).
 
 - ``not_resumed`` (path, step, first_step, message): an attempt started from a checkpoint showed a
-  first step that is no resume (``observe/resume.py``); the report counts the steps really redone
+  first step that is no resume (``observe/checkpoints.py``); the report counts the steps really redone
   from it;
 - ``checkpoint_glob_unmatched`` (globs, files, suggestion, message): the worker wrote a file that
   looks like a checkpoint and no glob matches, said within a second of its appearing (and of the
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
+from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex, ResumeCheck
 from oomguard.supervisor.observe.lookalikes import (
     LookalikeWatcher,
     missed,
@@ -37,8 +37,7 @@ from oomguard.supervisor.observe.lookalikes import (
     unmatched_notice,
 )
 from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.resume import ResumeCheck
-from oomguard.supervisor.run.wiring import resume_hint
+from oomguard.supervisor.run.preflight import resume_hint
 
 NOT_RESUMED = "not_resumed"
 GLOB_UNMATCHED = "checkpoint_glob_unmatched"

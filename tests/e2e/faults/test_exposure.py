@@ -16,7 +16,7 @@ import pytest
 from support import ROOT, oomguard
 
 from oomguard.supervisor.record.journal import Journal
-from oomguard.web.addresses import public_urls
+from oomguard.web.exposure import public_urls
 from oomguard.web.server import start_server
 
 WORKER = str(Path(__file__).with_name("worker.py"))
@@ -151,7 +151,7 @@ def _web_url(run_dir: Path, timeout: float = 30) -> str:
 
 
 def test_redaction_hides_values_not_lookalikes() -> None:
-    from oomguard.web import redact
+    from oomguard.web import exposure as redact
 
     words = ["python", "train.py", "--api-key", "k1", "--tokenizer", "gpt2", "--hf-token=k2", "HF_TOKEN=k3",
              "DB_PASSWORD=k4", "--lr", "3e-4", "--key_padding", "x", "AWS_ACCESS_KEY_ID=k5"]

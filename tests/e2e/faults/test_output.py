@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 from support import ROOT, oomguard
 
-from oomguard.supervisor.observe.lines import LineSplitter
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.run.process import LineSplitter
 
 WORKER = str(Path(__file__).with_name("worker.py"))
 BASE = ["--micro-batch", "1", "--grad-accum", "1", "--backoff", "0.05", "--max-backoff", "0.2"]

@@ -1,12 +1,12 @@
-"""Batch arithmetic (decide/batch.py) and the resume check (observe/resume.py) pinned where mutation
+"""Batch arithmetic (common/batch.py) and the resume check (observe/checkpoints.py) pinned where mutation
 testing (bench/mutation.py) found them loose: whole numbers everywhere, the floors, the refusals."""
 
 from __future__ import annotations
 
 import pytest
 
-from oomguard.supervisor.decide.batch import BatchPlan, divisors, largest_divisor_at_most
-from oomguard.supervisor.observe.resume import ResumeCheck, ResumeVerdict
+from oomguard.common.batch import BatchPlan, divisors, largest_divisor_at_most
+from oomguard.supervisor.observe.checkpoints import ResumeCheck, ResumeVerdict
 
 
 def test_divisors_are_whole_numbers() -> None:

@@ -106,7 +106,7 @@ def exception(record: dict[str, Any]) -> BaseException:
 
 @pytest.mark.parametrize("record", CASES)
 def test_the_worker_library_agrees(record: dict[str, Any]) -> None:
-    from oomguard.worker.oom import classify as worker_classify
+    from oomguard.worker.outofmemory import classify as worker_classify
 
     assert worker_classify(exception(record)) == record["worker"]
 

@@ -15,7 +15,7 @@ from oomguard.probe import SITE_DIR, hook
 from oomguard.probe.oom import cpu_oom_request
 from oomguard.probe.steps import StepCounter, resumed_step
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.observe.probestate import ProbeReport, not_python
+from oomguard.supervisor.observe.allocator import ProbeReport, not_python
 from oomguard.supervisor.record.status import probe_text
 from oomguard.supervisor.run.runtime import with_probe
 
@@ -133,8 +133,8 @@ def test_the_model_fingerprint_is_what_decides_memory_per_sample() -> None:
 
 def test_the_model_record_is_written_at_the_first_step_with_its_optimizer(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomguard.common import protocol
     from oomguard.probe import model
-    from oomguard.worker import protocol
 
     events = tmp_path / "events.jsonl"
     monkeypatch.setenv("OOMGUARD_EVENTS", str(events))

@@ -16,7 +16,7 @@ from oomguard.worker import (
     CheckpointStore,
     load,
 )
-from oomguard.worker import rng as rng_state
+from oomguard.worker import checkpoint as rng_state
 
 
 def test_checkpoint_store_is_atomic_prunes_and_skips_broken(tmp_path: Path) -> None:

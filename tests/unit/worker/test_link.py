@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.worker.channel import Requests
+from oomguard.worker.link import Requests
 
 
 def test_request_file_is_seen_without_a_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from oomguard.worker import OutOfMemoryAbort, Session, SessionConfig, classify
-from oomguard.worker.memory import MemoryProbe
-from oomguard.worker.oom import release_memory
+from oomguard.worker.outofmemory import MemoryProbe, release_memory
 
 IMPOSSIBLE = 2**60
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.command.accumulation import Carrier, carrier, total_warning
+from oomguard.common.batch import BatchPlan
+from oomguard.supervisor.command.placeholders import Carrier, carrier, total_warning
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.errors import UsageError

@@ -11,25 +11,27 @@ from pathlib import Path
 import pytest
 from support import DATA
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, Limit, Plateau, attribute, step_peaks
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.decide.forecast import Budget, Move, forecast, soonest
-from oomguard.supervisor.decide.memmodel import Fit
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.trend import (
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.observe.allocator import AllocatorOom
+from oomguard.supervisor.observe.output import OutputScanner, Phase, phase_of
+from oomguard.supervisor.sizing.memmodel import Fit
+from oomguard.supervisor.sizing.trend import (
     MAX_JUMP_READINGS,
     NOISE_SIGMAS,
     TOLERANCE_FRACTION,
+    Budget,
     Headroom,
+    Move,
     Reading,
+    forecast,
+    soonest,
     steady_rise,
 )
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.observe.allocator import AllocatorOom
-from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.observe.phase import Phase, phase_of
 
 MB = 10**6
 MIB = 2**20
@@ -178,7 +180,7 @@ def test_attribution_order_dataloader_then_leak_then_phase_then_per_sample() -> 
 
 
 def test_per_sample_names_the_plateau_and_the_models_scaling() -> None:
-    from oomguard.supervisor.decide.memmodel import Fit
+    from oomguard.supervisor.sizing.memmodel import Fit
 
     per = attribute(plateau_series(), Evidence(), 16, model=Fit(100 * MIB, 40 * MIB, 2))
     assert per.cause is Cause.PER_SAMPLE and "40.0 MiB a sample" in per.summary
@@ -343,7 +345,7 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     from support_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
-    from oomguard.supervisor.record.degraded import Degradations
+    from oomguard.supervisor.record.resilient import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
@@ -380,7 +382,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
     from support_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
-    from oomguard.supervisor.record.degraded import Degradations
+    from oomguard.supervisor.record.resilient import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
@@ -410,7 +412,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
 
 
 def _sample(t: float, rss: int, working_set: int, limit: int) -> object:
-    from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample
+    from oomguard.supervisor.observe.sampler import CgroupMemory, MemorySample
 
     return MemorySample(t, t, 1, rss, (1,), 64 * 2**30, 32 * 2**30,
                         CgroupMemory("/cg", 1, working_set, working_set, limit, 0), None)
@@ -689,7 +691,7 @@ def test_recorded_series(name: str, cause: Cause, also: Cause | None) -> None:
 
 def sample(t: float, rss: int, counted: int | None = None, limit: int | None = None,
            available: int = 32 * 2**30) -> object:
-    from oomguard.supervisor.observe.memory import CgroupMemory, MemorySample
+    from oomguard.supervisor.observe.sampler import CgroupMemory, MemorySample
 
     cg = None if limit is None else CgroupMemory("/cg", 1, rss, rss, limit, 0, counted)
     return MemorySample(t, t, 1, rss, (1,), 64 * 2**30, available, cg, None)
@@ -732,7 +734,7 @@ def test_a_cuda_leak_under_a_memory_fraction_is_measured_against_the_cap_its_oom
     here): the OOM message's "4.00 GiB allowed" is the limit that applied, and the process's own
     GPU memory (its CUDA context included, so a little past the cap) is measured against it."""
     from oomguard.supervisor.observe.gpu import GpuReading
-    from oomguard.supervisor.observe.memory import MemorySample
+    from oomguard.supervisor.observe.sampler import MemorySample
     from oomguard.supervisor.run.trendwatch import TrendWatch
 
     device = 80 * 2**30

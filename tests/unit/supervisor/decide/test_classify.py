@@ -7,15 +7,25 @@ import signal
 
 import pytest
 
+from oomguard.common.batch import BatchPlan
 from oomguard.probe import SITE_DIR
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, Verdict, classify
-from oomguard.supervisor.decide.fragmentation import Judgement, at_oom, judge
-from oomguard.supervisor.decide.ownfault import Addition, OwnFault, own_fault
+from oomguard.supervisor.decide.classify import (
+    Addition,
+    ExitFacts,
+    FailureKind,
+    Fatal,
+    Judgement,
+    OwnFault,
+    Verdict,
+    at_oom,
+    classify,
+    judge,
+    own_fault,
+    seen,
+)
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.unfixable import Fatal, seen
 from oomguard.supervisor.distributed.errorfiles import RootCause
-from oomguard.supervisor.lifecycle.exits import EXIT_GAVE_UP, EXIT_UNFIXABLE
+from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.run.runtime import OWN_CODE
@@ -534,7 +544,7 @@ def test_the_worker_library_is_the_probes_only_when_the_probe_called_it() -> Non
     library = f'''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 12, in <module>
     {{}}
-  File "{PKG}/worker/protocol.py", line 90, in emit
+  File "{PKG}/common/protocol.py", line 90, in emit
     os.write(fd, data)
 OSError: [Errno 9] Bad file descriptor
 '''
@@ -544,8 +554,8 @@ OSError: [Errno 9] Bad file descriptor
   File "{PKG}/probe/channel.py", line 37, in emit
     protocol.emit(record_type, **fields, **identity())''')
     own = fault(by_probe)
-    assert own is not None and own.addition is Addition.PROBE and own.frame.startswith("oomguard/worker/protocol.py")
-    assert fault(library.format("oomguard.worker.protocol.emit('progress', step=3)")) is None  # the script's call
+    assert own is not None and own.addition is Addition.PROBE and own.frame.startswith("oomguard/common/protocol.py")
+    assert fault(library.format("oomguard.common.protocol.emit('progress', step=3)")) is None  # the script's call
 
 
 def test_only_a_crash_whose_traceback_ended_the_output_is_ours() -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.attribution import Attribution, Cause
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind
+from oomguard.supervisor.decide.classify import FailureKind, Fatal
 from oomguard.supervisor.decide.policy import CRASH_LOOP_REPEATS, Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.unfixable import Fatal
 
 OOM, CRASH, HANG, KILLED = FailureKind.CUDA_OOM, FailureKind.CRASH, FailureKind.HANG, FailureKind.KILLED
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.attribution import Cause, Evidence
-from oomguard.supervisor.decide.batch import BatchPlan
-from oomguard.supervisor.decide.classify import FailureKind, Verdict
-from oomguard.supervisor.decide.ownfault import Addition
+from oomguard.supervisor.decide.classify import Addition, FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig
 from oomguard.supervisor.decide.recovery import Facts, Readings, RecoveryConfig, decision_event, recover
-from oomguard.supervisor.decide.trend import Reading
-from oomguard.supervisor.decide.tuning import SizeTuner
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.sizing.trend import Reading
+from oomguard.supervisor.sizing.tuning import SizeTuner
 
 MB = 1024 * 1024
 

@@ -4,8 +4,8 @@ only some of the three checked."""
 
 from __future__ import annotations
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide import replan
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
 from oomguard.supervisor.decide.replan import PlanChange, Source
 

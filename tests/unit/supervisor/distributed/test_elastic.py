@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed.elastic import adopt, for_world
 

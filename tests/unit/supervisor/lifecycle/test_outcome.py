@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide import replan
-from oomguard.supervisor.decide.batch import BatchPlan
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
 from oomguard.supervisor.lifecycle.outcome import GRACE_CAP, Stop, ending_of, grace

@@ -12,17 +12,21 @@ from typing import Any
 
 import pytest
 
-from oomguard.supervisor.observe import checkpoints, ckptstep
+from oomguard.supervisor.observe import checkpoints
+from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.checkpoints import (
+    SAVE,
     CheckpointIndex,
+    NameReading,
+    StepEvidence,
     _watch_roots,
     quiet_stop_race,
+    read_name,
+    recorded_step,
     renamed_name,
     scan,
     step_of,
 )
-from oomguard.supervisor.observe.ckptname import NameReading, read_name
-from oomguard.supervisor.observe.ckptstep import SAVE, StepEvidence, recorded_step
 
 
 def test_step_numbers() -> None:

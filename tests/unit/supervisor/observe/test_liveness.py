@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from oomguard.common import protocol
 from oomguard.supervisor.observe import liveness
 from oomguard.supervisor.observe.gpu import GpuReading
 from oomguard.supervisor.observe.liveness import (
@@ -26,10 +27,8 @@ from oomguard.supervisor.observe.liveness import (
     activity_between,
     gpu_activity,
 )
-from oomguard.supervisor.observe.memory import MemorySample
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.steps import StepSeen
-from oomguard.worker import protocol
+from oomguard.supervisor.observe.progress import AttemptWatch, StepSeen
+from oomguard.supervisor.observe.sampler import MemorySample
 
 MIB = 1 << 20
 

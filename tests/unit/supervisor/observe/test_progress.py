@@ -13,25 +13,26 @@ from typing import Any
 import pytest
 from support import TESTS
 
+from oomguard.common import protocol
 from oomguard.supervisor.decide.attribution import Cause, Evidence, Limit, Plateau, attribute, step_peaks
-from oomguard.supervisor.decide.fragmentation import at_oom
-from oomguard.supervisor.decide.trend import Reading
-from oomguard.supervisor.decide.tuning import SizeTuner
-from oomguard.supervisor.observe import ckptstep
+from oomguard.supervisor.decide.classify import at_oom
+from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport
-from oomguard.supervisor.observe.ckptstep import StepEvidence
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.checkpoints import ResumeCheck, StepEvidence
 from oomguard.supervisor.observe.progress import (
     MTIME_SLACK,
     PROGRESS_EVENT_EVERY,
     REQUEST_COOLDOWN,
     STAMP_SLACK,
     AttemptWatch,
+    StepMatcher,
+    StepSeen,
+    compile_pattern,
 )
-from oomguard.supervisor.observe.resume import ResumeCheck
-from oomguard.supervisor.observe.steps import StepMatcher, StepSeen, compile_pattern
+from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.figures import progress_text
-from oomguard.worker import protocol
+from oomguard.supervisor.sizing.trend import Reading
+from oomguard.supervisor.sizing.tuning import SizeTuner
 
 
 def watch() -> AttemptWatch:
@@ -455,7 +456,7 @@ def test_the_forecast_and_a_leak_are_measured_on_the_allocators_step_peaks_again
     """NVML sees no per-process figure here; the probe's step peaks rise 64 MiB a second toward the
     fraction's 24 GiB cap: the forecast names the allocator, and the CUDA OOM at the cap is a leak."""
     from oomguard.supervisor.decide.classify import FailureKind
-    from oomguard.supervisor.observe.memory import MemorySample
+    from oomguard.supervisor.observe.sampler import MemorySample
     from oomguard.supervisor.run.trendwatch import TrendWatch
 
     watch = TrendWatch()

@@ -15,22 +15,25 @@ import pytest
 from prometheus_client import generate_latest
 from support_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
-from oomguard.supervisor.decide.tuning import SizeTuner
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, locate_cgroup
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuReading
-from oomguard.supervisor.observe.memory import (
+from oomguard.supervisor.observe.sampler import (
     AttemptPeak,
     CgroupMemory,
+    MemoryAction,
     MemorySample,
     Pressure,
     Sampler,
+    Thresholds,
+    evaluate,
     fold_peak,
+    parse_fraction,
+    process_rank,
     read_pressure,
     tree_memory,
 )
-from oomguard.supervisor.observe.ranks import process_rank
-from oomguard.supervisor.observe.thresholds import MemoryAction, Thresholds, evaluate, parse_fraction
 from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.sizing.tuning import SizeTuner
 from oomguard.web.metrics import make_registry
 
 MIB = 1024**2

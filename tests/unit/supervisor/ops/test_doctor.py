@@ -13,8 +13,16 @@ import pytest
 from support import oomguard
 
 from oomguard.supervisor.ops import doctor
-from oomguard.supervisor.ops.distcheck import backend_lines, rendezvous_lines
-from oomguard.supervisor.ops.doctor import FAIL, INFO, OK, WARN, DoctorContext, DoctorError
+from oomguard.supervisor.ops.doctor import (
+    FAIL,
+    INFO,
+    OK,
+    WARN,
+    DoctorContext,
+    DoctorError,
+    backend_lines,
+    rendezvous_lines,
+)
 
 
 def _run(*argv: str) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.ops.sdnotify import SystemdNotifier, Watchdog, watchdog_interval
+from oomguard.supervisor.ops.hooks import SystemdNotifier, Watchdog, watchdog_interval
 
 
 class Receiver:

@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 from support import DATA, ROOT
 
-from oomguard.supervisor.decide.fitstore import (
-    _HASHED_MAX,
-    OUTPUT,
-    FitRecord,
-    FitStore,
-    JobKey,
-    ModelPrint,
-    default_cache_dir,
-    merge_point,
-)
-from oomguard.supervisor.decide.memmodel import Point
-from oomguard.supervisor.decide.tuning import SizeTuner
+from oomguard.supervisor.record.fitstore import _HASHED_MAX, OUTPUT, FitStore, JobKey, default_cache_dir
+from oomguard.supervisor.sizing.memmodel import Point
+from oomguard.supervisor.sizing.tuning import FitRecord, ModelPrint, SizeTuner, merge_point
 
 GIB = 1024**3
 H100 = ("NVIDIA H100 80GB HBM3", 80 * GIB)
@@ -101,8 +92,8 @@ def test_starting_micro(
 
 WRITER = """
 import os, sys
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.record.fitstore import FitStore, JobKey
+from oomguard.supervisor.sizing.memmodel import Point
 gpu = ("NVIDIA H100 80GB HBM3", 80 * 1024**3)
 key = JobKey(("python", "train.py", "--batch_size={micro_batch}"), (gpu,), 1)
 FitStore(sys.argv[1]).record(key, Point(24, 123, True))
@@ -126,8 +117,8 @@ def test_a_commit_survives_kill_9(tmp_path: Path) -> None:
 
 MANY = """
 import sys
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey
-from oomguard.supervisor.decide.memmodel import Point
+from oomguard.supervisor.record.fitstore import FitStore, JobKey
+from oomguard.supervisor.sizing.memmodel import Point
 gpu = ("NVIDIA H100 80GB HBM3", 80 * 1024**3)
 key = JobKey(("python", "train.py", "--batch_size={micro_batch}"), (gpu,), 1)
 store, start = FitStore(sys.argv[1]), int(sys.argv[2])

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
-from oomguard.supervisor.record.downsample import Retention, SampleRow, rows_to_drop
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import Journal, Retention, SampleRow, rows_to_drop
 
 WRITER = """
 import sys, time

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from support import oomguard
 
-from oomguard.supervisor.record.attemptlog import CUT_MARKER, AttemptLog
-from oomguard.supervisor.record.logs import GAP, follow, log_file
+from oomguard.supervisor.record.logs import CUT_MARKER, GAP, AttemptLog, follow, log_file
 
 
 def test_no_run_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from oomguard.supervisor.observe.breakdown import EVENT, BreakdownWatch, LastReading
 from oomguard.supervisor.observe.cgroup import CgroupMemory
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record import memorylines
 
 GIB = 2**30

@@ -10,7 +10,7 @@ import time
 import psutil
 from support_gpu import GIB, UUIDS, FakeDevice, FakePynvml, monitor
 
-from oomguard.supervisor.run.settle import AttemptProcesses, end, wait_for_gpus
+from oomguard.supervisor.run.containment import AttemptProcesses, end, wait_for_gpus
 
 
 class DyingHolder(FakePynvml):

@@ -21,15 +21,16 @@ from support import oomguard
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.attribution import Evidence, Plateau, attribute, earlier_plateaus
-from oomguard.supervisor.decide.trend import Reading
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.observe.checkpoints import quiet_stop_race
+from oomguard.supervisor.lifecycle.states import exit_text
+from oomguard.supervisor.observe.checkpoints import ResumeCheck, quiet_stop_race
 from oomguard.supervisor.observe.lookalikes import (
     QUIET_LIMIT,
     Lookalike,
     LookalikeWatcher,
     candidate,
     final_path,
+    held_for_writing,
     matched,
     missed,
     missed_notice,
@@ -37,11 +38,7 @@ from oomguard.supervisor.observe.lookalikes import (
     suggest_glob,
     unmatched_notice,
 )
-from oomguard.supervisor.observe.progress import AttemptWatch
-from oomguard.supervisor.observe.resume import ResumeCheck
-from oomguard.supervisor.observe.steps import StepSeen
-from oomguard.supervisor.observe.writers import held_for_writing
-from oomguard.supervisor.record.exits import exit_text
+from oomguard.supervisor.observe.progress import AttemptWatch, StepSeen
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.report import (
     CLOSED_INTERRUPTED,
@@ -51,8 +48,11 @@ from oomguard.supervisor.record.report import (
     stopped_by,
 )
 from oomguard.supervisor.record.status import format_status, status_document
-from oomguard.supervisor.run import preflight, steering, wiring
+from oomguard.supervisor.run import preflight
+from oomguard.supervisor.run import preflight as steering
+from oomguard.supervisor.run import preflight as wiring
 from oomguard.supervisor.run.arguments import unrecognized
+from oomguard.supervisor.sizing.trend import Reading
 
 ROOT = Path(__file__).resolve().parents[4]
 EXAMPLES = ROOT / "examples"
@@ -597,7 +597,7 @@ ARGPARSE_STEERING = "import argparse\np = argparse.ArgumentParser()\np.add_argum
 
 
 def steer(cwd: Path, command: list[str], **options: object) -> None:
-    steering.check(build_config({"micro_batch": "8", "grad_accum": "1", **options}, command), cwd)
+    steering.check_steering(build_config({"micro_batch": "8", "grad_accum": "1", **options}, command), cwd)
 
 
 def test_a_script_given_no_batch_is_refused_naming_what_would_steer_it(tmp_path: Path) -> None:

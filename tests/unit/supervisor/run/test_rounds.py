@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed.coordination import Coordinator
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.observe import ckptstep
+from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.run.rounds import agree_start
 

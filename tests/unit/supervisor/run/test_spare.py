@@ -129,7 +129,7 @@ def test_the_spare_becomes_the_worker_as_a_direct_run_would_start(project: Path)
 def test_a_spare_that_exited_before_its_handover_says_how(project: Path) -> None:
     """The kernel's OOM killer takes a spare first, also between its ready record and the handover (while
     the last attempt's leftovers settle): the script never runs, so what ends the attempt is the spare's
-    (decide/ownfault.py), not the batch's."""
+    (decide/classify.py), not the batch's."""
     log: list[tuple[str, dict[str, Any]]] = []
     spare = take(project, env_for(project), [PY, "sub/seen.py"], env_for(project), log)
     assert spare is not None and spare.proc is not None and spare.pid is not None, log

@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.command.wrappers import unwrap
+from oomguard.supervisor.command.placeholders import unwrap
 from oomguard.supervisor.decide.attribution import Evidence, Limit, attribute
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.decide.trend import Headroom, Reading, steady_rise
-from oomguard.supervisor.observe.allocator import OomProgress
+from oomguard.supervisor.observe.allocator import OomProgress, not_python
 from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.observe.probestate import not_python
 from oomguard.supervisor.record.status import current_progress
 from oomguard.supervisor.run.trendwatch import HOST, MACHINE, TrendWatch
+from oomguard.supervisor.sizing.trend import Headroom, Reading, steady_rise
 
 MIB = 2**20
 HOST_TOTAL = 24106 * MIB

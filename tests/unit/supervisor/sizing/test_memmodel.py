@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from oomguard.supervisor.decide.memmodel import (
+from oomguard.supervisor.sizing.memmodel import (
     Fit,
     OomFigures,
     Point,

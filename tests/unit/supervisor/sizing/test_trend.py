@@ -10,11 +10,21 @@ import statistics
 
 import pytest
 
-from oomguard.supervisor.decide.forecast import Budget, Forecast, Move, budgets, forecast
-from oomguard.supervisor.decide.trend import Headroom, Reading, Trend, after_warmup, steady_rise
 from oomguard.supervisor.observe.cgroup import CgroupMemory
 from oomguard.supervisor.observe.gpu import GpuReading
-from oomguard.supervisor.observe.memory import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample
+from oomguard.supervisor.sizing.trend import (
+    Budget,
+    Forecast,
+    Headroom,
+    Move,
+    Reading,
+    Trend,
+    after_warmup,
+    budgets,
+    forecast,
+    steady_rise,
+)
 
 MIB = 2**20
 T0 = 5000.0  # a monotonic clock's readings do not start at 0

@@ -11,13 +11,20 @@ from typing import Any
 import pytest
 import torch
 
+from oomguard.common.batch import BatchPlan
 from oomguard.probe.forward import ForwardTracker
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.decide import extrapolate, replan
-from oomguard.supervisor.decide.batch import BatchPlan
+from oomguard.supervisor.decide import replan
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.fitstore import OUTPUT, FitRecord, FitStore, JobKey, ModelPrint
-from oomguard.supervisor.decide.memmodel import (
+from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
+from oomguard.supervisor.observe.checkpoints import CheckpointIndex
+from oomguard.supervisor.observe.gpu import GpuReading
+from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample
+from oomguard.supervisor.record.fitstore import OUTPUT, FitRecord, FitStore, JobKey, ModelPrint
+from oomguard.supervisor.sizing import tuning as extrapolate
+from oomguard.supervisor.sizing.memmodel import (
     OomFigures,
     Point,
     Prediction,
@@ -25,13 +32,7 @@ from oomguard.supervisor.decide.memmodel import (
     shrink_after_oom,
     unfit,
 )
-from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.decide.tuning import SizeTuner, figures_at_oom
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
-from oomguard.supervisor.observe.checkpoints import CheckpointIndex
-from oomguard.supervisor.observe.gpu import GpuReading
-from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
+from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 
 GIB = 2**30
 KEY = JobKey(("python", "train.py"), (), 1)

@@ -13,15 +13,134 @@ reports (a per-process memory fraction's cap, else the device) is the capacity t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
-from oomguard.supervisor.decide.fitstore import FitStore, JobKey, ModelPrint, merge_models
-from oomguard.supervisor.decide.memmodel import OomFigures, Point, Prediction, fit, propose_growth, shrink_after_oom
+from oomguard.supervisor.decide.policy import Decision
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
-from oomguard.supervisor.observe.memory import AttemptPeak, MemorySample
+from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample
+from oomguard.supervisor.sizing.memmodel import (
+    OomFigures,
+    Point,
+    Prediction,
+    budget,
+    divisors,
+    fit,
+    propose_growth,
+    shrink_after_oom,
+    unfit,
+)
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
+
+
+# ----- what a job has learned, and where it is kept across runs (record/fitstore.py does the I/O)
+
+
+class Key(Protocol):
+    """What a fit store's record is kept under: record/fitstore.py's ``JobKey``."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ModelPrint:
+    """One model as the probe saw it at a process's first optimizer step (a ``model`` record): the
+    digest tells two models apart, the parameter count names them to the user."""
+
+    digest: str
+    params: int
+    tensors: int = 0
+
+    @classmethod
+    def from_record(cls, record: dict[str, object]) -> ModelPrint | None:
+        digest, params, tensors = record.get("digest"), record.get("params"), record.get("tensors")
+        if not isinstance(digest, str) or not digest or not isinstance(params, int) or isinstance(params, bool):
+            return None
+        return cls(digest, params, tensors if isinstance(tensors, int) and not isinstance(tensors, bool) else 0)
+
+
+def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
+    """Both lists' models, each digest once, by digest (ranks of one job may train different
+    stages, each a model of its own)."""
+    seen = {m.digest: m for m in new}
+    seen.update({m.digest: m for m in old})
+    return tuple(sorted(seen.values(), key=lambda m: m.digest))
+
+
+@dataclass(frozen=True)
+class FitRecord:
+    """What one job has learned: the largest size that worked, the smallest that failed, points.
+
+    ``points`` keeps one point per micro-batch (the worst peak seen), so it stays as short as the
+    list of divisors tried.
+    """
+
+    fingerprint: str
+    description: str
+    micro_batch: int | None
+    failed_micro: int | None
+    points: tuple[Point, ...]
+    updated_wall: float
+    models: tuple[ModelPrint, ...] = ()  # what the points were measured with; () where unknown
+
+    def measured(self, model: ModelPrint) -> bool | None:
+        """Whether this record was measured with ``model``; None where it does not know its models."""
+        if not self.models:
+            return None
+        return any(m.digest == model.digest for m in self.models)
+
+    def starting_micro(self, per_process_batch: int, requested: int) -> int | None:
+        """The micro-batch a new run should start at, or None to start at ``requested``.
+
+        Never above what the user asked; never at or above a size that failed.
+        """
+        ceiling = requested
+        if self.failed_micro is not None:
+            # Sizes between the largest that worked and the smallest that failed are untested:
+            # start at one that worked (``--grow`` may explore upwards later).
+            ceiling = min(ceiling, self.failed_micro - 1, self.micro_batch or ceiling)
+        fitting = [d for d in divisors(per_process_batch) if d <= ceiling]
+        if not fitting or fitting[-1] == requested:
+            return None
+        return fitting[-1]
+
+
+def merge_point(record: FitRecord, point: Point, now: float) -> FitRecord:
+    """``record`` with one more attempt folded in (pure)."""
+    by_micro = {p.micro_batch: p for p in record.points}
+    old = by_micro.get(point.micro_batch)
+    by_micro[point.micro_batch] = _merge(old, point) if old else point
+    points = tuple(sorted(by_micro.values(), key=lambda p: p.micro_batch))
+    good = [p.micro_batch for p in points if p.succeeded]
+    bad = [p.micro_batch for p in points if not p.succeeded]
+    return replace(
+        record,
+        points=points,
+        micro_batch=max(good) if good else None,
+        failed_micro=min(bad) if bad else None,
+        updated_wall=now,
+    )
+
+
+def _merge(old: Point, new: Point) -> Point:
+    # A size that failed once stays failed; a success keeps the worst peak it ever showed.
+    succeeded = old.succeeded and new.succeeded
+    peaks = [p for p in (old.peak_bytes, new.peak_bytes) if p is not None]
+    return Point(new.micro_batch, max(peaks) if peaks else None, succeeded)
+
+
+class Store(Protocol):
+    """Where what fits is remembered across runs: record/fitstore.py's ``FitStore`` (SQLite)."""
+
+    def load(self, key: Key) -> FitRecord | None: ...
+
+    def record(self, key: Key, point: Point, models: Sequence[ModelPrint] = ()) -> FitRecord: ...
+
+    def rewrite(self, key: Key, points: Sequence[Point], models: Sequence[ModelPrint]) -> FitRecord: ...
 
 
 @dataclass(frozen=True)
@@ -48,8 +167,8 @@ class SizeTuner:
     min_micro: int
     margin: float
     memory_limit: int | None = None
-    store: FitStore | None = None
-    key: JobKey | None = None
+    store: Store | None = None
+    key: Key | None = None
     points: list[Point] = field(default_factory=list)
     allocator_limit: int | None = None  # what the probe says the allocator may hold (fraction's cap, else device)
     stored_failures: list[Point] = field(default_factory=list)  # earlier runs' OOMs under the same key
@@ -226,3 +345,87 @@ def figures_at_oom(oom: AllocatorOom | None, micro_batch: int, progress: OomProg
     if oom is None or oom.requested is None or oom.allocated is None or not oom.limit:
         return None
     return OomFigures(oom.micro_batch or micro_batch, oom.requested, oom.allocated, oom.limit)
+
+
+# A prediction beyond proof (``--predict-shrink``): from how far through the forward an OOM came,
+# the largest micro-batch a whole step is predicted to need no more than the budget.
+#
+# ``memmodel.unfit`` only skips sizes the evidence proves cannot fit; halving from there takes one
+# restart per halving. The probe also says what share of the failed attempt's forward had run
+# (``OomFigures.forward_fraction``) and what the process held before it (``fixed_bytes``: weights,
+# optimizer state). Memory past the fixed part follows the micro-batch and the forward's progress, and
+# the backward holds the forward's saved activations while it makes gradients of the same size, so
+#
+#     need(m) ~= fixed + STEP * (held + requested - fixed) / fraction * m / failed_micro
+#
+# When the forward had returned (the OOM came in the loss or the backward) the figures already hold
+# the forward's activations and part of the backward: they are scaled as they are (no ``STEP``), a
+# bound of the step rather than an extrapolation, so a backward OOM rarely goes below the halving.
+# This is no proof: memory need
+# not grow evenly through the forward (its share of leaf modules run is not its share of memory), and
+# a first step's optimizer state comes on top. So the
+# prediction is used only where it goes further down than the proven path would (fewer restarts
+# when the OOM came early at a size far too large), never below ``--min-micro-batch``; the next
+# attempt checks it (an OOM there is met by the proven path), and ``--grow`` climbs back toward the
+# largest size that fits when it went too far.
+
+
+STEP = 2.0  # a whole step's memory past the fixed part, in whole forwards (activations, then their gradients)
+
+
+def per_sample(oom: OomFigures) -> float | None:
+    """A whole step's bytes per sample past the fixed memory; None where the figures cannot tell
+    (no fraction, a fraction outside (0, 1], no fixed memory measured, or nothing past it)."""
+    fraction = oom.forward_fraction
+    if fraction is None or not 0 < fraction <= 1 or oom.fixed_bytes <= 0:
+        return None
+    grown = oom.allocated_bytes + oom.requested_bytes - oom.fixed_bytes
+    if grown <= 0 or oom.micro_batch < 1:
+        return None
+    whole = 1.0 if fraction == 1.0 else STEP  # a backward OOM's figures hold the forward and more
+    return whole * grown / fraction / oom.micro_batch
+
+
+def predict_after_oom(oom: OomFigures | None, proven: int, per_process_batch: int, margin: float,
+                      min_micro: int, points: Sequence[Point] = ()) -> Prediction | None:
+    """The largest divisor of the per-process batch predicted to fit under the OOM's limit, when it is
+    below ``proven`` (the size the proven path would try); None when there is no such prediction."""
+    slope = per_sample(oom) if oom is not None else None
+    if oom is None or slope is None:
+        return None
+    # Under RLIMIT_AS most of the limit is address space mapped before the forward: the margin is of the room.
+    room = budget(oom.limit_bytes, margin, oom.fixed_bytes if oom.address_space else 0.0)
+    failed = [*points, Point(oom.micro_batch, None, False)]
+    below = [d for d in reversed(divisors(per_process_batch)) if d < oom.micro_batch and unfit(d, failed) is None]
+    fits = next((d for d in below if oom.fixed_bytes + slope * d <= room), None)
+    floor = fits is None or fits < min_micro
+    chosen = min_micro if floor else fits
+    assert chosen is not None
+    if chosen >= proven or per_process_batch % chosen:
+        return None
+    need = oom.fixed_bytes + slope * chosen
+    where = ("after the forward had returned" if oom.forward_fraction == 1.0
+             else f"{oom.forward_fraction:.0%} through the forward")
+    told = (f"--min-micro-batch {min_micro} (nothing at or above it is predicted to fit)" if floor
+            else f"micro-batch {chosen}, predicted to need {need:.3g} B")
+    reason = (f"prediction beyond proof: at micro-batch {oom.micro_batch} the OOM came {where} holding "
+              f"{oom.allocated_bytes} B (fixed {oom.fixed_bytes} B) and asking {oom.requested_bytes} B more: "
+              f"{slope:.3g} B/sample for a whole step{'' if oom.forward_fraction == 1.0 else ' (twice the forward)'}, "
+              f"so {told} under the budget {room:.3g} B "
+              f"(the proven path would try {proven}; the next attempt checks it, --grow climbs back)")
+    return Prediction(chosen, need, reason)
+
+
+def jump(decision: Decision, failed_micro: int, prediction: Prediction | None) -> Decision:
+    """The policy's decision after a memory failure at ``failed_micro``, taken further down to the
+    predicted size when the decision shrinks the micro-batch (not a retry at the same size: a leak's,
+    fragmentation's, a fallback's) and the prediction is smaller still; the reason says both."""
+    if prediction is None or not decision.restart:
+        return decision
+    batch = decision.plan.batch
+    if batch.micro_batch >= failed_micro or prediction.micro_batch >= batch.micro_batch:
+        return decision
+    if not batch.fits(prediction.micro_batch):
+        return decision
+    plan = replace(decision.plan, batch=batch.with_micro_batch(prediction.micro_batch))
+    return replace(decision, plan=plan, reason=f"{decision.reason}; {prediction.reason}: {plan.batch.describe()}")

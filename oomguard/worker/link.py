@@ -1,4 +1,4 @@
-"""Talking to the supervisor through ``worker/protocol.py``: records out, requests in.
+"""Talking to the supervisor through ``common/protocol.py``: records out, requests in.
 
 Out: progress, heartbeats, batch changes, checkpoints and failures, appended to the
 ``OOMGUARD_EVENTS`` file (a no-op without a supervisor). In: a checkpoint request (the signal
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from oomguard.worker import protocol
+from oomguard.common import protocol
 
 
 class Channel:
@@ -60,7 +60,7 @@ class Requests:
         self.stop_signal: int | None = None
         self._checkpoint_flag = False
         self.request_file = os.environ.get(protocol.ENV_CHECKPOINT_REQUEST) or None
-        self._checkpoint_signal = _signal_number(os.environ.get(protocol.ENV_CHECKPOINT_SIGNAL, ""))
+        self._checkpoint_signal = protocol.signal_number(os.environ.get(protocol.ENV_CHECKPOINT_SIGNAL, ""))
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -97,15 +97,3 @@ class Requests:
 
     def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
         self._checkpoint_flag = True
-
-
-def _signal_number(name: str) -> int | None:
-    name = name.strip().upper()
-    if not name:
-        return None
-    if name.isdigit():
-        return int(name)
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    number = getattr(signal.Signals, name, None)
-    return None if number is None else int(number)

@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from oomguard.supervisor.decide.memmodel import Point, divisors
+from oomguard.supervisor.sizing.memmodel import Point
+from oomguard.supervisor.sizing.tuning import FitRecord, Key, ModelPrint, merge_models, merge_point
 from oomguard.supervisor.units import format_size
 
 _SCHEMA = """
@@ -168,93 +169,6 @@ def _digest(path: Path) -> str:
         return f"{path.name}:unreadable"
 
 
-@dataclass(frozen=True)
-class ModelPrint:
-    """One model as the probe saw it at a process's first optimizer step (a ``model`` record): the
-    digest tells two models apart, the parameter count names them to the user."""
-
-    digest: str
-    params: int
-    tensors: int = 0
-
-    @classmethod
-    def from_record(cls, record: dict[str, object]) -> ModelPrint | None:
-        digest, params, tensors = record.get("digest"), record.get("params"), record.get("tensors")
-        if not isinstance(digest, str) or not digest or not isinstance(params, int) or isinstance(params, bool):
-            return None
-        return cls(digest, params, tensors if isinstance(tensors, int) and not isinstance(tensors, bool) else 0)
-
-
-def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
-    """Both lists' models, each digest once, by digest (ranks of one job may train different
-    stages, each a model of its own)."""
-    seen = {m.digest: m for m in new}
-    seen.update({m.digest: m for m in old})
-    return tuple(sorted(seen.values(), key=lambda m: m.digest))
-
-
-@dataclass(frozen=True)
-class FitRecord:
-    """What one job has learned: the largest size that worked, the smallest that failed, points.
-
-    ``points`` keeps one point per micro-batch (the worst peak seen), so it stays as short as the
-    list of divisors tried.
-    """
-
-    fingerprint: str
-    description: str
-    micro_batch: int | None
-    failed_micro: int | None
-    points: tuple[Point, ...]
-    updated_wall: float
-    models: tuple[ModelPrint, ...] = ()  # what the points were measured with; () where unknown
-
-    def measured(self, model: ModelPrint) -> bool | None:
-        """Whether this record was measured with ``model``; None where it does not know its models."""
-        if not self.models:
-            return None
-        return any(m.digest == model.digest for m in self.models)
-
-    def starting_micro(self, per_process_batch: int, requested: int) -> int | None:
-        """The micro-batch a new run should start at, or None to start at ``requested``.
-
-        Never above what the user asked; never at or above a size that failed.
-        """
-        ceiling = requested
-        if self.failed_micro is not None:
-            # Sizes between the largest that worked and the smallest that failed are untested:
-            # start at one that worked (``--grow`` may explore upwards later).
-            ceiling = min(ceiling, self.failed_micro - 1, self.micro_batch or ceiling)
-        fitting = [d for d in divisors(per_process_batch) if d <= ceiling]
-        if not fitting or fitting[-1] == requested:
-            return None
-        return fitting[-1]
-
-
-def merge_point(record: FitRecord, point: Point, now: float) -> FitRecord:
-    """``record`` with one more attempt folded in (pure)."""
-    by_micro = {p.micro_batch: p for p in record.points}
-    old = by_micro.get(point.micro_batch)
-    by_micro[point.micro_batch] = _merge(old, point) if old else point
-    points = tuple(sorted(by_micro.values(), key=lambda p: p.micro_batch))
-    good = [p.micro_batch for p in points if p.succeeded]
-    bad = [p.micro_batch for p in points if not p.succeeded]
-    return replace(
-        record,
-        points=points,
-        micro_batch=max(good) if good else None,
-        failed_micro=min(bad) if bad else None,
-        updated_wall=now,
-    )
-
-
-def _merge(old: Point, new: Point) -> Point:
-    # A size that failed once stays failed; a success keeps the worst peak it ever showed.
-    succeeded = old.succeeded and new.succeeded
-    peaks = [p for p in (old.peak_bytes, new.peak_bytes) if p is not None]
-    return Point(new.micro_batch, max(peaks) if peaks else None, succeeded)
-
-
 class FitStore:
     """The SQLite-backed store; each call opens and closes its own connection (no held locks)."""
 
@@ -262,12 +176,12 @@ class FitStore:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.path = self.directory / "fits.sqlite3"
 
-    def load(self, key: JobKey) -> FitRecord | None:
+    def load(self, key: Key) -> FitRecord | None:
         with self._connect() as db:
             row = db.execute(_SELECT, (key.fingerprint,)).fetchone()
         return _decode(row) if row else None
 
-    def record(self, key: JobKey, point: Point, models: Sequence[ModelPrint] = ()) -> FitRecord:
+    def record(self, key: Key, point: Point, models: Sequence[ModelPrint] = ()) -> FitRecord:
         """Fold one attempt into the job's record, atomically, and return the new record. ``models``:
         what this run trains, where the probe said; a record measured with none of them is another
         model's and is replaced, not merged into."""
@@ -282,7 +196,7 @@ class FitStore:
             db.execute("COMMIT")
         return new
 
-    def rewrite(self, key: JobKey, points: Sequence[Point], models: Sequence[ModelPrint]) -> FitRecord:
+    def rewrite(self, key: Key, points: Sequence[Point], models: Sequence[ModelPrint]) -> FitRecord:
         """Replace the job's record with ``points`` measured with ``models`` (a run that found the
         record was another model's: its own measurements, from the first, are the record now)."""
         now = time.time()
@@ -295,7 +209,7 @@ class FitStore:
             db.execute("COMMIT")
         return new
 
-    def forget(self, key: JobKey) -> None:
+    def forget(self, key: Key) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM fits WHERE fingerprint = ?", (key.fingerprint,))
             db.execute("DELETE FROM models WHERE fingerprint = ?", (key.fingerprint,))

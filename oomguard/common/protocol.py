@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -125,3 +126,38 @@ def emit(record_type: str, **fields: Any) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+# ----- reading what the supervisor set: integers in the environment, signals by name
+
+
+def env_int(name: str) -> int | None:
+    """An integer the supervisor set in the environment, or None where it is unset or blank.
+
+    A value that is not an integer is a wiring mistake: said with the variable's name, never guessed.
+    """
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def signal_name(name: str) -> str | None:
+    """A signal's full name (``usr1``, ``SIGUSR1`` -> ``SIGUSR1``), or None where none is called so here."""
+    name = name.upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    return name if isinstance(getattr(signal, name, None), signal.Signals) else None
+
+
+def signal_number(name: str) -> int | None:
+    """A signal given by name or number (``OOMGUARD_CHECKPOINT_SIGNAL``), or None where empty or unknown."""
+    name = name.strip()
+    if not name:
+        return None
+    if name.isdigit():
+        return int(name)
+    full = signal_name(name)
+    return None if full is None else int(signal.Signals[full])

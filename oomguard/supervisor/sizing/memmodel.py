@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from oomguard.common.batch import divisors
+
 
 @dataclass(frozen=True)
 class Point:
@@ -61,12 +63,6 @@ class Prediction:
     micro_batch: int
     predicted_peak: float | None
     reason: str
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
 
 
 def budget(capacity: float, margin: float, floor: float = 0.0) -> float:
