@@ -75,7 +75,7 @@ def _attach(torch: ModuleType) -> None:
 
 
 def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
-    """The memory breakdown's reporter (probe/parts.py), its baseline read now, before the model;
+    """The memory breakdown's reporter (probe/memsplit.py), its baseline read now, before the model;
     the allocator's history for the attempt after a CUDA OOM (probe/snapshot.py). None if it failed."""
     import atexit
     import os
@@ -83,7 +83,7 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
     from . import channel
 
     try:
-        from . import parts as memoryparts
+        from . import memsplit as memoryparts
         from . import snapshot
 
         parts = memoryparts.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
@@ -98,7 +98,7 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
 
 def _at_first_step(tracker: Any, parts: Any = None) -> Callable[[Any], None]:
     """What the process's first optimizer step does: disarm the forward tracker (armed for the first
-    step only, probe/forward.py) and read it, read the memory the model holds (probe/parts.py),
+    step only, probe/forward.py) and read it, read the memory the model holds (probe/memsplit.py),
     then say which model it trains (probe/model.py)."""
     from . import channel, model
 

@@ -34,8 +34,8 @@ from oomguard.supervisor.record.fitstore import ModelPrint
 from oomguard.supervisor.record.memorylines import memory_breakdown
 from oomguard.supervisor.run.attemptmemory import sample
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.parts import TICK, RunParts
 from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.runparts import TICK, RunParts
 from oomguard.supervisor.run.runtime import OWN_CODE, AttemptFiles, build_argv, build_env, placeholder_values
 from oomguard.supervisor.run.trendwatch import TrendWatch
 

@@ -27,26 +27,20 @@ from oomguard.supervisor.decide.recovery import decision_event, recover
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import states
 from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import (
-    EXIT_GAVE_UP,
-    EXIT_UNFIXABLE,
-    Ending,
-    RunState,
-    StopReason,
-    check_transition,
-)
+from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.console import say as log
+from oomguard.supervisor.record.endings import stopped_by
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import stopped_by
 from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
 from oomguard.supervisor.run.attempt import Attempt, render
 from oomguard.supervisor.run.containment import remove_stale
 from oomguard.supervisor.run.control import ControlFlags, RunLock
-from oomguard.supervisor.run.parts import RunParts
 from oomguard.supervisor.run.recorder import Recorder
+from oomguard.supervisor.run.runparts import RunParts
 from oomguard.supervisor.run.runtime import AttemptFiles, alloc_conf, expandable_already
 from oomguard.supervisor.run.trendwatch import TrendWatch
 
@@ -122,7 +116,7 @@ class Supervisor:
     # --- the one place the state changes, the one place the plan changes ----------------------
 
     def _transition(self, new: RunState, reason: str) -> None:
-        check_transition(self.state, new)
+        states.check_transition(self.state, new)
         old, self.state = self.state, new
         self.record.transition(old, new, reason)
         log(f"{new.value}: {reason}")
@@ -198,7 +192,7 @@ class Supervisor:
         decision = self._recover(outcome)  # RUNNING -> RECOVERING
         if not decision.restart:  # RECOVERING -> FAILED
             self._transition(RunState.FAILED, decision.reason)
-            return EXIT_UNFIXABLE if decision.unfixable else EXIT_GAVE_UP
+            return states.EXIT_UNFIXABLE if decision.unfixable else states.EXIT_GAVE_UP
         if decision.delay > 0:  # RECOVERING -> BACKOFF
             self._transition(RunState.BACKOFF, decision.reason)
             self.parts.sleep(decision.delay)

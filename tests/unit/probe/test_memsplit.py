@@ -1,4 +1,4 @@
-"""probe/parts.py and probe/snapshot.py: the figures from torch's own objects, and the
+"""probe/memsplit.py and probe/snapshot.py: the figures from torch's own objects, and the
 CUDA snapshot's edge faked (no GPU here: tests/e2e/test_memory_snapshot_gpu.py runs the real one)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from oomguard.probe import parts, snapshot  # noqa: E402
+from oomguard.probe import memsplit as parts  # noqa: E402
+from oomguard.probe import snapshot  # noqa: E402
 
 
 def size(t: Any) -> int:
