@@ -43,11 +43,22 @@ from . import channel, memory
 Baseline = tuple[int, int] | None  # (address space, resident) when torch finished importing
 
 
-def _storage_key(tensor: Any) -> tuple[str, int] | None:
-    """One key per storage (a view or a tied weight counts once); None for a storage without memory."""
-    storage = tensor.untyped_storage()
-    pointer = int(storage.data_ptr())
-    return (str(tensor.device), pointer) if pointer else None
+def _local(tensor: Any) -> Any:
+    """This rank's own tensor: a DTensor (FSDP2, tensor parallel) holds its shard in ``_local_tensor``;
+    its own storage is no real one ("invalid python storage")."""
+    local = getattr(tensor, "_local_tensor", None)
+    return local if local is not None else tensor
+
+
+def _storage(tensor: Any) -> tuple[tuple[str, int] | None, int]:
+    """One key per storage (a view or a tied weight counts once; None for a storage without memory)
+    and its bytes; a tensor subclass without a storage of its own counts its own bytes, once each."""
+    try:
+        storage = tensor.untyped_storage()
+        pointer, size = int(storage.data_ptr()), int(storage.nbytes())
+    except RuntimeError:
+        return ("subclass", id(tensor)), int(tensor.numel()) * int(tensor.element_size())
+    return ((str(tensor.device), pointer) if pointer else None), size
 
 
 class Counter:
@@ -62,11 +73,11 @@ class Counter:
         for tensor in tensors:
             if tensor is None or str(tensor.device) != self.device:
                 continue
-            key = _storage_key(tensor)
+            key, size = _storage(_local(tensor))
             if key is None or key in self.seen:
                 continue
             self.seen.add(key)
-            total += int(tensor.untyped_storage().nbytes())
+            total += size
         return total
 
 
