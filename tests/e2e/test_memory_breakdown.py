@@ -136,7 +136,9 @@ def test_a_kernel_oom_kill_shows_each_process_of_the_cgroup_with_its_dataloader_
     roles = {p["role"] for p in event["processes"]}
     assert {"trainer", "data-loader worker", "other"} <= roles, event["processes"]
     # (a process exiting at that reading, a zombie, reads 0; the cgroup's count nears its limit)
-    assert all(p["rss"] > 0 for p in event["processes"] if p["role"] != "other") and event["total"] > limit // 2, event
+    # the trainer and at least one data-loader worker held memory at that reading
+    held = {p["role"] for p in event["processes"] if p["rss"] > 0}
+    assert {"trainer", "data-loader worker"} <= held and event["total"] > limit // 2, event
     trainer = next(p for p in event["processes"] if p["role"] == "trainer")
     assert trainer["rss"] > 100 * MIB, event  # torch, the model and what it kept
     text = format_report(read_report(run_dir))

@@ -115,8 +115,10 @@ class BreakdownWatch:
                                                DATA_LOADER_WORKER if found[0] == DATA_LOADER_NAME else OTHER)
                 processes.append({"pid": pid, "role": role, "name": found[0], "rss": found[1]})
                 rss += found[1]
-        if not any(p["pid"] == sample.worker_pid for p in processes):
-            return  # the worker is gone (its DataLoader workers may outlive it a moment): the reading before stays
+        if not any(p["pid"] == sample.worker_pid and p["rss"] > 0 for p in processes):
+            # the worker is gone, or being reaped after a kill (its memory already freed: it reads 0; its
+            # DataLoader workers may outlive it a moment): the reading before, which still saw it, stays
+            return
         if cgroup is not None and cgroup.limit_bytes is not None:
             total, limit, kind = cgroup.counted_bytes, cgroup.limit_bytes, "cgroup"
         else:
