@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,27 +25,13 @@ from typing import Any
 
 import psutil
 import pytest
-from support import ROOT
+from support import ROOT, free_port_pair
 
 from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
 SCRIPT = str(Path(__file__).resolve().parent / "lost_node_train.py")
 TORCHRUN = str(Path(PY).parent / "torchrun")
-
-
-def free_port_pair() -> int:
-    """A port whose successor is free too (the rendezvous, and oomguard's store on port + 1)."""
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free pair of ports")
 
 
 class Node:
