@@ -61,6 +61,24 @@ def cgroup_version() -> int:
     return 2 if Path("/sys/fs/cgroup/cgroup.controllers").exists() else 1
 
 
+def v2_missing() -> str | None:
+    """Why Slurm's cgroup/v2 cannot run on this machine, or None (the unified hierarchy is the one mounted
+    at /sys/fs/cgroup, with the memory controller: support_slurm then configures cgroup/v2)."""
+    if cgroup_version() == 2:
+        return None
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines() if line.split()[2] == "cgroup2"]
+    if not mounts:
+        return "this machine mounts cgroup v1 only (no cgroup2 hierarchy at all): Slurm's cgroup/v2 needs one"
+    controllers = (Path(mounts[0]) / "cgroup.controllers").read_text().split()
+    if "memory" in controllers:
+        return (f"the memory controller is on a cgroup v2 mount at {mounts[0]}, not at /sys/fs/cgroup, where "
+                "Slurm's cgroup/v2 (CgroupMountpoint) is configured here: not tried")
+    return (f"this machine's cgroups are v1, with a cgroup v2 mount at {mounts[0]} whose controllers are "
+            f"[{' '.join(controllers)}]: the memory controller is bound to the v1 hierarchy (/sys/fs/cgroup/memory), "
+            "which this machine's own processes use, and a controller is in one hierarchy at a time, so Slurm's "
+            "cgroup/v2 could not enforce a job's --mem; it needs a host whose cgroups are mounted v2 only")
+
+
 @dataclass
 class Cluster:
     """The daemons' files under ``root``; ``env`` is what a Slurm client needs (SLURM_CONF)."""
