@@ -6,7 +6,8 @@ own on a private socket, every file under one temporary directory. Jobs run as a
 proctrack/cgroup and task/cgroup with ``ConstrainRAMSpace``: a job's ``--mem`` is a real memory cgroup
 limit (cgroup v1 or v2, whichever this machine mounts). The nodes claim 64 CPUs and 8 GPUs each
 (``SlurmdParameters=config_overrides``, GPUs without device files) so that the deploy example's own
-``#SBATCH`` lines are accepted unchanged.
+``#SBATCH`` lines are accepted unchanged. The scheduler looks at pending jobs every 2 s (Slurm's default
+is 60 s: a requeued job, held for the credential's lifetime, would wait up to a minute more to start).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SlurmdParameters=config_overrides
 ReturnToService=2
 GresTypes=gpu
