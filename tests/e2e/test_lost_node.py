@@ -48,7 +48,7 @@ class Node:
     def start(self) -> None:
         t = self.tmp
         argv = [PY, "-m", "oomguard", "run", "--run-dir", str(t / self.name), "--no-web", "--backoff", "0.05",
-                "--peer-timeout", "60", "--grace-period", "3", "--micro-batch", "4", "--global-batch", "16",
+                "--peer-timeout", "60", "--grace-period", "1", "--micro-batch", "4", "--global-batch", "16",
                 "--checkpoint", f"{t}/ck/step-*", "--resume-args", "--resume-from {checkpoint}", "--",
                 TORCHRUN, "--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_id", "789", "--rdzv_backend", "c10d",
                 "--rdzv_endpoint", f"localhost:{self.port}", SCRIPT, "--micro-batch-size", "{micro_batch}",
