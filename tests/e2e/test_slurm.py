@@ -13,10 +13,11 @@ One job per scenario, one after the other (each takes both nodes, as the file's 
      requeued run the time limit with --signal=TERM@30: each time exit 143 on both nodes and a requeue;
      the resume is from the newest checkpoint at the micro-batch the OOM settled on; no cgroup of the
      job is left.
-  E. a lost node (tests/e2e/lost_node_train.py, elastic ``--nnodes 1:2``): node 1's oomguard and its
-     rank killed (SIGKILL) mid-run: node 0 goes on alone at once at the same global batch, node 1's
-     shell starts its oomguard again and node 0 takes it in at the next checkpoint; every optimizer
-     step (the script's own records) trained on the global batch asked; the job ends COMPLETED.
+  E. a lost node (tests/e2e/lost_node_train.py, elastic ``--nnodes 1:2``): Slurm node 1's oomguard and
+     its rank killed (SIGKILL) mid-run: the other node goes on alone at the same global batch (taking
+     oomguard's store over where node 1's kept it: both nodes are this machine), node 1's shell starts
+     its oomguard again and it is taken in at the next checkpoint; every optimizer step (the script's
+     own records) trained on the global batch asked; the job ends COMPLETED.
   C. cgroup v2: the scenarios run under the cgroup version this machine mounts; where that is v1, the
      test says why Slurm's cgroup/v2 cannot run here.
 """
