@@ -80,7 +80,7 @@ class TreeMemory:
     once; PSS would not, but reading smaps costs ~100x more, and an over-estimate errs safe.
     ``cpu_seconds`` (user + system, children already reaped included, so a DataLoader worker that
     exits keeps its time in its parent's) and ``io_bytes`` (bytes read and written through syscalls)
-    are running totals; ``observe.liveness`` turns two samples into what the tree did between them.
+    are running totals; ``observe.progress.activity_between`` turns two samples into what the tree did between them.
     """
 
     rss_bytes: int
