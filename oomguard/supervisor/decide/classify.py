@@ -303,10 +303,6 @@ class Addition(enum.Enum):
     PROBE = "probe"
     SPARE = "spare"
 
-    @property
-    def switch(self) -> str:
-        return "--no-probe" if self is Addition.PROBE else "--no-spare"
-
 
 @dataclass(frozen=True)
 class OwnCode:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.common import protocol
-from oomguard.supervisor.observe.sampler import MemorySample
+from oomguard.supervisor.observe.sampler import MemorySample, higher
 
 
 def _int(value: Any) -> int | None:
@@ -164,7 +164,7 @@ class AllocatorReport:
         limit, peak = _int(record.get("vm_limit_bytes")), _int(record.get("vm_peak_bytes"))
         if limit and peak:
             self.vm_limit = limit if self.vm_limit is None else min(self.vm_limit, limit)
-            self.vm_peak = _higher(self.vm_peak, peak)
+            self.vm_peak = higher(self.vm_peak, peak)
 
     def _time(self, record: dict[str, Any]) -> None:
         """Steps per second from one process: ranks step together, so adding theirs would count each
@@ -188,9 +188,9 @@ class AllocatorReport:
         for figures in devices.values():
             if not isinstance(figures, dict):
                 continue
-            highest = _higher(highest, _int(figures.get("allocated_peak")))
-            self.allocated_peak = _higher(self.allocated_peak, _int(figures.get("allocated_peak")))
-            self.reserved_peak = _higher(self.reserved_peak, _int(figures.get("reserved_peak")))
+            highest = higher(highest, _int(figures.get("allocated_peak")))
+            self.allocated_peak = higher(self.allocated_peak, _int(figures.get("allocated_peak")))
+            self.reserved_peak = higher(self.reserved_peak, _int(figures.get("reserved_peak")))
             if (limit := _int(figures.get("limit_bytes"))) and (self.limit_bytes is None or limit < self.limit_bytes):
                 self.limit_bytes = limit
         return highest
@@ -210,12 +210,6 @@ class AllocatorReport:
         rate = self.steps_per_s
         return {"steps_per_s": None if rate is None else round(rate, 3), "allocated_peak": self.allocated_peak,
                 "reserved_peak": self.reserved_peak, "limit_bytes": self.limit_bytes}
-
-
-def _higher(old: int | None, new: int | None) -> int | None:
-    if new is None:
-        return old
-    return new if old is None else max(old, new)
 
 
 # Whether the probe (oomguard/probe/) is in the worker, and if not, why: for the journal and status.

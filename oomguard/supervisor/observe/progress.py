@@ -252,8 +252,8 @@ class Liveness:
             return Judgement(None, None, figures)
         if idle_for < timeout:
             figures["busy"] = self.busy
-            ago = f" {_duration(idle_for)} ago" if idle_for >= 2 * MIN_SPAN + 1 else ""
-            return Judgement(None, f"silent {_duration(quiet)}; busy{ago}: {self.busy}", figures)
+            ago = f" {duration(idle_for)} ago" if idle_for >= 2 * MIN_SPAN + 1 else ""
+            return Judgement(None, f"silent {duration(quiet)}; busy{ago}: {self.busy}", figures)
         figures.update(self._idle_figures())
         return Judgement(f"no {what} for {quiet:.0f} s ({source}); {self._idle_text(idle_for)}", None, figures)
 
@@ -302,7 +302,8 @@ def _gpu_bytes(g: GpuReading) -> int:
 
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """``12 s``, ``4 min``, ``2.5 h``."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -497,7 +498,6 @@ class AttemptWatch:
     last_progress_event: float = -PROGRESS_EVENT_EVERY
     started: float = field(default_factory=time.monotonic)
     last_request: float = -REQUEST_COOLDOWN
-    grow_to: int | None = None  # --grow: restart at this micro-batch once the next checkpoint lands
     matcher: StepMatcher = field(default_factory=StepMatcher)
     output_steps: int = 0  # step increases read from the output (scripts without the worker library)
     first_progress: float | None = None  # monotonic time of the first step seen

@@ -39,9 +39,9 @@ from oomguard.supervisor.observe.progress import (
     Liveness,
     StepMatcher,
     StepSeen,
-    _duration,
     activity_between,
     compile_pattern,
+    duration,
     gpu_activity,
 )
 from oomguard.supervisor.observe.sampler import MemorySample
@@ -1213,7 +1213,7 @@ def test_a_learned_cadence_wins_only_when_shorter_and_names_what_it_counted() ->
 
 
 def test_durations_and_sizes_switch_units_at_their_boundaries() -> None:
-    assert [_duration(s) for s in (119.0, 120.0, 3000.0, 7199.0, 7200.0, 720000.0)] == [
+    assert [duration(s) for s in (119.0, 120.0, 3000.0, 7199.0, 7200.0, 720000.0)] == [
         "119 s", "2 min", "50 min", "120 min", "2.0 h", "200.0 h"]
     # sizes are units.format_size's, shared with every other figure (it goes on to TiB)
     assert [format_size(n) for n in (1023, 1024, 2048, 3 << 30, 2048 << 30)] == [
