@@ -7,7 +7,8 @@ Tested in tests/unit/supervisor/test_command.py.
 
 Also here:
 
-- The program a command runs behind the wrappers that only set its limits, priority or placement.
+- The program a command runs behind the wrappers that only set its limits, priority or placement,
+  and whether it is Python (``not_python``, for the probe's report).
 - How the training command hands the script its gradient accumulation, read once at start.
 - ``--edit FILE:KEY=VALUE``: the batch sizes of scripts that read them from a config file.
 """

@@ -117,7 +117,7 @@ class OomProgress:
 @dataclass
 class AllocatorReport:
     """One attempt's ``step`` and ``oom`` records, folded (whether the probe loaded at all is
-    ``observe.probestate``'s)."""
+    ``ProbeReport``'s, below)."""
 
     step: int | None = None  # the optimizer step reached (resumed count included), highest over ranks
     records: int = 0  # step records taken

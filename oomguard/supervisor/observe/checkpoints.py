@@ -671,9 +671,7 @@ def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
     relative to ``cwd`` where they lie under it."""
     patterns: Counter[str] = Counter()
     for path in paths:
-        rel = os.path.relpath(path, cwd)
-        shown = path if rel.startswith("..") else rel
-        head, name = os.path.split(shown)
+        head, name = os.path.split(_shown(path, cwd))
         patterns[os.path.join(head, re.sub(r"\d+", "*", name))] += 1
     return patterns.most_common(1)[0][0]
 
