@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "oomguard.supervisor"
 # common/batch.py (the batch arithmetic) is outside PACKAGE: mutmut run "oomguard.common.batch.*"
 MODULES = (
-    "decide.policy", "decide.classify", "observe.output", "observe.progress", "observe.liveness",
-    "decide.attribution", "observe.checkpoints", "decide.replan", "sizing.tuning", "sizing.trend",
+    "decide.policy", "decide.classify", "observe.output", "observe.progress",
+    "decide.attribution", "observe.checkpoints", "sizing.tuning", "sizing.trend",
     "sizing.memmodel", "record.fitstore", "decide.sparepool",
 )
 # mutmut's exit codes of a mutant's test run (mutmut/stats.py), folded into what the table shows

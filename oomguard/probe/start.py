@@ -33,7 +33,6 @@ def start(failed: Callable[[str], None]) -> None:
 def _attach(torch: ModuleType) -> None:
     """Called once torch finished importing. Every failure is a ``probe`` record."""
     import atexit
-    import os
 
     from . import channel  # here: the channel's json and the rest are loaded only with torch
 
@@ -45,6 +44,29 @@ def _attach(torch: ModuleType) -> None:
     except Exception as exc:  # the program goes on; the supervisor reads progress from its output
         channel.failed(f"step hook not installed: {type(exc).__name__}: {exc}")
         return
+    tracker = _track_forward(torch, counter)
+    parts = _memory_parts(torch, counter, tracker)
+    counter.first_step = _at_first_step(tracker, parts)
+    try:
+        from . import saves
+
+        # a checkpoint's step, measured, before its name's; and the memory's peak so far
+        saves.install(torch, lambda: counter.known, parts.at_peak_safely if parts is not None else lambda: None)
+    except Exception as exc:
+        channel.failed(f"save reporting not installed: {type(exc).__name__}: {exc}")
+    try:
+        oom.OomReporter(torch, lambda: counter.step, tracker, parts).attach()
+    except Exception as exc:
+        channel.failed(f"OOM reporting not installed: {type(exc).__name__}: {exc}")
+
+
+def _track_forward(torch: ModuleType, counter: Any) -> Any:
+    """The forward's progress through a step (probe/forward.py), for the OOM record; None where it
+    could not be installed (a ``probe`` record says why)."""
+    import os
+
+    from . import channel
+
     tracker = None
     try:
         from . import forward
@@ -59,19 +81,7 @@ def _attach(torch: ModuleType) -> None:
             compiled.watch(tracker.compiled)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
-    parts = _memory_parts(torch, counter, tracker)
-    counter.first_step = _at_first_step(tracker, parts)
-    try:
-        from . import saves
-
-        # a checkpoint's step, measured, before its name's; and the memory's peak so far
-        saves.install(torch, lambda: counter.known, parts.at_peak_safely if parts is not None else lambda: None)
-    except Exception as exc:
-        channel.failed(f"save reporting not installed: {type(exc).__name__}: {exc}")
-    try:
-        oom.OomReporter(torch, lambda: counter.step, tracker, parts).attach()
-    except Exception as exc:
-        channel.failed(f"OOM reporting not installed: {type(exc).__name__}: {exc}")
+    return tracker
 
 
 def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:

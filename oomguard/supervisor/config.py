@@ -17,7 +17,7 @@ from typing import Any
 
 from oomguard.common.batch import BatchPlan, divisors
 from oomguard.common.protocol import signal_name
-from oomguard.supervisor.command.placeholders import Carrier, carrier, check_template, used
+from oomguard.supervisor.command import Carrier, carrier, check_template, used
 from oomguard.supervisor.distributed.launcher import shape_of
 from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.errors import UsageError
@@ -217,7 +217,7 @@ class RunConfig:
         for token in (*self.command, self.resume_args, *self.fallback_args):
             check_template(token)
         self._check_progress_pattern()
-        from oomguard.supervisor.command.configedit import parse_edit
+        from oomguard.supervisor.command import parse_edit
 
         for spec in self.edits:
             check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
@@ -233,7 +233,7 @@ class RunConfig:
     @property
     def accumulation(self) -> Carrier:
         """How the command hands the script its accumulation (run.accumulation)."""
-        from oomguard.supervisor.command.configedit import parse_edit
+        from oomguard.supervisor.command import parse_edit
 
         edits = [parse_edit(spec).value for spec in self.edits]
         return carrier((*self.command, self.resume_args, *self.fallback_args, *edits))

@@ -129,24 +129,17 @@ class Session:
         self.stateful = dict(stateful or {})
         self.global_batch, self.world_size = _resolve_global(self.config)
         self.per_process = self.global_batch // self.world_size
-        self.tuner = Tuner(
-            per_process=self.per_process,
-            current=_resolve_micro(self.config, self.per_process),
-            floor=self.config.min_micro_batch,
-            grow_after=self.config.grow_after,
-            margin=self.config.grow_margin,
-        )
+        self.tuner = Tuner(per_process=self.per_process, current=_resolve_micro(self.config, self.per_process),
+                           floor=self.config.min_micro_batch, grow_after=self.config.grow_after,
+                           margin=self.config.grow_margin)
         self.step_count = 0
         self.samples = 0  # samples (all processes) consumed by completed optimizer steps
         self.fingerprint = _fingerprint(self)
         self.channel = Channel(self.config.progress_every_s, self.config.heartbeat_every_s)
         self.requests = Requests()
         self.probe = MemoryProbe(_device_of(model))
-        self.store = (
-            checkpoint.CheckpointStore(self.config.checkpoint_dir, self.config.keep_last)
-            if (self.config.checkpoint_dir)
-            else None
-        )
+        directory = self.config.checkpoint_dir
+        self.store = checkpoint.CheckpointStore(directory, self.config.keep_last) if directory else None
         self.writer = checkpoint.AsyncWriter(self.store) if self.store else None
         self._saved_step = -1
         self._phase = "idle"

@@ -156,23 +156,29 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
             evidence.address_space)}, met)
         if found is not None:
             return found
-    spike = _spike(trend, room)
-    if (rlimit := evidence.address_space) is not None:
-        figures.update(_address_space_figures(rlimit))
-        spike = f"; {_address_space_line(rlimit)}"
-    alloc = evidence.allocator
-    if alloc is not None:  # the allocator's own figures say more than any reading from outside
-        figures.update(_allocator_figures(alloc, micro_batch, evidence.step_peaks))
-        spike = f"; {_allocator_line(alloc, micro_batch, figures)}"
+    spike = _probe_words(evidence, micro_batch, figures, _spike(trend, room))
     if phase is not None:
         return Attribution(_PHASE_CAUSE[phase[0]], f"memory ran out during {phase[0].value} ({phase[1]}){spike}",
                            {**figures, "evidence": phase[1]})
-    if alloc is not None:
+    if evidence.allocator is not None:
         return Attribution(Cause.PER_SAMPLE, spike[2:], figures)
     if blind:
         figures["unseen"] = what
         spike = f"; the {what} readings saw none of its memory (all 0){spike}"
     return _per_sample(readings, trend, micro_batch, what, model, figures, spike, earlier, failed, limit)
+
+
+def _probe_words(evidence: Evidence, micro_batch: int, figures: dict[str, Any], spike: str) -> str:
+    """The probe's figures where it caught the failure (the address space under RLIMIT_AS, the CUDA
+    allocator's), added to ``figures``; its words replace the readings' (``spike``): the allocator's
+    own figures say more than any reading from outside."""
+    if (rlimit := evidence.address_space) is not None:
+        figures.update(_address_space_figures(rlimit))
+        spike = f"; {_address_space_line(rlimit)}"
+    if (alloc := evidence.allocator) is not None:
+        figures.update(_allocator_figures(alloc, micro_batch, evidence.step_peaks))
+        spike = f"; {_allocator_line(alloc, micro_batch, figures)}"
+    return spike
 
 
 def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Reading], Limit | None]:

@@ -87,41 +87,53 @@ def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = No
     if cause is not None and not (facts.hung or facts.stopped_for_memory):  # oomguard's own stops name no rank
         code = cause.exitcode if cause.exitcode is not None and cause.exitcode >= 0 else None
         sig, where = cause.signal, f"{cause.where(gpus)}: "
+    kind, evidence = _rules(facts, scan, cause, code, sig)
+    return Verdict(kind, where + evidence, sig, code)
 
-    def verdict(kind: FailureKind, evidence: str) -> Verdict:
-        return Verdict(kind, where + evidence, sig, code)
 
+def _rules(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None, code: int | None,
+           sig: int | None) -> tuple[FailureKind, str]:
+    """The kind of a failed attempt's end and its evidence, by the first rule that matches."""
     if facts.hung:
-        return verdict(FailureKind.HANG, facts.hung)
+        return FailureKind.HANG, facts.hung
     if facts.stopped_for_memory:
-        return verdict(FailureKind.MEMORY_LIMIT, facts.stopped_for_memory)
-    if sig == signal.SIGKILL and _counter_rose(facts):
-        counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
-        if facts.limit_hit:
-            return verdict(FailureKind.MEMORY_LIMIT, f"{counter} at oomguard's --memory-limit")
-        return verdict(FailureKind.HOST_OOM, f"killed by the kernel OOM killer ({counter})")
-    if cause is None and scan.dataloader and _counter_rose(facts):  # the main process lives on to report it
-        counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
-        return verdict(FailureKind.MEMORY_LIMIT if facts.limit_hit else FailureKind.HOST_OOM,
-                       f"{scan.dataloader.strip()} (killed by the kernel OOM killer: {counter})")
+        return FailureKind.MEMORY_LIMIT, facts.stopped_for_memory
+    if (killed := _oom_killed(facts, scan, cause, sig)) is not None:
+        return killed
     # A structured report (the rank's error file, the worker library's record) before parsed text.
     if (reported := _reported(cause, facts.worker_failure)) is not None:
-        return verdict(*reported)
+        return reported
     if scan.device_oom:
-        return verdict(FailureKind.CUDA_OOM, scan.device_oom.strip())
+        return FailureKind.CUDA_OOM, scan.device_oom.strip()
     if scan.host_oom:
-        return verdict(FailureKind.HOST_OOM, scan.host_oom.strip())
+        return FailureKind.HOST_OOM, scan.host_oom.strip()
     if sig is not None:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
-        return verdict(FailureKind.KILLED, f"terminated by {name}; no OOM-kill counter moved")
+        return FailureKind.KILLED, f"terminated by {name}; no OOM-kill counter moved"
     if scan.disk_full:  # it exited on its own, having said it could not write
-        return verdict(FailureKind.DISK_FULL, scan.disk_full.strip())
+        return FailureKind.DISK_FULL, scan.disk_full.strip()
     if cause is not None:
-        return verdict(FailureKind.CRASH, f"exit code {cause.exitcode}: {cause.message}"
-                       if cause.exitcode is not None else cause.message)
+        return FailureKind.CRASH, (f"exit code {cause.exitcode}: {cause.message}" if cause.exitcode is not None
+                                   else cause.message)
     # The exception that ended the traceback, not the hints a library prints after it; else the last line.
     last = scan.exception or next((line.strip() for line in reversed(scan.tail[-20:]) if line.strip()), "")
-    return verdict(FailureKind.CRASH, f"exit code {code}" + (f": {last}" if last else ""))
+    return FailureKind.CRASH, f"exit code {code}" + (f": {last}" if last else "")
+
+
+def _oom_killed(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None,
+                sig: int | None) -> tuple[FailureKind, str] | None:
+    """The kernel's OOM killer, where its counter rose: it SIGKILLed the process, or (outside
+    torchrun) a DataLoader worker, whose main process lives on to report it."""
+    if not _counter_rose(facts):
+        return None
+    counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
+    kind = FailureKind.MEMORY_LIMIT if facts.limit_hit else FailureKind.HOST_OOM
+    if sig == signal.SIGKILL:
+        return kind, (f"{counter} at oomguard's --memory-limit" if facts.limit_hit
+                      else f"killed by the kernel OOM killer ({counter})")
+    if cause is None and scan.dataloader:
+        return kind, f"{scan.dataloader.strip()} (killed by the kernel OOM killer: {counter})"
+    return None
 
 
 def _reported(cause: RootCause | None, record: dict[str, object] | None) -> tuple[FailureKind, str] | None:
@@ -290,10 +302,6 @@ class Addition(enum.Enum):
 
     PROBE = "probe"
     SPARE = "spare"
-
-    @property
-    def switch(self) -> str:
-        return "--no-probe" if self is Addition.PROBE else "--no-spare"
 
 
 @dataclass(frozen=True)

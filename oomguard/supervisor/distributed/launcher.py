@@ -1,6 +1,6 @@
 """Which launcher starts the ranks: torchrun, ``accelerate launch``, or none (one process).
 
-Tested in tests/unit/supervisor/command/test_placeholders.py and tests/e2e/test_torchrun.py.
+Tested in tests/unit/supervisor/test_command.py and tests/e2e/test_torchrun.py.
 
 Both launchers are read for the same facts (``Shape``: processes per node, nodes, this node's rank,
 the rendezvous) and both give each attempt's argv with the ranks' error files under the run

@@ -34,10 +34,6 @@ class RunState(enum.Enum):
     FAILED = "failed"
     STOPPED = "stopped"
 
-    @property
-    def terminal(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
-
 
 # state -> the states it may come from.
 ALLOWED_FROM: dict[RunState, frozenset[RunState]] = {

@@ -50,20 +50,8 @@ class CgroupMemory:
         return self.limit_working_set_bytes if self.limit_working_set_bytes is not None else self.working_set_bytes
 
 
-def _read_kv(path: Path) -> dict[str, int]:
-    out = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if value.strip().lstrip("-").isdigit():
-            out[key] = int(value)
-    return out
-
-
 def vmstat_oom_kills() -> int | None:
-    try:
-        return _read_kv(Path("/proc/vmstat")).get("oom_kill")
-    except OSError:
-        return None
+    return _stat_field(Path("/proc/vmstat"), "oom_kill")
 
 
 def own_memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
@@ -117,12 +105,7 @@ class MemoryCgroup:
         self.limit = limit
 
     def oom_kills(self) -> int | None:
-        try:
-            if self.version == 1:
-                return _read_kv(self.path / "memory.oom_control").get("oom_kill")
-            return _read_kv(self.path / "memory.events").get("oom_kill")
-        except OSError:
-            return None
+        return _stat_field(self._file("memory.oom_control", "memory.events"), "oom_kill")
 
     def limit_hit(self) -> bool:
         """Did usage reach this cgroup's own limit (not a parent's)?"""
@@ -131,17 +114,16 @@ class MemoryCgroup:
         try:
             if self.version == 1:
                 return int((self.path / "memory.failcnt").read_text()) > 0
-            return _read_kv(self.path / "memory.events").get("max", 0) > 0
+            return (_stat_field(self.path / "memory.events", "max") or 0) > 0
         except OSError:
             return False
 
     def read(self) -> CgroupMemory:
         """Current figures; raises OSError when the cgroup is gone."""
         usage, working = self._usage(self.path)
-        oom = (_stat_field(self.path / "memory.oom_control", "oom_kill") if self.version == 1
-               else _stat_field(self.path / "memory.events", "oom_kill"))
         limit, where = self._limit()
-        return CgroupMemory(str(self.path), self.version, usage, working, limit, oom, self._counted(where, working))
+        return CgroupMemory(str(self.path), self.version, usage, working, limit, self.oom_kills(),
+                            self._counted(where, working))
 
     def _counted(self, where: Path | None, working: int) -> int | None:
         """The working set of the cgroup that sets the limit (None when it cannot be read)."""

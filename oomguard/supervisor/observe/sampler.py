@@ -80,7 +80,7 @@ class TreeMemory:
     once; PSS would not, but reading smaps costs ~100x more, and an over-estimate errs safe.
     ``cpu_seconds`` (user + system, children already reaped included, so a DataLoader worker that
     exits keeps its time in its parent's) and ``io_bytes`` (bytes read and written through syscalls)
-    are running totals; ``observe.liveness`` turns two samples into what the tree did between them.
+    are running totals; ``observe.progress.activity_between`` turns two samples into what the tree did between them.
     """
 
     rss_bytes: int
@@ -258,16 +258,17 @@ def fold_peak(peak: AttemptPeak | None, sample: MemorySample) -> AttemptPeak:
     cg = sample.cgroup.working_set_bytes if sample.cgroup else None
     return AttemptPeak(
         worker_rss_bytes=rss,
-        worker_gpu_bytes=_max_opt(peak.worker_gpu_bytes, sample.worker_gpu_bytes),
-        cgroup_working_set_bytes=_max_opt(peak.cgroup_working_set_bytes, cg),
+        worker_gpu_bytes=higher(peak.worker_gpu_bytes, sample.worker_gpu_bytes),
+        cgroup_working_set_bytes=higher(peak.cgroup_working_set_bytes, cg),
         at_wall=sample.wall if rss > peak.worker_rss_bytes else peak.at_wall,
     )
 
 
-def _max_opt(a: int | None, b: int | None) -> int | None:
-    if a is None or b is None:
-        return b if a is None else a
-    return max(a, b)
+def higher(old: int | None, new: int | None) -> int | None:
+    """The larger of two figures where one may be unknown."""
+    if new is None:
+        return old
+    return new if old is None else max(old, new)
 
 
 # Acting before the crash: a pure function from one memory sample to what the loop should do.

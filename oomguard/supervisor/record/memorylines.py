@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomguard.supervisor.observe.breakdown import EVENT, BreakdownWatch
+from oomguard.supervisor.observe.allocator import EVENT, BreakdownWatch
 from oomguard.supervisor.units import format_size
 
 COMPARISON = "memory_comparison"

@@ -116,7 +116,7 @@ class _Raising(argparse.ArgumentParser):
 def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") -> RunConfig:
     """The RunConfig that ``oomguard run ARGS`` would run in ``cwd``, with every check it makes at
     start; UsageError (one line) for what it would refuse."""
-    from oomguard.supervisor.command.configedit import check_edits
+    from oomguard.supervisor.command import check_edits
     from oomguard.supervisor.run.preflight import check
 
     args = list(args)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from oomguard.common import protocol
-from oomguard.supervisor.command.configedit import Edit, apply_edits
+from oomguard.supervisor.command import Edit, apply_edits, not_python
 from oomguard.supervisor.decide.attribution import Evidence, earlier_plateaus, step_peaks
 from oomguard.supervisor.decide.classify import Addition, FailureKind
 from oomguard.supervisor.decide.policy import Plan
@@ -60,7 +60,8 @@ class Attempt:
         self.parts, self.number, self.plan, self.checkpoint, self.files = parts, number, plan, checkpoint, files
         config = parts.config
         self.watch = AttemptWatch(matcher=StepMatcher(config.progress_pattern or None, plan.batch.grad_accum),
-                                  probe=ProbeReport.for_command(config.probe, config.command, parts.probe_off))
+                                  probe=ProbeReport.for_command(config.probe, not_python(config.command),
+                                                                parts.probe_off))
         self.trend = TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic())
         self.worker: WorkerProcess | None = None
         self.stopped: Stop | None = None  # the one reason oomguard stopped it (None while it runs on its own)

@@ -19,12 +19,11 @@ from typing import BinaryIO
 
 import psutil
 
-from oomguard.supervisor.command.configedit import Edit, check_edits
+from oomguard.supervisor.command import Edit, check_edits
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide import replan
-from oomguard.supervisor.decide.policy import Decision, Failure, Plan
+from oomguard.supervisor.decide import policy as replan
+from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PlanChange
 from oomguard.supervisor.decide.recovery import decision_event, recover
-from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle import states

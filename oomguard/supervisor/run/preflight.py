@@ -33,8 +33,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 
 from oomguard.common import protocol
-from oomguard.supervisor.command.configedit import parse_edit
-from oomguard.supervisor.command.placeholders import Carrier, no_accumulation_line, total_warning, used
+from oomguard.supervisor.command import Carrier, no_accumulation_line, parse_edit, total_warning, used
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed import launcher, torchrun

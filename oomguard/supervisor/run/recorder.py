@@ -11,9 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.decide.policy import Plan
+from oomguard.supervisor.decide.policy import Plan, PlanChange
 from oomguard.supervisor.decide.recovery import Note
-from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.lifecycle.outcome import Outcome
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint

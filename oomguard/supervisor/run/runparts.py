@@ -13,13 +13,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.decide import replan
+from oomguard.supervisor.decide import policy as replan
 from oomguard.supervisor.decide.attribution import Cause
 from oomguard.supervisor.decide.classify import Addition, OwnFault
-from oomguard.supervisor.decide.policy import Plan, PolicyConfig
+from oomguard.supervisor.decide.policy import Plan, PlanChange, PolicyConfig
 from oomguard.supervisor.decide.recovery import Recovery, RecoveryConfig
-from oomguard.supervisor.decide.replan import PlanChange
-from oomguard.supervisor.observe.breakdown import BreakdownWatch
+from oomguard.supervisor.observe.allocator import BreakdownWatch
 from oomguard.supervisor.observe.checkpoints import CheckpointIndex
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample, Sampler

@@ -11,7 +11,7 @@ from pathlib import Path
 import oomguard
 from oomguard.common import protocol
 from oomguard.probe import SITE_DIR
-from oomguard.supervisor.command.placeholders import render
+from oomguard.supervisor.command import render
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.classify import OwnCode
 from oomguard.supervisor.decide.policy import Plan

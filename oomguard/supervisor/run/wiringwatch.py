@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.config import RunConfig
-from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex, ResumeCheck
-from oomguard.supervisor.observe.lookalikes import (
+from oomguard.supervisor.observe.checkpoints import (
+    Checkpoint,
+    CheckpointIndex,
     LookalikeWatcher,
+    ResumeCheck,
     missed,
     missed_notice,
     output_dirs,

@@ -23,6 +23,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from oomguard.supervisor.observe.progress import duration
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.units import format_size
 
@@ -127,18 +128,11 @@ class Trend:
         """``worker RSS rose steadily by 126.0 MiB in 12 s (about 3.8 MiB a step)``: what a person
         recognizes. The fit's statistics (slope, R², samples) stay in the journal's figures."""
         if not self.steady():
-            return f"{what} showed no steady rise ({format_size(self.rise)} over {_duration(self.span_s)})"
-        text = f"{what} rose steadily by {format_size(self.rise)} in {_duration(self.span_s)}"
+            return f"{what} showed no steady rise ({format_size(self.rise)} over {duration(self.span_s)})"
+        text = f"{what} rose steadily by {format_size(self.rise)} in {duration(self.span_s)}"
         if self.per_step is not None and self.per_step > 0:
             text += f" (about {format_size(self.per_step)} a step)"
         return text
-
-
-def _duration(seconds: float) -> str:
-    """``12 s``, ``4 min``, ``2.5 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def limit_words(budget: str, limit: int) -> str:

@@ -14,8 +14,9 @@ import torch
 from oomguard.probe import SITE_DIR, hook
 from oomguard.probe.oom import cpu_oom_request
 from oomguard.probe.steps import StepCounter, resumed_step
+from oomguard.supervisor.command import not_python
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.observe.allocator import ProbeReport, not_python
+from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.record.status import probe_text
 from oomguard.supervisor.run.runtime import with_probe
 
@@ -94,9 +95,9 @@ def test_not_python_from_argv0_and_shebang(tmp_path: Path) -> None:
 
 
 def test_what_status_says_about_the_probe() -> None:
-    report = ProbeReport.for_command(True, ["bash", "-c", "true"])
+    report = ProbeReport.for_command(True, not_python(["bash", "-c", "true"]))
     assert probe_text(report.as_meta()) == "none seen: the command (true) is not Python"
-    shell = ProbeReport.for_command(True, ["bash", "run.sh"])  # a shell script may start Python
+    shell = ProbeReport.for_command(True, not_python(["bash", "run.sh"]))  # a shell script may start Python
     assert probe_text(shell.as_meta()) == "none seen: no process has imported torch and taken an optimizer step yet"
     report.take({"type": "probe", "state": "failed", "detail": "OOM observer not attached: x", "pid": 9, "rank": 1})
     assert probe_text(report.as_meta()) == "failed to load: OOM observer not attached: x (the run goes on without it)"
@@ -104,7 +105,7 @@ def test_what_status_says_about_the_probe() -> None:
         report.take({"type": "probe", "state": "loaded", "detail": "torch 2.5", "pid": pid, "rank": rank})
     assert probe_text(report.as_meta()) == ("loaded in 2 processes (ranks 0, 1); a part failed in 1: "
                                             "OOM observer not attached: x")
-    assert probe_text(ProbeReport.for_command(False, ["python"]).as_meta()) == "none: turned off (--no-probe)"
+    assert probe_text(ProbeReport.for_command(False, None).as_meta()) == "none: turned off (--no-probe)"
 
 
 def _digest(model: torch.nn.Module, optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,

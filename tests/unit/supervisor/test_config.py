@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.command.placeholders import render
+from oomguard.supervisor.command import render
 from oomguard.supervisor.config import build_config, parse_size
 from oomguard.supervisor.errors import UsageError
 

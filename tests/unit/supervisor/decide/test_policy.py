@@ -5,9 +5,20 @@ from __future__ import annotations
 import pytest
 
 from oomguard.common.batch import BatchPlan
+from oomguard.supervisor.decide import policy
 from oomguard.supervisor.decide.attribution import Attribution, Cause
 from oomguard.supervisor.decide.classify import FailureKind, Fatal
-from oomguard.supervisor.decide.policy import CRASH_LOOP_REPEATS, Action, Failure, Plan, PolicyConfig, decide
+from oomguard.supervisor.decide.policy import (
+    CRASH_LOOP_REPEATS,
+    Action,
+    Decision,
+    Failure,
+    Plan,
+    PlanChange,
+    PolicyConfig,
+    Source,
+    decide,
+)
 
 OOM, CRASH, HANG, KILLED = FailureKind.CUDA_OOM, FailureKind.CRASH, FailureKind.HANG, FailureKind.KILLED
 
@@ -369,3 +380,34 @@ def test_a_saved_plan_is_not_resumed_for_another_global_batch() -> None:
     saved = plan_at(micro=8, global_batch=96).as_dict()
     assert plan_at(micro=16, global_batch=64).resumed(saved) is None
     assert plan_at(micro=16, global_batch=96).resumed(None) is None
+
+
+# Every change of the plan (decide/policy.py) carries its plan, its source and its reason, as the
+# journal's plan_change events show them; pinned where mutation testing (bench/mutation.py) found
+# only some of the three checked.
+
+
+PLAN = Plan(BatchPlan(16, 64, 1))
+
+
+def test_each_change_is_its_plan_its_source_and_its_reason() -> None:
+    halved = Plan(BatchPlan(8, 64, 1))
+    assert policy.after_failure(Decision(Action.RESTART, halved, "why")) == PlanChange(halved, Source.DECISION, "why")
+    assert policy.continue_saved(PLAN, halved.as_dict()) == PlanChange(
+        halved, Source.SAVED, "continuing the saved plan at micro-batch 8")
+    assert policy.start_at_fitted(PLAN, 8, "job abc") == PlanChange(
+        halved, Source.FIT_STORE, "an earlier run of this job fitted micro-batch 8 (job abc)")
+    assert policy.grow(halved, 16) == PlanChange(PLAN, Source.GROW, "grow: micro-batch 8 -> 16 × accumulation 4")
+    assert policy.planned_restart(PLAN, "leak forecast") == PlanChange(
+        PLAN, Source.PLANNED_RESTART, "leak forecast; restarting at micro-batch 16")
+    assert policy.allocator_from_environment(PLAN, True) == PlanChange(
+        Plan(PLAN.batch, expandable_segments=True), Source.ALLOCATOR,
+        "expandable_segments:True is already in the environment")
+    assert policy.agreed(PLAN, halved) == PlanChange(
+        halved, Source.AGREED, "the nodes' shared plan for this round: micro-batch 8 × accumulation 8 × world 1 = 64")
+
+
+def test_a_fitted_start_on_a_gpu_says_it_turns_expandable_segments_on() -> None:
+    change = policy.start_at_fitted(PLAN, 8, "job abc", gpu=True)
+    assert change is not None and change.plan.expandable_segments
+    assert change.reason == "an earlier run of this job fitted micro-batch 8 with expandable_segments:True (job abc)"

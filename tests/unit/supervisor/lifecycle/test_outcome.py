@@ -1,4 +1,4 @@
-"""An attempt ends as one value (issue 21): the pure ``ending_of``, the plan changes of ``decide.replan``,
+"""An attempt ends as one value (issue 21): the pure ``ending_of``, the plan changes of ``decide.policy``,
 the journal's ``ending``/``stop_reason`` columns, and real runs whose worker oomguard stops for a reason."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.common.batch import BatchPlan
-from oomguard.supervisor.decide import replan
+from oomguard.supervisor.decide import policy
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
 from oomguard.supervisor.lifecycle.outcome import GRACE_CAP, Stop, ending_of, grace
@@ -52,25 +52,25 @@ PLAN = Plan(BatchPlan(16, 64, 1))
 
 
 def test_every_plan_change_carries_its_source_and_reason() -> None:
-    assert replan.start_at_fitted(PLAN, None, "job") is None and replan.start_at_fitted(PLAN, 16, "job") is None
-    fitted = replan.start_at_fitted(PLAN, 8, "job x")
-    assert fitted is not None and fitted.plan.batch.grad_accum == 8 and fitted.source is replan.Source.FIT_STORE
-    grown = replan.grow(PLAN, 32)
+    assert policy.start_at_fitted(PLAN, None, "job") is None and policy.start_at_fitted(PLAN, 16, "job") is None
+    fitted = policy.start_at_fitted(PLAN, 8, "job x")
+    assert fitted is not None and fitted.plan.batch.grad_accum == 8 and fitted.source is policy.Source.FIT_STORE
+    grown = policy.grow(PLAN, 32)
     assert (grown.plan.batch.micro_batch, grown.plan.batch.grad_accum, grown.plan.batch.global_batch) == (32, 2, 64)
     assert grown.reason == "grow: micro-batch 16 -> 32 × accumulation 2"
-    assert replan.planned_restart(PLAN, "forecast").plan == PLAN
-    assert replan.allocator_from_environment(PLAN, False) is None
-    alloc = replan.allocator_from_environment(PLAN, True)
+    assert policy.planned_restart(PLAN, "forecast").plan == PLAN
+    assert policy.allocator_from_environment(PLAN, False) is None
+    alloc = policy.allocator_from_environment(PLAN, True)
     assert alloc is not None and alloc.plan.expandable_segments
-    assert replan.allocator_from_environment(alloc.plan, True) is None  # already set: no change
-    assert replan.agreed(PLAN, PLAN) is None
-    node0 = replan.agreed(PLAN, Plan(BatchPlan(8, 64, 1)))
-    assert node0 is not None and node0.source is replan.Source.AGREED
+    assert policy.allocator_from_environment(alloc.plan, True) is None  # already set: no change
+    assert policy.agreed(PLAN, PLAN) is None
+    node0 = policy.agreed(PLAN, Plan(BatchPlan(8, 64, 1)))
+    assert node0 is not None and node0.source is policy.Source.AGREED
     decision = Decision(Action.RESTART, Plan(BatchPlan(8, 64, 1)), "cuda_oom at micro-batch 16")
-    assert replan.after_failure(decision).reason == "cuda_oom at micro-batch 16"
-    saved = replan.continue_saved(PLAN, {**Plan(BatchPlan(4, 64, 1)).as_dict()})
+    assert policy.after_failure(decision).reason == "cuda_oom at micro-batch 16"
+    saved = policy.continue_saved(PLAN, {**Plan(BatchPlan(4, 64, 1)).as_dict()})
     assert saved is not None and saved.plan.batch.micro_batch == 4
-    assert replan.continue_saved(PLAN, {**Plan(BatchPlan(4, 16, 1)).as_dict()}) is None  # another global batch
+    assert policy.continue_saved(PLAN, {**Plan(BatchPlan(4, 16, 1)).as_dict()}) is None  # another global batch
 
 
 def test_a_journal_from_before_the_ending_column_gains_it(tmp_path: Path) -> None:

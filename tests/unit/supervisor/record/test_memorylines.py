@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomguard.supervisor.observe.breakdown import EVENT, BreakdownWatch, LastReading
+from oomguard.supervisor.observe.allocator import EVENT, BreakdownWatch, LastReading
 from oomguard.supervisor.observe.cgroup import CgroupMemory
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record import memorylines

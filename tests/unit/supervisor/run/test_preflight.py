@@ -23,11 +23,11 @@ from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.attribution import Evidence, Plateau, attribute, earlier_plateaus
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.states import exit_text
-from oomguard.supervisor.observe.checkpoints import ResumeCheck, quiet_stop_race
-from oomguard.supervisor.observe.lookalikes import (
+from oomguard.supervisor.observe.checkpoints import (
     QUIET_LIMIT,
     Lookalike,
     LookalikeWatcher,
+    ResumeCheck,
     candidate,
     final_path,
     held_for_writing,
@@ -35,6 +35,7 @@ from oomguard.supervisor.observe.lookalikes import (
     missed,
     missed_notice,
     output_dirs,
+    quiet_stop_race,
     suggest_glob,
     unmatched_notice,
 )

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.command.placeholders import unwrap
+from oomguard.supervisor.command import not_python, unwrap
 from oomguard.supervisor.decide.attribution import Evidence, Limit, attribute
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.observe.allocator import OomProgress, not_python
+from oomguard.supervisor.observe.allocator import OomProgress
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.status import current_progress
 from oomguard.supervisor.run.trendwatch import HOST, MACHINE, TrendWatch

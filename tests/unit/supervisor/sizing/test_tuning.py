@@ -14,7 +14,7 @@ import torch
 from oomguard.common.batch import BatchPlan
 from oomguard.probe.forward import ForwardTracker
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.decide import replan
+from oomguard.supervisor.decide import policy
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.errors import UsageError
@@ -309,10 +309,10 @@ def test_a_measured_rerun_starts_at_the_largest_fitted_size(tmp_path: Path) -> N
 
 def test_on_a_gpu_the_start_keeps_the_allocator_setting_it_fitted_with() -> None:
     plan = Plan(BatchPlan(64, 64))
-    on_gpu = replan.start_at_fitted(plan, 8, "job", gpu=True)
+    on_gpu = policy.start_at_fitted(plan, 8, "job", gpu=True)
     assert on_gpu is not None and on_gpu.plan.batch.micro_batch == 8 and on_gpu.plan.expandable_segments
     assert "expandable_segments:True" in on_gpu.reason
-    on_cpu = replan.start_at_fitted(plan, 8, "job")
+    on_cpu = policy.start_at_fitted(plan, 8, "job")
     assert on_cpu is not None and not on_cpu.plan.expandable_segments
 
 
