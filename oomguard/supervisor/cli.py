@@ -22,7 +22,7 @@ from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.states import EXIT_CRASHED
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
-from oomguard.supervisor.run.arguments import ambiguous, unrecognized
+from oomguard.supervisor.run.preflight import ambiguous, unrecognized
 from oomguard.web.client import register as web_commands
 from oomguard.web.client import register_dashboard
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from oomguard.supervisor.command.placeholders import render
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.journal import write_atomic
 
 FORMATS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
 

@@ -3,8 +3,8 @@
 What a person wants after a night nobody watched: when it ran, how much of that time was wasted,
 every failure with the evidence that named its kind and what oomguard did about it, how the batch
 configuration changed, how much training was redone after resuming, the checkpoints, and how it
-ended. The run comes from its history (``history.py``, the journal read once), the time and steps
-lost from ``lostwork.py``'s rules, the text from ``reporttext.py``; so it works during the run and
+ended. The run comes from its history (``lostwork.py``, the journal read once), the time and steps
+lost from the same module's rules, the text from ``reporttext.py``; so it works during the run and
 long after it.
 """
 
@@ -14,18 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record import lostwork, memorylines
-from oomguard.supervisor.record.endings import CLOSED_INTERRUPTED, INTERRUPTED, STOPPED, closing_decision, stopped_by
-from oomguard.supervisor.record.figures import attempt_peaks
-from oomguard.supervisor.record.history import WARNINGS, RunHistory, read_history
+from oomguard.supervisor.record import lostwork, memoryparts
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import TERMINAL, Attempt, Checkpoint
+from oomguard.supervisor.record.lostwork import WARNINGS, RunHistory, read_history
+from oomguard.supervisor.record.picture import TERMINAL, Attempt, Checkpoint, attempt_peaks, by_world
 from oomguard.supervisor.record.reporttext import format_duration, format_report
-from oomguard.supervisor.record.worlds import by_world
 
-# The loop's decision words lived here; they are record/endings.py's now.
-__all__ = ["CLOSED_INTERRUPTED", "INTERRUPTED", "STOPPED", "build_report", "closing_decision", "format_duration",
-           "format_report", "read_report", "stopped_by"]
+__all__ = ["build_report", "format_duration", "format_report", "read_report"]
 
 _BATCH_KEYS = ("micro_batch", "grad_accum", "global_batch", "world_size", "expandable_segments",
                "fallbacks_applied")
@@ -99,9 +94,9 @@ def build_report(journal: Journal) -> dict[str, Any]:
 def report_of(history: RunHistory) -> dict[str, Any]:
     run = history.picture
     failures, restarts = lostwork.failures(history), lostwork.restarts(history)
-    # what filled memory at each failure, beside the attempt that fit (record/memorylines.py)
-    memorylines.annotate(failures, [{"kind": e.kind, "attempt": e.attempt, "data": e.data}
-                                    for e in history.of_kind(memorylines.EVENT, memorylines.COMPARISON)])
+    # what filled memory at each failure, beside the attempt that fit (record/memoryparts.py)
+    memoryparts.annotate(failures, [{"kind": e.kind, "attempt": e.attempt, "data": e.data}
+                                    for e in history.of_kind(memoryparts.EVENT, memoryparts.COMPARISON)])
     redone = [*failures, *restarts]
     start, end, last = _span(history)
     finish = end if end is not None else last
@@ -117,7 +112,7 @@ def report_of(history: RunHistory) -> dict[str, Any]:
         "total_s": total, "lost_s": min(lost, total) if total else lost, "attempts": len(run.attempts),
         "batch_history": _batch_history(history),
         # time at each world size (an elastic run that lost a node)
-        "worlds": by_world([a.row() for a in run.attempts], finish),
+        "worlds": by_world(run.attempts, finish),
         "asked_global_batch": run.plan.asked_global,  # None: the global batch was kept
         "failures": failures,
         "restarts": restarts,
@@ -127,7 +122,7 @@ def report_of(history: RunHistory) -> dict[str, Any]:
         "steps_lost_unknown": len(unknown),
         "checkpoints": _checkpoint_summary(run.checkpoints),
         "progress": run.meta.get("progress"),
-        "peaks": attempt_peaks([a.row() for a in run.attempts]),
+        "peaks": attempt_peaks(run.attempts),
         "planned_restarts": [{"attempt": a.number, "reason": a.decision, "cause": _data(run.causes.get(a.number))}
                              for a in run.attempts if a.ending is Ending.PLANNED_RESTART
                              and a.stop_reason != StopReason.RESTART.value],

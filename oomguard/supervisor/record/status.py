@@ -15,10 +15,16 @@ from typing import Any
 
 from oomguard.supervisor.lifecycle.states import exit_text
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import Attempt, RunPicture, read_picture, supervisor_alive
-from oomguard.supervisor.record.worlds import by_world, worlds_text
+from oomguard.supervisor.record.picture import (
+    Attempt,
+    RunPicture,
+    attempt_peaks,
+    by_world,
+    read_picture,
+    supervisor_alive,
+)
+from oomguard.supervisor.record.reporttext import peak_text, progress_text, worlds_text
 from oomguard.supervisor.units import format_size
 
 __all__ = ["FailureRecord", "StatusDoc", "format_status", "read_status", "status_document", "status_of",
@@ -97,7 +103,7 @@ class StatusDoc:
     resume_command: str | None  # after a stop: the command that resumes the run
     # what filled memory, one bar per attempt and moment (record/memoryparts.py; the dashboard's bars)
     memory_breakdown: list[dict[str, Any]] = field(default_factory=list)
-    # time at each world size (an elastic run that lost a node: record/worlds.py)
+    # time at each world size (an elastic run that lost a node: record/picture.py's by_world)
     worlds: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -122,7 +128,7 @@ def status_of(run: RunPicture) -> StatusDoc:
         checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
         progress=current_progress(dict(run.progress) if run.progress is not None else None,
                                   _current_row(current), run.resume_points),
-        peaks=attempt_peaks([a.row() for a in run.attempts]),
+        peaks=attempt_peaks(run.attempts),
         memory=None if run.latest_sample is None else dict(run.latest_sample),
         started=run.started, updated=run.updated,
         failures=[FailureRecord.of(a, run.causes.get(a.number)) for a in run.failures],
@@ -132,7 +138,7 @@ def status_of(run: RunPicture) -> StatusDoc:
         warnings=list(meta.get("warnings") or []),
         resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None,
         memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)],
-        worlds=by_world([a.row() for a in run.attempts], time.time() if alive else None))
+        worlds=by_world(run.attempts, time.time() if alive else None))
 
 
 def _current_row(current: Attempt | None) -> dict[str, Any]:
@@ -207,8 +213,6 @@ def format_status(doc: dict[str, Any]) -> str:
         f"worker pid: {_pid_text(doc)}",
         f"checkpoint: {_checkpoint_text(doc)}",
     ]
-    if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
-        lines.append(f"worlds:     {worlds}")
     if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
         lines.append(f"worlds:     {worlds}")
     if doc.get("alloc_conf"):

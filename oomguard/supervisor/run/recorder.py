@@ -15,11 +15,11 @@ from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.decide.recovery import Note
 from oomguard.supervisor.decide.replan import PlanChange
 from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
+from oomguard.supervisor.lifecycle.states import RunState
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import closing_decision
+from oomguard.supervisor.record.picture import closing
 from oomguard.supervisor.record.resilient import Degradations
 
 Listener = Callable[[str, dict[str, Any]], None]
@@ -104,9 +104,9 @@ class Recorder:
         for row in self.journal.attempts():
             if row["ended"] is None:
                 stop = stops.get(row["attempt"])
-                self.journal.end_attempt(row["attempt"], decision=closing_decision(stop),
-                                         ending=(Ending.STOPPED if stop else Ending.INTERRUPTED).value,
-                                         stop_reason=StopReason.USER.value if stop else None,
+                close = closing(stop)
+                self.journal.end_attempt(row["attempt"], decision=close.decision, ending=close.ending.value,
+                                         stop_reason=close.stop_reason.value if close.stop_reason else None,
                                          ended=self.journal.last_activity(row["attempt"]))
                 self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
                 say(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "

@@ -40,18 +40,13 @@ from oomguard.supervisor.observe.lookalikes import (
 )
 from oomguard.supervisor.observe.progress import AttemptWatch, StepSeen
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import (
-    CLOSED_INTERRUPTED,
-    build_report,
-    closing_decision,
-    format_report,
-    stopped_by,
-)
+from oomguard.supervisor.record.picture import CLOSED_INTERRUPTED, closing, stopped_by
+from oomguard.supervisor.record.report import build_report, format_report
 from oomguard.supervisor.record.status import format_status, status_document
 from oomguard.supervisor.run import preflight
 from oomguard.supervisor.run import preflight as steering
 from oomguard.supervisor.run import preflight as wiring
-from oomguard.supervisor.run.arguments import unrecognized
+from oomguard.supervisor.run.preflight import unrecognized
 from oomguard.supervisor.sizing.trend import Reading
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -584,8 +579,8 @@ def test_the_report_counts_steps_redone_whatever_started_the_next_attempt(tmp_pa
 
 
 def test_a_later_supervisor_closes_an_attempt_as_the_stop_that_was_asked_for() -> None:
-    assert closing_decision({"signal": "SIGTERM"}) == "stopped by SIGTERM: a stop asked for, not a failure"
-    assert closing_decision(None) == CLOSED_INTERRUPTED
+    assert closing({"signal": "SIGTERM"}).decision == "stopped by SIGTERM: a stop asked for, not a failure"
+    assert closing(None).decision == CLOSED_INTERRUPTED
 
 
 # --- merged from tests/test_steering.py ---------------------------------------------------------------------
