@@ -214,49 +214,66 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     if not sup.config.notify:
         return None
     sender = notify.Notifier(notify_config(sup.config.notify), health=sup.degradations)
+    sup.listeners.append(_Notifications(sup, sender).on_event)
     run = sup.run_dir.name
-    told_leak = [False]  # a leak is told once: every restart it causes would say the same
-    cause: dict[str, Any] = {}  # the newest attribution: its summary and the figures that decided it
-    last_cause: list[dict[str, Any]] = []  # the cause of the failure the run gave up after
-    told: set[str] = set()  # so is each kind of wiring warning (a resume missed at every restart)
-    filled = notify.FailureMemory()  # what filled memory at the failure, told with its decision
-
-    def on_event(name: str, data: dict[str, Any]) -> None:
-        if name == "attribution":
-            cause.clear()
-            cause.update(data)
-            return
-        if filled.heard(name, data):
-            return
-        memory = filled.take() if name == "decision" else None
-        figures = {"cause": dict(cause)} if cause and name == "decision" else {}
-        if name == "decision":
-            cause.clear()  # told with this decision; a later failure has its own
-        is_leak = data.get("cause") == "leak" or name == "planned_restart"
-        if is_leak and name in ("decision", "planned_restart") and data.get("action", "restart") == "restart":
-            if not told_leak[0]:
-                told_leak[0] = True
-                sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
-        elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
-            sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                  data["grad_accum"], figures["cause"].get("summary") if figures else None, memory,
-                                  evidence=data["evidence"], attempt=sup.attempt, **figures))
-        elif name == "decision" and data["action"] == "give_up" and figures:
-            last_cause[:] = [figures["cause"]]
-        elif name in WARNING_EVENTS and name not in told:
-            told.add(name)
-            sender.send(warning(run, data["message"], attempt=sup.attempt))
-        elif name == "state" and data["to"] == "failed":
-            reason, given = data["reason"], last_cause[0] if last_cause else None
-            if given and given["summary"] not in reason:
-                reason += f"\ncause: {given['summary']}"
-            sender.send(gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
-        elif name == "state" and data["to"] == "succeeded":
-            sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
-
-    sup.listeners.append(on_event)
     sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(degraded(run, c, m, attempt=sup.attempt))))
     return lambda: sender.close(10.0)
+
+
+class _Notifications:
+    """What the run's events tell through --notify, and what must be remembered between them."""
+
+    def __init__(self, sup: Supervisor, sender: notify.Notifier) -> None:
+        self.sup, self.sender, self.run = sup, sender, sup.run_dir.name
+        self.cause: dict[str, Any] = {}  # the newest attribution: its summary and the figures that decided it
+        self.last_cause: dict[str, Any] | None = None  # the cause of the failure the run gave up after
+        # a leak is told once (every restart it causes would say the same), and so is each kind of
+        # wiring warning (a resume missed at every restart)
+        self.told: set[str] = set()
+        self.filled = notify.FailureMemory()  # what filled memory at the failure, told with its decision
+
+    def on_event(self, name: str, data: dict[str, Any]) -> None:
+        if name == "attribution":
+            self.cause = dict(data)
+        elif self.filled.heard(name, data):
+            return
+        elif name == "state":
+            _tell_end(self.sender, self.sup, data, self.last_cause)
+        elif name in WARNING_EVENTS and name not in self.told:
+            self.told.add(name)
+            self.sender.send(warning(self.run, data["message"], attempt=self.sup.attempt))
+        elif name in ("decision", "planned_restart"):
+            self._decision(name, data)
+
+    def _decision(self, name: str, data: dict[str, Any]) -> None:
+        memory = self.filled.take() if name == "decision" else None
+        figures = {"cause": dict(self.cause)} if self.cause and name == "decision" else {}
+        if name == "decision":
+            self.cause = {}  # told with this decision; a later failure has its own
+        sup, run = self.sup, self.run
+        is_leak = data.get("cause") == "leak" or name == "planned_restart"
+        if is_leak and data.get("action", "restart") == "restart":
+            if "leak" not in self.told:
+                self.told.add("leak")
+                self.sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
+        elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
+            self.sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
+                                       data["grad_accum"], figures["cause"].get("summary") if figures else None,
+                                       memory, evidence=data["evidence"], attempt=sup.attempt, **figures))
+        elif name == "decision" and data["action"] == "give_up" and figures:
+            self.last_cause = figures["cause"]
+
+
+def _tell_end(sender: notify.Notifier, sup: Supervisor, data: dict[str, Any], given: dict[str, Any] | None) -> None:
+    """The run's end: gave up (with the cause of the failure it gave up after), or succeeded."""
+    run = sup.run_dir.name
+    if data["to"] == "failed":
+        reason = data["reason"]
+        if given and given["summary"] not in reason:
+            reason += f"\ncause: {given['summary']}"
+        sender.send(gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
+    elif data["to"] == "succeeded":
+        sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
 
 
 def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Callable[[], None]:

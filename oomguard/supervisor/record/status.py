@@ -221,14 +221,22 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"progress:   {progress_text(doc['progress'])}")
     if any(p.get("peak_allocated") for p in doc.get("peaks") or []):
         lines += [f"peaks:      {peak_text(p)}" for p in doc["peaks"]]
-    memory = doc.get("memory") or {}
+    return "\n".join(lines + _memory_lines(doc) + _note_lines(doc) + _failure_lines(doc))
+
+
+def _memory_lines(doc: dict[str, Any]) -> list[str]:
+    memory, lines = doc.get("memory") or {}, []
     if memory.get("worker_rss_bytes") is not None:
         lines.append(f"memory:     worker RSS {format_size(memory['worker_rss_bytes'])}"
                      + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
     if memory.get("gpu_unavailable"):
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
-    if doc.get("probe"):
-        lines.append(f"probe:      {probe_text(doc['probe'])}")
+    return lines
+
+
+def _note_lines(doc: dict[str, Any]) -> list[str]:
+    """oomguard's own parts (the probe, the spares, what is degraded), the forecast, the warnings."""
+    lines = [f"probe:      {probe_text(doc['probe'])}"] if doc.get("probe") else []
     # The probe's line above says its own (its state is off, and why); the spares' are these two.
     lines += [f"spares:     {own['off']}" for own in doc.get("own_failures") or [] if own.get("addition") == "spare"]
     if doc.get("spare"):
@@ -244,14 +252,18 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
     if doc.get("resume_command"):
         lines.append(f"resume:     {doc['resume_command']}")
-    lines += [f"memory:     {text}" for text in memoryparts.status_lines(doc.get("memory_breakdown") or [])]
+    return lines
+
+
+def _failure_lines(doc: dict[str, Any]) -> list[str]:
+    lines = [f"memory:     {text}" for text in memoryparts.status_lines(doc.get("memory_breakdown") or [])]
     for f in doc["failures"]:
         how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "
                      f"{f['evidence']}")
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['summary']}")
-    return "\n".join(lines)
+    return lines
 
 
 def probe_text(probe: dict[str, Any]) -> str:
