@@ -38,7 +38,6 @@ COMPARISON = "memory_comparison"
 PARTS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
          ("activations", "activations"), ("cache", "cache"))
 AT_WORDS = {"oom": "at the OOM", "peak": "at its peak (it fit)", "last_reading": "last reading before the failure"}
-ROLES = ("trainer", "data-loader worker", "other")
 
 
 @dataclass(frozen=True)
