@@ -97,15 +97,10 @@ def report_of(history: RunHistory) -> dict[str, Any]:
     # what filled memory at each failure, beside the attempt that fit (record/memoryparts.py)
     memoryparts.annotate(failures, [{"kind": e.kind, "attempt": e.attempt, "data": e.data}
                                     for e in history.of_kind(memoryparts.EVENT, memoryparts.COMPARISON)])
-    redone = [*failures, *restarts]
     start, end, last = _span(history)
     finish = end if end is not None else last
     total = finish - start if start is not None and finish is not None else 0.0
     lost = sum(f["lost_s"] + f["gap_s"] for f in failures)
-    # Unknown: steps were seen but the resume point's step is not known. An attempt that showed no
-    # step is no unknown: none was seen, so none is counted redone.
-    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None
-               and f["last_step"] is not None]
     return {
         "run_dir": run.run_dir, "state": run.state, "reason": run.reason,
         "finished": end is not None, "started": start, "ended": end, "last_activity": last,
@@ -116,10 +111,7 @@ def report_of(history: RunHistory) -> dict[str, Any]:
         "asked_global_batch": run.plan.asked_global,  # None: the global batch was kept
         "failures": failures,
         "restarts": restarts,
-        "steps_lost": sum(f["steps_lost"] or 0 for f in redone),
-        "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
-                                                if f["steps_lost"] is not None),
-        "steps_lost_unknown": len(unknown),
+        **_steps_lost([*failures, *restarts]),
         "checkpoints": _checkpoint_summary(run.checkpoints),
         "progress": run.meta.get("progress"),
         "peaks": attempt_peaks(run.attempts),
@@ -131,6 +123,18 @@ def report_of(history: RunHistory) -> dict[str, Any]:
         "warnings": [{"attempt": e.attempt, "kind": e.kind, "message": e.data.get("message", "")}
                      for e in history.of_kind(*WARNINGS)],
     }
+
+
+def _steps_lost(redone: list[dict[str, Any]]) -> dict[str, Any]:
+    """The steps redone after every attempt another followed, whether that count is exact, and how
+    many restarts it does not know. Unknown: steps were seen but the resume point's step is not known;
+    an attempt that showed no step is no unknown: none was seen, so none is counted redone."""
+    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None
+               and f["last_step"] is not None]
+    return {"steps_lost": sum(f["steps_lost"] or 0 for f in redone),
+            "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
+                                                    if f["steps_lost"] is not None),
+            "steps_lost_unknown": len(unknown)}
 
 
 def _data(data: Any) -> dict[str, Any] | None:
