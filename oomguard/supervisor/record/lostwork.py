@@ -1,6 +1,8 @@
 """A run's whole history from its journal, and the lost-time rules: what each attempt that another
 followed cost, in time and in steps redone.
 
+Tested in tests/unit/supervisor/record/test_report.py and tests/unit/supervisor/run/test_preflight.py.
+
 The history is the picture (``picture.py``) and what only a pass over every event gives (each
 attempt's highest step and last activity, every checkpoint write, the decisions, the in-process batch
 changes, the warnings). Progress records are many (one a step) and are only summarised; one pass

@@ -1,5 +1,7 @@
 """One attempt: start its worker, watch it to its end, stop it when it must stop, and say how it ended.
 
+Tested in tests/e2e/test_outcome.py, tests/e2e/test_memory.py and tests/e2e/test_supervisor.py.
+
 ``Attempt.start`` starts the worker (a spare interpreter's, when one is taken) in a fresh memory
 cgroup; ``Attempt.watch`` watches it until it exits and returns one ``Outcome``
 (``lifecycle/outcome.py``) for the loop to dispatch on. Every stop goes through ``Attempt.stop(reason)``,

@@ -1,5 +1,7 @@
 """Every write the loop and its attempt make to the journal, and the listeners told of each event.
 
+Tested in tests/unit/supervisor/lifecycle/test_outcome.py and tests/e2e/test_outcome.py (plan changes, stops).
+
 The loop and ``run/attempt.py`` say what happened here, never through the journal directly: an
 event goes to the journal under the attempt in progress and to the listeners (hooks, the dashboard),
 whose failures are a degradation and never the run's end (``guarded``).

@@ -1,5 +1,7 @@
 """What the run keeps from one attempt to the next, and what every loop tick does besides watching.
 
+Tested in tests/e2e/test_outcome.py (bad checkpoints, resume points) and tests/e2e/test_supervisor.py.
+
 The loop builds one ``RunParts`` and hands it to each attempt (``run/attempt.py``): the configuration,
 the journal's recorder, the control flags, the observers (checkpoints, memory, wiring) and the actors
 (spares, the handover between attempts, the other nodes), and the memory knowledge.
