@@ -266,22 +266,11 @@ def _ranges(numbers: list[int]) -> str:
     return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
-def copy_new(source: BinaryIO, out: BinaryIO) -> int:
-    """Copy what was appended to ``source`` since the last call; bytes copied."""
-    total = 0
-    while chunk := source.read(_CHUNK):
-        out.write(chunk)
-        total += len(chunk)
-    if total:
-        out.flush()
-    return total
-
-
 class LogReader:
     """One attempt's log, read as it grows; a compaction between two looks neither repeats nor
     skips output without saying so.
 
-    With ``--log-max-bytes`` the writer compacts the log in place (``attemptlog.py``): the newest
+    With ``--log-max-bytes`` the writer compacts the log in place (``AttemptLog`` above): the newest
     part of the tail moves down to where the cut is, so our offset no longer points after what we
     printed. We notice because the bytes just before our offset stop matching the last ones we
     printed, and find our place again by searching the tail for them. If the writer dropped them
@@ -295,6 +284,7 @@ class LogReader:
         self.seen = b""
 
     def copy_new(self, out: BinaryIO) -> int:
+        """Copy what was appended since the last call (the whole log at the first); bytes copied."""
         self._find_our_place(out)
         self.source.seek(self.pos)
         total = 0
@@ -393,7 +383,7 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
             if attempt is None:
                 raise UsageError("--run-dir", f"no attempt has started in {run_dir} yet", "try again with -f")
             with open(log_file(run_dir, attempt), "rb") as source:
-                copy_new(source, out)
+                LogReader(source).copy_new(out)
             return 0
         why = follow(run_dir, attempt, out, run_over(journal))
         say(why)
