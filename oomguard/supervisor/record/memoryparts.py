@@ -4,13 +4,14 @@ The probe (or, at a host or kernel OOM, the last reading before it) splits a ran
 parts a user knows: weights, gradients, optimizer state, activations and temporaries (the rest of
 what the allocator or the process holds) and the allocator's cache (reserved but unallocated). The
 event's format is fixed in docs/outputs.md; this module parses it once (``parse``) into
-``MemoryBreakdown``, which status, ``/metrics``, the notification and the dashboard render. A part the
-event gives as null was not seen: it stays ``None`` here and is said "not seen", never guessed.
+``MemoryBreakdown``, which status, the report, ``/metrics``, the notification and the dashboard render
+in one wording (``line``). A part the event gives as null was not seen: it stays ``None`` here and is
+said "not seen", never guessed.
 
 ``weights`` counts every parameter; ``frozen_weights`` is the share of them that trains not (no
 gradient, no optimizer state: a LoRA fine-tune's base model), so it is said inside the weights.
 
-The report's lines read the events' data as they are (dicts). ``after_attempt`` journals an
+The report says more of a failure: the snapshot and the largest allocations by stack. ``after_attempt`` journals an
 attempt's ``memory_breakdown`` events (observe/breakdown.py) and, where two attempts at different
 micro-batches have them, a ``memory_comparison``: the activations at each and what one sample adds,
 the fixed part (weights, gradients, optimizer state) at both, e.g. "activations 13.8 GiB at
@@ -56,6 +57,13 @@ class Process:
 
 
 @dataclass(frozen=True)
+class Stack:
+    where: str
+    bytes: int
+    allocations: int
+
+
+@dataclass(frozen=True)
 class MemoryBreakdown:
     """One rank's memory at one moment of one attempt."""
 
@@ -71,10 +79,17 @@ class MemoryBreakdown:
     limit: int | None
     limit_kind: str | None
     processes: tuple[Process, ...] | None
+    baseline: int | None = None  # what the process held before the model (the host)
+    snapshot: str | None = None  # the allocator's history, saved for PyTorch's memory viewer (CUDA)
+    stacks: tuple[Stack, ...] = ()  # the largest allocations by stack (CUDA)
 
     @property
     def failed(self) -> bool:
         return self.at != "peak"
+
+    def part(self, key: str) -> int | None:
+        """A part's bytes by its key; None when it was not seen."""
+        return next((p.bytes for p in self.parts if p.key == key), None)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form status, the API and the dashboard read (every part listed, null when not seen)."""
@@ -85,6 +100,8 @@ class MemoryBreakdown:
                 "total": self.total, "limit": self.limit, "limit_kind": self.limit_kind,
                 "processes": None if self.processes is None else [
                     {"pid": p.pid, "role": p.role, "name": p.name, "rss": p.rss} for p in self.processes],
+                "baseline": self.baseline, "snapshot": self.snapshot,
+                "stacks": [{"where": s.where, "bytes": s.bytes, "allocations": s.allocations} for s in self.stacks],
                 "text": parts_text(self), "line": line(self)}
 
 
@@ -107,7 +124,11 @@ def parse(data: Mapping[str, Any], attempt: int | None = None) -> MemoryBreakdow
         optimizers=tuple(str(o) for o in data.get("optimizers") or () if isinstance(o, str)),
         total=_size(data.get("total")), limit=_size(data.get("limit")),
         limit_kind=str(data["limit_kind"]) if data.get("limit_kind") else None,
-        processes=None if not isinstance(procs, list) else tuple(_processes(procs)))
+        processes=None if not isinstance(procs, list) else tuple(_processes(procs)),
+        baseline=_size(data.get("baseline")) or None, snapshot=str(data["snapshot"]) if data.get("snapshot") else None,
+        stacks=tuple(Stack(str(s.get("where")), s["bytes"], s["allocations"]) for s in data.get("stacks") or ()
+                     if isinstance(s, Mapping) and _size(s.get("bytes")) is not None
+                     and _size(s.get("allocations")) is not None))
 
 
 def _processes(rows: Sequence[Any]) -> list[Process]:
@@ -126,10 +147,15 @@ def from_events(events: Sequence[Mapping[str, Any]]) -> list[MemoryBreakdown]:
 
 
 def part_text(part: Part, value: MemoryBreakdown) -> str:
-    """``optimizer state 2.4 GiB (AdamW)``, ``weights 1.2 GiB (0.9 GiB of them frozen)``, ``cache not seen``."""
+    """``optimizer state 2.4 GiB (AdamW)``, ``weights 1.2 GiB (0.9 GiB of them frozen)``, ``cache not seen``.
+    On the host the activations at an OOM are read in the exception hook, once the error unwound the
+    failed expression's temporaries: a lower bound, said so."""
     if part.bytes is None:
         return f"{part.label} not seen"
-    text = f"{part.label} {format_size(part.bytes)}"
+    unwound = part.key == "activations" and value.at == "oom" and value.device == "cpu"
+    text = f"{part.label} {'at least ' if unwound else ''}{format_size(part.bytes)}"
+    if unwound:
+        text += " (read once the error unwound)"
     if part.key == "weights" and value.frozen_weights:
         text += f" ({format_size(value.frozen_weights)} of them frozen)"
     if part.key == "optimizer_state" and value.optimizers:
@@ -167,6 +193,8 @@ def parts_text(value: MemoryBreakdown) -> str:
     cache not seen; limit 20.0 GiB (gpu)``; with the per-process reading where there is one."""
     seen = [p for p in value.parts if p.bytes is not None]
     text = ", ".join(part_text(p, value) for p in value.parts) if seen else "no part seen"
+    if value.baseline:
+        text += f", held before the model {format_size(value.baseline)}"
     if value.processes:
         text += f"; by process: {processes_text(value.processes)}"
     return f"{text}; {limit_text(value)}"
@@ -234,23 +262,23 @@ def status_lines(shown: Sequence[Mapping[str, Any]]) -> list[str]:
     return [str(b["line"]) for b in (failure, fit) if b is not None and b.get("line")]
 
 
-# --- the report's lines, and the failed attempt beside another --------------------------------
+# --- the failed attempt beside another, and the report's lines --------------------------------
 
 
-def _fixed(event: dict[str, Any]) -> int | None:
-    parts = [event.get(k) for k in ("weights", "gradients", "optimizer_state")]
-    return sum(p for p in parts if isinstance(p, int)) if all(isinstance(p, int) for p in parts) else None
+def _fixed(value: MemoryBreakdown) -> int | None:
+    """Weights, gradients and optimizer state together; None where one of them was not seen."""
+    parts = [value.part(k) for k in ("weights", "gradients", "optimizer_state")]
+    return None if None in parts else sum(p or 0 for p in parts)
 
 
-def state_words(event: dict[str, Any]) -> str:
-    names = event.get("optimizers") or []
-    return f"{' and '.join(names)} state" if names else "optimizer state"
+def state_words(value: MemoryBreakdown) -> str:
+    return f"{' and '.join(value.optimizers)} state" if value.optimizers else "optimizer state"
 
 
-def representative(events: Sequence[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+def representative(values: Sequence[MemoryBreakdown], attempt: int) -> MemoryBreakdown | None:
     """The attempt's breakdown of its lowest rank (the one with activations: a probe's, not a reading)."""
-    mine = [e for e in events if e.get("attempt") == attempt and isinstance(e.get("activations"), int)]
-    return min(mine, key=lambda e: e.get("rank") or 0, default=None)
+    mine = [b for b in values if b.attempt == attempt and b.part("activations") is not None]
+    return min(mine, key=lambda b: b.rank or 0, default=None)
 
 
 @dataclass(frozen=True)
@@ -266,19 +294,19 @@ class Comparison:
                 "per_sample_bytes": self.per_sample, "no_room": self.no_room}
 
 
-def compare(failed: dict[str, Any], other: dict[str, Any] | None,
+def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
             fallback_args: Sequence[str] = ()) -> Comparison | None:
     """The failed attempt's breakdown beside ``other`` (an attempt that fit, else an earlier failure)."""
-    m1, a1 = failed.get("micro_batch"), failed.get("activations")
-    if not isinstance(m1, int) or not isinstance(a1, int) or m1 < 1:
+    m1, a1 = failed.micro_batch, failed.part("activations")
+    if m1 is None or a1 is None or m1 < 1:
         return None
     # On the host the figure is read in the exception hook, once the error unwound the failed expression's
     # temporaries: what was held at the failure was at least that much, and so is a slope from it.
-    least = "at least " if failed.get("device") == "cpu" else ""
+    least = "at least " if failed.device == "cpu" else ""
     per_sample, text = a1 // m1, f"activations {least}{format_size(a1)} at micro-batch {m1}"
-    m2 = other.get("micro_batch") if other else None
-    a2 = other.get("activations") if other else None
-    if other is not None and isinstance(m2, int) and isinstance(a2, int) and m2 != m1:
+    m2 = other.micro_batch if other else None
+    a2 = other.part("activations") if other else None
+    if other is not None and m2 is not None and a2 is not None and m2 != m1:
         text += f", {format_size(a2)} at {m2}"
         if (a1 - a2) * (m1 - m2) > 0:
             per_sample = (a1 - a2) // (m1 - m2)
@@ -294,10 +322,10 @@ def compare(failed: dict[str, Any], other: dict[str, Any] | None,
     no_room = room is not None and per_sample > 0 and room < per_sample
     if no_room and room is not None:
         text += _no_room_text(failed, room, per_sample, fallback_args)
-    return Comparison(failed["attempt"], other["attempt"] if other else failed["attempt"], text, per_sample, no_room)
+    return Comparison(failed.attempt, other.attempt if other else failed.attempt, text, per_sample, no_room)
 
 
-def _fixed_text(failed: dict[str, Any], other: dict[str, Any] | None) -> str:
+def _fixed_text(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> str:
     f1 = _fixed(failed)
     if f1 is None:
         return ""
@@ -307,52 +335,48 @@ def _fixed_text(failed: dict[str, Any], other: dict[str, Any] | None) -> str:
         return f"; {words} {format_size(f1)}"
     if f2 is not None and abs(f1 - f2) <= max(f1, f2) // 100:
         return f"; {words} {format_size(max(f1, f2))} at both"
-    return f"; {words} {format_size(f1)} at {failed['micro_batch']}, {_seen(f2)} at {other['micro_batch']}"
+    seen = format_size(f2) if f2 is not None else "not seen"
+    return f"; {words} {format_size(f1)} at {failed.micro_batch}, {seen} at {other.micro_batch}"
 
 
-def _seen(value: int | None) -> str:
-    return format_size(value) if value is not None else "not seen"
-
-
-def _room(failed: dict[str, Any], other: dict[str, Any] | None) -> int | None:
+def _room(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> int | None:
     """What the limit leaves for activations once the fixed part (its largest reading: an OOM in the
     first step comes before the optimizer's state exists) and the host's baseline are held."""
-    limit = failed.get("limit")
     fixed = max(x for x in (_fixed(failed), _fixed(other) if other else None, 0) if x is not None)
-    if not isinstance(limit, int) or not fixed:
+    if failed.limit is None or not fixed:
         return None
-    return limit - fixed - (failed.get("baseline") or 0)
+    return failed.limit - fixed - (failed.baseline or 0)
 
 
-def _no_room_text(failed: dict[str, Any], room: int, per_sample: int, fallback_args: Sequence[str]) -> str:
-    base = failed.get("baseline")
+def _no_room_text(failed: MemoryBreakdown, room: int, per_sample: int, fallback_args: Sequence[str]) -> str:
+    base = failed.baseline
     held = f" and {format_size(base)} the process held before the model" if base else ""
     change = (f"the fallback arguments ({' '.join(fallback_args)}, --fallback-args)" if fallback_args else
               "gradient checkpointing, an 8-bit optimizer or frozen weights (--fallback-args adds such an "
               "argument once the micro-batch is at its floor)")
     left = format_size(room) if room > 0 else f"nothing ({format_size(-room)} over)"
-    return (f". The fixed part alone leaves no room for one sample: under the {format_size(failed['limit'])} limit, "
-            f"weights, gradients and {state_words(failed)}{held} leave {left}, less than one sample's activations "
-            f"(about {format_size(per_sample)}); a smaller micro-batch will not fit. What would change these "
-            f"figures: {change}")
+    return (f". The fixed part alone leaves no room for one sample: under the {format_size(failed.limit or 0)} "
+            f"limit, weights, gradients and {state_words(failed)}{held} leave {left}, less than one sample's "
+            f"activations (about {format_size(per_sample)}); a smaller micro-batch will not fit. What would change "
+            f"these figures: {change}")
 
 
 def after_attempt(watch: BreakdownWatch, kind: str | None, attempt: int, micro_batch: int | None,
                   event: Callable[..., None], fallback_args: Sequence[str] = ()) -> str | None:
     """Journal the attempt's breakdowns and, where there is one, the comparison (journaled, returned
     for the supervisor's log) with the attempts this supervisor saw before."""
-    mine = watch.ended(kind, attempt, micro_batch, event)
-    events = watch.history
+    mine = [b for b in map(parse, watch.ended(kind, attempt, micro_batch, event)) if b is not None]
+    seen = [b for b in map(parse, watch.history) if b is not None]
     if not mine:
         return None
-    failed = [e for e in events if e.get("at") == "oom"]
-    if mine[0]["at"] == "oom":  # this attempt failed: beside the last one that fit, else the last failure
+    failed = [b for b in seen if b.at == "oom"]
+    if mine[0].at == "oom":  # this attempt failed: beside the last one that fit, else the last failure
         this = representative(mine, attempt)
-        fits = [e for e in events if e.get("at") == "peak" and e.get("micro_batch") != micro_batch]
-        others = fits or [e for e in failed if e.get("attempt") != attempt and e.get("micro_batch") != micro_batch]
-        other = representative(others, others[-1]["attempt"]) if others else None
-    elif mine[0]["at"] == "peak" and failed:  # this one fit: beside the last failure
-        this = representative(failed, failed[-1]["attempt"])
+        fits = [b for b in seen if b.at == "peak" and b.micro_batch != micro_batch]
+        others = fits or [b for b in failed if b.attempt != attempt and b.micro_batch != micro_batch]
+        other = representative(others, others[-1].attempt) if others else None
+    elif mine[0].at == "peak" and failed:  # this one fit: beside the last failure
+        this = representative(failed, failed[-1].attempt)
         other = representative(mine, attempt)
     else:
         return None
@@ -363,52 +387,30 @@ def after_attempt(watch: BreakdownWatch, kind: str | None, attempt: int, micro_b
     return f"memory: {comparison.text}"
 
 
-def breakdown_text(event: dict[str, Any]) -> str:
-    """One rank's breakdown in a line."""
-    who = f"rank {event['rank']}" if event.get("rank") is not None else event.get("device") or "?"
-    if event.get("at") == "last_reading":
-        procs = ", ".join(f"{p['role']} {p['pid']} ({p['name']}) {format_size(p['rss'])}"
-                          for p in event.get("processes") or [])
-        limit = f" of the {format_size(event['limit'])} {event['limit_kind']} limit" if event.get("limit") else ""
-        return f"last reading before the kill: {_seen(event.get('total'))}{limit}: {procs}"
-    frozen = f" ({format_size(event['frozen_weights'])} of them frozen)" if event.get("frozen_weights") else ""
-    unwound = event.get("at") == "oom" and event.get("device") == "cpu" and event.get("activations") is not None
-    activations = (f"activations at least {_seen(event.get('activations'))} (read once the error unwound)" if unwound
-                   else f"activations {_seen(event.get('activations'))}")
-    parts = [f"weights {_seen(event.get('weights'))}{frozen}", f"gradients {_seen(event.get('gradients'))}",
-             f"{state_words(event)} {_seen(event.get('optimizer_state'))}", activations]
-    if event.get("cache") is not None:
-        parts.append(f"cache {format_size(event['cache'])}")
-    if event.get("baseline"):
-        parts.append(f"before the model {format_size(event['baseline'])}")
-    limit = f" of the {format_size(event['limit'])} {event.get('limit_kind') or ''} limit" if event.get("limit") else ""
-    return f"{who} at the {'OOM' if event.get('at') == 'oom' else 'peak'}: {', '.join(parts)}{limit}"
-
-
-def annotate(failures: list[dict[str, Any]], events: Sequence[dict[str, Any]]) -> None:
-    """Each failure of the report gets ``memory``: its breakdowns, the largest allocations by stack
-    (CUDA, where the allocator's history was recorded) and the comparison naming it."""
-    rows = [{**e["data"], "attempt": e["data"].get("attempt", e.get("attempt"))} for e in events
-            if e.get("kind") == EVENT]
-    comparisons = {e["data"].get("failed_attempt"): e["data"] for e in events if e.get("kind") == COMPARISON}
+def annotate(failures: list[dict[str, Any]], breakdowns: Sequence[MemoryBreakdown],
+             comparisons: Sequence[Mapping[str, Any]]) -> None:
+    """Each failure of the report gets ``memory``: its breakdowns (status's JSON of them) and the
+    comparison that names it."""
+    found = {c.get("failed_attempt"): dict(c) for c in comparisons}
     for failure in failures:
-        mine = [r for r in rows if r.get("attempt") == failure["attempt"] and r.get("at") != "peak"]
-        found = comparisons.get(failure["attempt"])
-        if mine or found:
-            failure["memory"] = {"breakdowns": mine, "comparison": found}
+        mine = [b.as_dict() for b in breakdowns if b.attempt == failure["attempt"] and b.failed]
+        if mine or failure["attempt"] in found:
+            failure["memory"] = {"breakdowns": mine, "comparison": found.get(failure["attempt"])}
 
 
 def lines(failure: dict[str, Any]) -> list[str]:
-    """The report's lines for one failure's ``memory`` (none where it has none)."""
+    """The report's lines for one failure's ``memory`` (none where it has none): status's line of
+    each rank, then the snapshot and the largest allocations where they were recorded."""
     memory = failure.get("memory")
     if not memory:
         return []
-    out = [f"    memory:   {breakdown_text(e)}" for e in memory["breakdowns"]]
-    for e in memory["breakdowns"]:
-        if e.get("snapshot"):
-            out.append(f"    snapshot: {e['snapshot']} (open it in https://pytorch.org/memory_viz)")
+    out: list[str] = []
+    for b in memory["breakdowns"]:
+        out.append(f"    memory:   {b['line']}")
+        if b["snapshot"]:
+            out.append(f"    snapshot: {b['snapshot']} (open it in https://pytorch.org/memory_viz)")
         out += [f"      {format_size(s['bytes'])} in {s['allocations']} allocations at {s['where']}"
-                for s in e.get("stacks") or []]
+                for s in b["stacks"]]
     if memory.get("comparison"):
         out.append(f"    across:   {memory['comparison']['text']}")
     return out

@@ -95,8 +95,7 @@ def report_of(history: RunHistory) -> dict[str, Any]:
     run = history.picture
     failures, restarts = lostwork.failures(history), lostwork.restarts(history)
     # what filled memory at each failure, beside the attempt that fit (record/memoryparts.py)
-    memoryparts.annotate(failures, [{"kind": e.kind, "attempt": e.attempt, "data": e.data}
-                                    for e in history.of_kind(memoryparts.EVENT, memoryparts.COMPARISON)])
+    memoryparts.annotate(failures, run.breakdowns, [e.data for e in history.of_kind(memoryparts.COMPARISON)])
     start, end, last = _span(history)
     finish = end if end is not None else last
     total = finish - start if start is not None and finish is not None else 0.0

@@ -138,10 +138,13 @@ def test_the_recovery_notification_says_what_filled_memory_in_one_line() -> None
 
 
 
-def event(attempt: int, micro: int, at: str, activations: int, **more: Any) -> dict[str, Any]:
-    return {"attempt": attempt, "micro_batch": micro, "at": at, "rank": 0, "device": "cuda:0",
-            "weights": GIB // 2, "frozen_weights": 0, "gradients": GIB // 2, "optimizer_state": GIB,
-            "optimizers": ["AdamW"], "activations": activations, "cache": 0, "limit": 80 * GIB, **more}
+def event(attempt: int, micro: int, at: str, activations: int, **more: Any) -> memoryparts.MemoryBreakdown:
+    value = memoryparts.parse({"attempt": attempt, "micro_batch": micro, "at": at, "rank": 0, "device": "cuda:0",
+                               "weights": GIB // 2, "frozen_weights": 0, "gradients": GIB // 2,
+                               "optimizer_state": GIB, "optimizers": ["AdamW"], "activations": activations,
+                               "cache": 0, "limit": 80 * GIB, **more})
+    assert value is not None
+    return value
 
 
 def test_the_failed_attempt_beside_the_one_that_fit_reads_like_the_issue() -> None:
@@ -201,20 +204,20 @@ def test_a_kernel_kill_is_the_last_reading_that_still_saw_the_trainer() -> None:
     assert data["total"] == 450 and data["weights"] is None and data["activations"] is None
     assert [(p["role"], p["name"]) for p in data["processes"]] == [
         ("trainer", "python3"), ("data-loader worker", "pt_data_worker"), ("other", "python3")]
-    line = memoryparts.breakdown_text({"attempt": 1, **data})
-    assert line.startswith("last reading before the kill: 450 B of the 480 B cgroup limit: trainer 10 (python3)")
+    value = memoryparts.parse({"attempt": 1, **data})
+    assert value is not None and memoryparts.parts_text(value) == (
+        "no part seen; by process: trainer 300 B, data-loader worker 100 B, other 20 B; limit 480 B (cgroup)")
 
 
-def test_the_report_gets_each_failures_breakdowns_and_its_comparison() -> None:
-    rows = [{"kind": EVENT, "attempt": 1, "data": event(1, 32, "oom", 2 * GIB, snapshot="/r/s.pickle",
-                                                           stacks=[{"where": "t.py:3 in f", "bytes": GIB,
-                                                                    "allocations": 2}])},
-            {"kind": memoryparts.COMPARISON, "attempt": 2, "data": {"failed_attempt": 1, "text": "activations ..."}}]
+def test_the_report_gets_each_failures_breakdowns_in_statuss_words_and_its_comparison() -> None:
+    value = event(1, 32, "oom", 2 * GIB, snapshot="/r/s.pickle",
+                  stacks=[{"where": "t.py:3 in f", "bytes": GIB, "allocations": 2}])
     failures: list[dict[str, Any]] = [{"attempt": 1}, {"attempt": 3}]
-    memoryparts.annotate(failures, rows)
+    memoryparts.annotate(failures, [value], [{"failed_attempt": 1, "text": "activations ..."}])
     assert "memory" not in failures[1]
     text = memoryparts.lines(failures[0])
-    assert text[0].startswith("    memory:   rank 0 at the OOM: weights 512.0 MiB, gradients 512.0 MiB, AdamW state")
+    assert text[0] == f"    memory:   {memoryparts.line(value)}"  # the line status shows
+    assert text[0].startswith("    memory:   attempt 1 at micro-batch 32, rank 0, at the OOM: weights 512.0 MiB, ")
     assert "    snapshot: /r/s.pickle (open it in https://pytorch.org/memory_viz)" in text
     assert "      1.0 GiB in 2 allocations at t.py:3 in f" in text and text[-1] == "    across:   activations ..."
 
@@ -224,4 +227,6 @@ def test_a_host_ooms_activations_are_a_lower_bound_and_said_so() -> None:
     found = memoryparts.compare(failed, event(2, 8, "peak", GIB, device="cpu", cache=None))
     assert found is not None
     assert found.text.startswith("activations at least 4.0 GiB at micro-batch 16, 1.0 GiB at 8: at least 384.0 MiB a")
-    assert "activations at least 4.0 GiB (read once the error unwound)" in memoryparts.breakdown_text(failed)
+    value = event(1, 16, "oom", 4 * GIB, device="cpu", cache=None, baseline=300 * MIB)
+    assert "activations at least 4.0 GiB (read once the error unwound)" in memoryparts.line(value)
+    assert memoryparts.line(value).endswith(", held before the model 300.0 MiB; limit 80.0 GiB")
