@@ -546,14 +546,47 @@ def _command_start(typed: Sequence[str], parser: argparse.ArgumentParser) -> int
     return None
 
 
-class _Raising(argparse.ArgumentParser):
-    """argparse whose errors are UsageErrors (``oomguard service`` reports them as its own)."""
+class OptionParser(argparse.ArgumentParser):
+    """The one parser of oomguard's command lines (the CLI's, and ``oomguard run``'s options read by
+    ``oomguard service``): the fragment options joined, and a usage error raised as one UsageError
+    line that names the problem and where to look (the CLI prints it and exits 2)."""
 
-    typed: Sequence[str] = ()
+    typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
+    command: str | None = None  # where it reads one command's options alone: whose line a suggestion repeats
 
     def error(self, message: str) -> NoReturn:
-        message = ambiguous(message, self.typed, self, "service")
-        raise UsageError("", f"in the oomguard run arguments: {message}", "see oomguard run --help")
+        message = ambiguous(message, self.typed, self, self.command or self.prog.rpartition(" ")[2])
+        raise UsageError("", message, f"see '{self.prog} --help'")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """The README's forms of the fragment options (``--resume-args '--init_from=resume'``) reach
+        argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
+        flags = fragment_flags() & self._option_string_actions.keys()
+        argv = list(sys.argv[1:] if args is None else args)
+        self.typed = argv
+        return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """An unknown argument that looks like the training command says to put -- before it."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub, typed = getattr(parsed, "subcommand", None), list(self.typed)
+            if sub is None:
+                sub = self.command
+            else:
+                typed = typed[typed.index(sub) + 1:] if sub in typed else []
+            self.error(unrecognized(extras, _flags(self, sub), sub, typed))
+        return parsed
+
+
+def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]:
+    """The option strings of ``subcommand`` (else of ``parser``), for a "did you mean"."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and subcommand in action.choices:
+            return list(action.choices[subcommand]._option_string_actions)
+    return list(parser._option_string_actions)
 
 
 def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") -> RunConfig:
@@ -561,13 +594,13 @@ def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") 
     start; UsageError (one line) for what it would refuse."""
     args = list(args)
     options, command = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
-    parser = _Raising(prog="oomguard run", add_help=False)
+    parser = OptionParser(prog="oomguard run", add_help=False)
+    parser.command = subcommand
     add_arguments(parser)
-    parser.typed = options
-    namespace, extras = parser.parse_known_args(join_fragments(options, fragment_flags()))
-    if extras:
-        flags = parser._option_string_actions
-        raise UsageError("", f"in the oomguard run arguments: {unrecognized(extras, flags, subcommand, options)}")
+    try:
+        namespace = parser.parse_args(options)
+    except UsageError as error:
+        raise UsageError("", f"in the oomguard run arguments: {error}") from None
     config = build_config(vars(namespace), command)
     check(config, cwd)
     check_edits(config.edits, config.command, cwd)
