@@ -11,7 +11,7 @@ said "not seen", never guessed.
 ``weights`` counts every parameter; ``frozen_weights`` is the share of them that trains not (no
 gradient, no optimizer state: a LoRA fine-tune's base model), so it is said inside the weights.
 
-The report says more of a failure: the snapshot and the largest allocations by stack. ``after_attempt`` journals an
+The report says more of a failure: its snapshot and largest allocations. ``after_attempt`` journals an
 attempt's ``memory_breakdown`` events (observe/breakdown.py) and, where two attempts at different
 micro-batches have them, a ``memory_comparison``: the activations at each and what one sample adds,
 the fixed part (weights, gradients, optimizer state) at both, e.g. "activations 13.8 GiB at
@@ -24,8 +24,9 @@ process's own memory on the host); a per-sample figure is a difference of two of
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomguard.supervisor.observe.breakdown import BreakdownWatch
@@ -93,16 +94,9 @@ class MemoryBreakdown:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form status, the API and the dashboard read (every part listed, null when not seen)."""
-        return {"attempt": self.attempt, "micro_batch": self.micro_batch, "rank": self.rank, "at": self.at,
-                "device": self.device, "parts": [{"key": p.key, "label": p.label, "bytes": p.bytes}
-                                                 for p in self.parts],
-                "frozen_weights": self.frozen_weights, "optimizers": list(self.optimizers),
-                "total": self.total, "limit": self.limit, "limit_kind": self.limit_kind,
-                "processes": None if self.processes is None else [
-                    {"pid": p.pid, "role": p.role, "name": p.name, "rss": p.rss} for p in self.processes],
-                "baseline": self.baseline, "snapshot": self.snapshot,
-                "stacks": [{"where": s.where, "bytes": s.bytes, "allocations": s.allocations} for s in self.stacks],
-                "text": parts_text(self), "line": line(self)}
+        return {**asdict(self), "parts": [asdict(p) for p in self.parts], "optimizers": list(self.optimizers),
+                "processes": None if self.processes is None else [asdict(p) for p in self.processes],
+                "stacks": [asdict(s) for s in self.stacks], "text": parts_text(self), "line": line(self)}
 
 
 def _size(value: Any) -> int | None:
@@ -180,12 +174,9 @@ def by_role(processes: Sequence[Process]) -> dict[str, int]:
 
 def processes_text(processes: Sequence[Process]) -> str:
     """``trainer 1.1 GiB, 2 data-loader workers 0.6 GiB``: the reading per role, largest role first."""
-    by_role: dict[str, list[int]] = {}
-    for p in processes:
-        by_role.setdefault(p.role, []).append(p.rss)
-    ordered = sorted(by_role.items(), key=lambda kv: -sum(kv[1]))
-    return ", ".join(f"{len(rss)} {role}s {format_size(sum(rss))}" if len(rss) > 1
-                     else f"{role} {format_size(rss[0])}" for role, rss in ordered)
+    count = Counter(p.role for p in processes)
+    return ", ".join(f"{count[role]} {role}s {format_size(rss)}" if count[role] > 1 else f"{role} {format_size(rss)}"
+                     for role, rss in sorted(by_role(processes).items(), key=lambda kv: -kv[1]))
 
 
 def parts_text(value: MemoryBreakdown) -> str:
