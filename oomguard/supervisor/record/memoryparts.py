@@ -11,7 +11,7 @@ said "not seen", never guessed.
 ``weights`` counts every parameter; ``frozen_weights`` is the share of them that trains not (no
 gradient, no optimizer state: a LoRA fine-tune's base model), so it is said inside the weights.
 
-The report says more of a failure: its snapshot and largest allocations. ``after_attempt`` journals an
+The report says more of a failure: its snapshot and largest allocations. ``memory_breakdown`` journals an
 attempt's ``memory_breakdown`` events (observe/breakdown.py) and, where two attempts at different
 micro-batches have them, a ``memory_comparison``: the activations at each and what one sample adds,
 the fixed part (weights, gradients, optimizer state) at both, e.g. "activations 13.8 GiB at
@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomguard.supervisor.observe.breakdown import BreakdownWatch
-from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.units import format_size
 
 EVENT = "memory_breakdown"
@@ -240,13 +239,8 @@ def newest_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
     return [ranks[r] for r in sorted(ranks, key=lambda r: -1 if r is None else r)]
 
 
-def bars(journal: Journal) -> list[dict[str, Any]]:
-    """The journal's breakdowns, one per attempt and moment (``per_attempt``), as status's JSON."""
-    return [b.as_dict() for b in per_attempt(from_events(journal.events_of(EVENT)))]
-
-
 def status_lines(shown: Sequence[Mapping[str, Any]]) -> list[str]:
-    """At most two lines for ``oomguard status``, from status's bars (``bars``): the newest memory
+    """At most two lines for ``oomguard status``, from status's bars (``per_attempt``): the newest memory
     failure's breakdown and the newest attempt that fit, the two a user compares."""
     failure = next((b for b in reversed(shown) if b.get("at") != "peak"), None)
     fit = next((b for b in reversed(shown) if b.get("at") == "peak"), None)
@@ -352,14 +346,14 @@ def _no_room_text(failed: MemoryBreakdown, room: int, per_sample: int, fallback_
             f"these figures: {change}")
 
 
-def after_attempt(watch: BreakdownWatch, kind: str | None, attempt: int, micro_batch: int | None,
-                  event: Callable[..., None], fallback_args: Sequence[str] = ()) -> str | None:
-    """Journal the attempt's breakdowns and, where there is one, the comparison (journaled, returned
-    for the supervisor's log) with the attempts this supervisor saw before."""
+def memory_breakdown(watch: BreakdownWatch, kind: str | None, attempt: int, micro_batch: int | None,
+                     event: Callable[..., None], fallback_args: Sequence[str], say: Callable[[str], None]) -> None:
+    """At an attempt's end (run/attempt.py): journal its breakdowns and, where there is one, the
+    comparison with the attempts this supervisor saw before (journaled, and said in its log)."""
     mine = [b for b in map(parse, watch.ended(kind, attempt, micro_batch, event)) if b is not None]
     seen = [b for b in map(parse, watch.history) if b is not None]
     if not mine:
-        return None
+        return
     failed = [b for b in seen if b.at == "oom"]
     if mine[0].at == "oom":  # this attempt failed: beside the last one that fit, else the last failure
         this = representative(mine, attempt)
@@ -370,12 +364,12 @@ def after_attempt(watch: BreakdownWatch, kind: str | None, attempt: int, micro_b
         this = representative(failed, failed[-1].attempt)
         other = representative(mine, attempt)
     else:
-        return None
+        return
     comparison = compare(this, other, fallback_args) if this is not None else None
     if comparison is None:
-        return None
+        return
     event(COMPARISON, **comparison.data())
-    return f"memory: {comparison.text}"
+    say(f"memory: {comparison.text}")
 
 
 def annotate(failures: list[dict[str, Any]], breakdowns: Sequence[MemoryBreakdown],
@@ -405,11 +399,3 @@ def lines(failure: dict[str, Any]) -> list[str]:
     if memory.get("comparison"):
         out.append(f"    across:   {memory['comparison']['text']}")
     return out
-
-
-def memory_breakdown(watch: BreakdownWatch, kind: str | None, attempt: int, micro_batch: int | None,
-                     event: Callable[..., None], fallback_args: Sequence[str], say: Callable[[str], None]) -> None:
-    """At an attempt's end (run/loop.py): journal what filled memory; say the comparison where there is one."""
-    line = after_attempt(watch, kind, attempt, micro_batch, event, fallback_args)
-    if line is not None:
-        say(line)

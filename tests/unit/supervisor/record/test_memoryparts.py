@@ -80,9 +80,10 @@ def test_one_bar_per_attempt_from_the_rank_nearest_its_limit(tmp_path: Path) -> 
         journal.event(memoryparts.EVENT, 2, **cuda_oom(attempt=2, at="peak", micro_batch=16, activations=7 * GIB,
                                                        cache=GIB // 2, total=15 * GIB))
         journal.event("attribution", 1, cause="per_sample", summary="x")  # other events are left alone
-        bars = memoryparts.bars(journal)
+        doc = status_document(journal)
+        bars = doc["memory_breakdown"]
         assert [(b["attempt"], b["at"], b["rank"]) for b in bars] == [(1, "oom", 1), (2, "peak", 0)]
-        text = format_status(status_document(journal))
+        text = format_status(doc)
     finally:
         journal.close()
     memory = [line for line in text.splitlines() if line.startswith("memory:")]
