@@ -14,55 +14,16 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from oomguard import __version__
-from oomguard.supervisor.config import add_arguments, build_config, fragment_flags, join_fragments
+from oomguard.supervisor.config import add_arguments, build_config
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.states import EXIT_CRASHED
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
-from oomguard.supervisor.run.arguments import ambiguous, unrecognized
+from oomguard.supervisor.run.preflight import OptionParser
 from oomguard.web.client import register as web_commands
 from oomguard.web.client import register_dashboard
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the problem and where to look, exit 2."""
-
-    typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
-
-    def error(self, message: str) -> NoReturn:
-        message = ambiguous(message, self.typed, self, self.prog.rpartition(" ")[2])
-        self.exit(2, f"oomguard: error: {message}; see '{self.prog} --help'\n")
-
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        """The README's forms of the fragment options (``--resume-args '--init_from=resume'``) reach
-        argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
-        flags = fragment_flags() & self._option_string_actions.keys()
-        argv = list(sys.argv[1:] if args is None else args)
-        self.typed = argv
-        return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
-
-    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        """An unknown argument that looks like the training command says to put -- before it."""
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:
-            sub = getattr(parsed, "subcommand", None)
-            typed = list(sys.argv[1:] if args is None else args)
-            typed = typed[typed.index(sub) + 1:] if sub in typed else []
-            self.error(unrecognized(extras, _flags(self, sub), sub, typed))
-        return parsed
-
-
-def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]:
-    """The option strings of ``subcommand`` (else of ``parser``), for a "did you mean"."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and subcommand in action.choices:
-            return list(action.choices[subcommand]._option_string_actions)
-    return list(parser._option_string_actions)
 
 
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
@@ -163,9 +124,9 @@ def _add_ls(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="oomguard", description="Keep PyTorch training alive through OOMs.")
+    parser = OptionParser(prog="oomguard", description="Keep PyTorch training alive through OOMs.")
     parser.add_argument("--version", action="version", version=f"oomguard {__version__}")
-    sub = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="subcommand", required=True, parser_class=OptionParser)
     run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
     add_arguments(run)
     run.set_defaults(func=_cmd_run)
@@ -194,9 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         at = argv.index("--")
         argv, command = argv[:at], argv[at + 1:]
-    args = build_parser().parse_args(argv)
-    args.typed = argv  # the words before --, as typed: status repeats them to say how to resume
-    try:
+    args = argparse.Namespace()
+    try:  # a bad option is a UsageError too (run/preflight.OptionParser)
+        args = build_parser().parse_args(argv)
+        args.typed = argv  # the words before --, as typed: status repeats them to say how to resume
         code = int(args.func(args, command))
         sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
         return code

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.journal import write_atomic
 
 NAMES = ("micro_batch", "grad_accum", "grad_accum_total", "global_batch", "world_size", "checkpoint",
          "checkpoint_step", "attempt", "run_dir", "eval_micro_batch", "num_workers")

@@ -67,7 +67,9 @@ def create_app(run_dir: Path, control: Control | None, token: str | None, *,
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     _add_error_handlers(app)
     markers = MarkerScan()
-    _add_read_routes(app, pool, markers, Path(run_dir), getattr(control, "degradations", None))
+    _add_read_routes(app, pool, getattr(control, "degradations", None))
+    _add_chart_routes(app, pool, markers)
+    _add_file_routes(app, pool, Path(run_dir))
     _add_live_routes(app, pool, markers, broker)
     _add_control_routes(app, control, token)
     _add_page(app)
@@ -95,8 +97,7 @@ def _attempts(pool: JournalPool) -> list[dict[str, Any]]:
              "exit": a.exit if a.ended else None} for a in attempts]
 
 
-def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_dir: Path,
-                     live: Any = None) -> None:
+def _add_read_routes(app: FastAPI, pool: JournalPool, live: Any = None) -> None:
     status = StatusCache(pool)
 
     @app.get("/api/status", response_model=models.Status, responses=_UNAVAILABLE, tags=["read"])
@@ -118,6 +119,10 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_d
         """Journal events (state changes, decisions, checkpoints, worker records) after an id."""
         return pool.get().events(since, limit)
 
+
+def _add_chart_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan) -> None:
+    """What the dashboard's memory chart draws: the samples and the markers over them."""
+
     @app.get("/api/samples", response_model=models.Samples, responses=_UNAVAILABLE, tags=["read"])
     def get_samples(start: Annotated[float | None, Query(ge=0, le=MAX_TIME, allow_inf_nan=False,
                                                          description="Unix time")] = None,
@@ -132,6 +137,10 @@ def _add_read_routes(app: FastAPI, pool: JournalPool, markers: MarkerScan, run_d
     def get_markers() -> list[dict[str, Any]]:
         """Chart markers: OOMs and other failures, restarts, batch changes, checkpoints."""
         return markers.markers(pool.get())
+
+
+def _add_file_routes(app: FastAPI, pool: JournalPool, run_dir: Path) -> None:
+    """The files the run wrote (checkpoints, an attempt's log), and the health probe."""
 
     @app.get("/api/checkpoints", response_model=list[models.CheckpointView], responses=_UNAVAILABLE,
              tags=["read"])

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.record.console import say
-from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.journal import write_atomic
+from oomguard.supervisor.record.logs import say
 from oomguard.web.app import Control, create_app
 from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback, local_url, public_urls
 from oomguard.web.sse import ChangeBroker

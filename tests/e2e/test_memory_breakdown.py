@@ -93,7 +93,9 @@ def test_adamw_at_the_oom_and_at_the_peak_that_fit_beside_it_in_the_report(tmp_p
     assert (comparison["failed_attempt"], comparison["other_attempt"]) == (oom[-1]["attempt"], peak[0]["attempt"])
     assert f"at micro-batch {oom[-1]['micro_batch']}" in comparison["text"] and "AdamW state" in comparison["text"]
     text = format_report(read_report(tmp_path / "run"))
-    assert "    memory:   cpu at the OOM: weights " in text and f"    across:   {comparison['text']}" in text, text
+    # the line status shows (record/memoryparts.line), the host's activations said as the lower bound they are
+    memory = f"    memory:   attempt {oom[-1]['attempt']} at micro-batch {oom[-1]['micro_batch']}"
+    assert memory in text and ", activations at least " in text and f"    across:   {comparison['text']}" in text, text
     print("\n" + "\n".join(line for line in text.splitlines() if line.startswith(("    memory:", "    across:"))))
 
 
@@ -142,5 +144,7 @@ def test_a_kernel_oom_kill_shows_each_process_of_the_cgroup_with_its_dataloader_
     trainer = next(p for p in event["processes"] if p["role"] == "trainer")
     assert trainer["rss"] > 100 * MIB, event  # torch, the model and what it kept
     text = format_report(read_report(run_dir))
-    assert "    memory:   last reading before the kill: " in text and "data-loader worker" in text, text
+    said = "    memory:   attempt 1 at micro-batch 1, last reading before the failure: no part seen; by process: "
+    assert said in text, text
+    assert "data-loader worker" in text and "limit 480.0 MiB (cgroup)" in text, text
     print("\n" + "\n".join(line for line in text.splitlines() if line.startswith("    memory:")))

@@ -123,7 +123,7 @@ def test_a_forgotten_double_dash_is_named(work: Path) -> None:
 def test_service_refuses_what_run_would_and_writes_no_unit(work: Path) -> None:
     line = refused(work, "service", "--print", "--", "--micro-bach", "32", "--", PY, "train.py")
     assert line == ("oomguard service: error: in the oomguard run arguments: unrecognized arguments: --micro-bach 32 "
-                    "(did you mean --micro-batch?)")
+                    "(did you mean --micro-batch?); see 'oomguard run --help'")
     line = refused(work, "service", "--print", "--", "--micro-batch", "32", "--grad-accum", "1",
                    "--checkpoint", "out/step-*.pt", "--", PY, "train.py")
     assert "nothing hands the checkpoint to the script" in line

@@ -29,11 +29,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record import memoryparts
+from oomguard.supervisor.record.resilient import Degradations
 
 if TYPE_CHECKING:
     from apprise.plugins.base import NotifyBase
@@ -308,15 +309,6 @@ def _apprise_log() -> Iterator[list[str]]:
 # --- the background delivery ------------------------------------------------------------------
 
 
-class DegradationSink(Protocol):
-    """Where a failing target is reported (``record.degraded.Degradations``)."""
-
-    def failed(self, component: str, error: BaseException | str, lost: int = 1, what: str = "",
-               unit: str = "writes") -> bool: ...
-
-    def recovered(self, component: str) -> object: ...
-
-
 @dataclass(frozen=True)
 class NotifyConfig:
     targets: tuple[Target, ...] = ()
@@ -341,7 +333,7 @@ class NotifyConfig:
 class _Lane:
     """One target's queue and thread."""
 
-    def __init__(self, target: Target, config: NotifyConfig, health: DegradationSink | None,
+    def __init__(self, target: Target, config: NotifyConfig, health: Degradations | None,
                  stop: threading.Event) -> None:
         self.target = target
         self.config = config
@@ -379,7 +371,7 @@ class _Lane:
 class Notifier:
     """Delivers notifications from one background thread per target; ``send()`` never blocks."""
 
-    def __init__(self, config: NotifyConfig, health: DegradationSink | None = None) -> None:
+    def __init__(self, config: NotifyConfig, health: Degradations | None = None) -> None:
         self.config = config
         self._stop = threading.Event()
         self._lock = threading.Lock()

@@ -31,7 +31,7 @@ from typing import TextIO
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle import states as exits
-from oomguard.supervisor.record.durable import write_atomic
+from oomguard.supervisor.record.journal import write_atomic
 
 USER = "user"
 SYSTEM = "system"
@@ -333,7 +333,7 @@ def _prepare(args: argparse.Namespace) -> tuple[str, Path, str, str]:
 def _check_run(args: Sequence[str], cwd: Path) -> Path:
     """What ``oomguard run`` would refuse at start is refused now: systemd would only find it when
     the unit starts (and restart it, and give up). Returns the run directory."""
-    from oomguard.supervisor.run.arguments import check_run_args
+    from oomguard.supervisor.run.preflight import check_run_args
 
     try:
         return check_run_args(args, cwd).run_dir

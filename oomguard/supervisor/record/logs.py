@@ -9,11 +9,14 @@ terminal state or its supervisor is gone. Bytes are copied unchanged: the worker
 Also here:
 
 - One attempt's log file: buffered, capped, and never the reason the worker stops.
+- The supervisor's own messages: one path, the stdlib logger ``oomguard`` (tested in
+  tests/e2e/test_supervisor.py, what a real run prints).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import shlex
@@ -24,10 +27,57 @@ from pathlib import Path
 from typing import BinaryIO
 
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.record.console import say
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.resilient import Degradations
 from oomguard.supervisor.record.status import supervisor_alive
+
+# The supervisor's own messages: one path, the stdlib logger ``oomguard``.
+#
+# Every part says what it has to say through ``say`` (or ``logging.getLogger(__name__)`` under
+# ``oomguard.``); where it lands is the handler's business: stderr with an ``[oomguard]`` prefix by
+# default, the terminal status line when one is shown (``ops.hooks``), whatever a host program
+# configures otherwise. The worker's own output never goes through here: it is bytes, echoed as they
+# come.
+
+LOGGER = logging.getLogger("oomguard")
+
+
+class _Stderr(logging.Handler):
+    """Writes to the ``sys.stderr`` of the moment (pytest and the CLI swap it), flushed per line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"[oomguard] {self.format(record)}", file=sys.stderr, flush=True)
+        except Exception:  # a closed stderr must not stop supervision
+            self.handleError(record)
+
+
+def _ensure_handler() -> None:
+    if not LOGGER.handlers:
+        LOGGER.addHandler(_Stderr())
+        LOGGER.setLevel(logging.INFO)
+        LOGGER.propagate = False  # one copy of each line, whatever the root logger does
+
+
+def say(message: str) -> None:
+    _ensure_handler()
+    LOGGER.info(message)
+
+
+def show_through(handler: logging.Handler) -> None:
+    """Send every message to ``handler`` instead of stderr (the status line redraws around them)."""
+    _ensure_handler()
+    for old in list(LOGGER.handlers):
+        LOGGER.removeHandler(old)
+    LOGGER.addHandler(handler)
+
+
+def reset() -> None:
+    """Back to stderr (after the status line closes)."""
+    for old in list(LOGGER.handlers):
+        LOGGER.removeHandler(old)
+    _ensure_handler()
+
 
 # One attempt's log file: buffered, capped, and never the reason the worker stops.
 #
@@ -216,22 +266,11 @@ def _ranges(numbers: list[int]) -> str:
     return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
-def copy_new(source: BinaryIO, out: BinaryIO) -> int:
-    """Copy what was appended to ``source`` since the last call; bytes copied."""
-    total = 0
-    while chunk := source.read(_CHUNK):
-        out.write(chunk)
-        total += len(chunk)
-    if total:
-        out.flush()
-    return total
-
-
 class LogReader:
     """One attempt's log, read as it grows; a compaction between two looks neither repeats nor
     skips output without saying so.
 
-    With ``--log-max-bytes`` the writer compacts the log in place (``attemptlog.py``): the newest
+    With ``--log-max-bytes`` the writer compacts the log in place (``AttemptLog`` above): the newest
     part of the tail moves down to where the cut is, so our offset no longer points after what we
     printed. We notice because the bytes just before our offset stop matching the last ones we
     printed, and find our place again by searching the tail for them. If the writer dropped them
@@ -245,6 +284,7 @@ class LogReader:
         self.seen = b""
 
     def copy_new(self, out: BinaryIO) -> int:
+        """Copy what was appended since the last call (the whole log at the first); bytes copied."""
         self._find_our_place(out)
         self.source.seek(self.pos)
         total = 0
@@ -343,7 +383,7 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
             if attempt is None:
                 raise UsageError("--run-dir", f"no attempt has started in {run_dir} yet", "try again with -f")
             with open(log_file(run_dir, attempt), "rb") as source:
-                copy_new(source, out)
+                LogReader(source).copy_new(out)
             return 0
         why = follow(run_dir, attempt, out, run_over(journal))
         say(why)

@@ -4,29 +4,41 @@ The probe (or, at a host or kernel OOM, the last reading before it) splits a ran
 parts a user knows: weights, gradients, optimizer state, activations and temporaries (the rest of
 what the allocator or the process holds) and the allocator's cache (reserved but unallocated). The
 event's format is fixed in docs/outputs.md; this module parses it once (``parse``) into
-``MemoryBreakdown``, which status, ``/metrics``, the notification and the dashboard render. A part the
-event gives as null was not seen: it stays ``None`` here and is said "not seen", never guessed.
+``MemoryBreakdown``, which status, the report, ``/metrics``, the notification and the dashboard render
+in one wording (``line``). A part the event gives as null was not seen: it stays ``None`` here and is
+said "not seen", never guessed.
 
 ``weights`` counts every parameter; ``frozen_weights`` is the share of them that trains not (no
 gradient, no optimizer state: a LoRA fine-tune's base model), so it is said inside the weights.
+
+The report says more of a failure: its snapshot and largest allocations. ``memory_breakdown`` journals an
+attempt's ``memory_breakdown`` events (observe/breakdown.py) and, where two attempts at different
+micro-batches have them, a ``memory_comparison``: the activations at each and what one sample adds,
+the fixed part (weights, gradients, optimizer state) at both, e.g. "activations 13.8 GiB at
+micro-batch 32, 6.9 GiB at 16: about 0.43 GiB a sample; weights, gradients and AdamW state 2.0 GiB
+at both". Where the fixed part alone leaves less room under the limit than
+one sample's activations, it says so with the figures, and names what would change them, before
+halving down to 1 spends the restarts. Every figure is the allocator's or the optimizer's (or the
+process's own memory on the host); a per-sample figure is a difference of two of them, said "about".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.observe.allocator import BreakdownWatch
 from oomguard.supervisor.units import format_size
 
 EVENT = "memory_breakdown"
+COMPARISON = "memory_comparison"
 # The parts of a bar, bottom to top: what the model is, then what training adds, then what the
 # allocator keeps for later. (key in the event, the words a user reads)
 PARTS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
          ("activations", "activations"), ("cache", "cache"))
 AT_WORDS = {"oom": "at the OOM", "peak": "at its peak (it fit)", "last_reading": "last reading before the failure"}
-ROLES = ("trainer", "data-loader worker", "other")
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,13 @@ class Process:
 
 
 @dataclass(frozen=True)
+class Stack:
+    where: str
+    bytes: int
+    allocations: int
+
+
+@dataclass(frozen=True)
 class MemoryBreakdown:
     """One rank's memory at one moment of one attempt."""
 
@@ -60,21 +79,23 @@ class MemoryBreakdown:
     limit: int | None
     limit_kind: str | None
     processes: tuple[Process, ...] | None
+    baseline: int | None = None  # what the process held before the model (the host)
+    snapshot: str | None = None  # the allocator's history, saved for PyTorch's memory viewer (CUDA)
+    stacks: tuple[Stack, ...] = ()  # the largest allocations by stack (CUDA)
 
     @property
     def failed(self) -> bool:
         return self.at != "peak"
 
+    def part(self, key: str) -> int | None:
+        """A part's bytes by its key; None when it was not seen."""
+        return next((p.bytes for p in self.parts if p.key == key), None)
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON form status, the API and the dashboard read (every part listed, null when not seen)."""
-        return {"attempt": self.attempt, "micro_batch": self.micro_batch, "rank": self.rank, "at": self.at,
-                "device": self.device, "parts": [{"key": p.key, "label": p.label, "bytes": p.bytes}
-                                                 for p in self.parts],
-                "frozen_weights": self.frozen_weights, "optimizers": list(self.optimizers),
-                "total": self.total, "limit": self.limit, "limit_kind": self.limit_kind,
-                "processes": None if self.processes is None else [
-                    {"pid": p.pid, "role": p.role, "name": p.name, "rss": p.rss} for p in self.processes],
-                "text": parts_text(self), "line": line(self)}
+        return {**asdict(self), "parts": [asdict(p) for p in self.parts], "optimizers": list(self.optimizers),
+                "processes": None if self.processes is None else [asdict(p) for p in self.processes],
+                "stacks": [asdict(s) for s in self.stacks], "text": parts_text(self), "line": line(self)}
 
 
 def _size(value: Any) -> int | None:
@@ -96,7 +117,11 @@ def parse(data: Mapping[str, Any], attempt: int | None = None) -> MemoryBreakdow
         optimizers=tuple(str(o) for o in data.get("optimizers") or () if isinstance(o, str)),
         total=_size(data.get("total")), limit=_size(data.get("limit")),
         limit_kind=str(data["limit_kind"]) if data.get("limit_kind") else None,
-        processes=None if not isinstance(procs, list) else tuple(_processes(procs)))
+        processes=None if not isinstance(procs, list) else tuple(_processes(procs)),
+        baseline=_size(data.get("baseline")) or None, snapshot=str(data["snapshot"]) if data.get("snapshot") else None,
+        stacks=tuple(Stack(str(s.get("where")), s["bytes"], s["allocations"]) for s in data.get("stacks") or ()
+                     if isinstance(s, Mapping) and _size(s.get("bytes")) is not None
+                     and _size(s.get("allocations")) is not None))
 
 
 def _processes(rows: Sequence[Any]) -> list[Process]:
@@ -115,10 +140,15 @@ def from_events(events: Sequence[Mapping[str, Any]]) -> list[MemoryBreakdown]:
 
 
 def part_text(part: Part, value: MemoryBreakdown) -> str:
-    """``optimizer state 2.4 GiB (AdamW)``, ``weights 1.2 GiB (0.9 GiB of them frozen)``, ``cache not seen``."""
+    """``optimizer state 2.4 GiB (AdamW)``, ``weights 1.2 GiB (0.9 GiB of them frozen)``, ``cache not seen``.
+    On the host the activations at an OOM are read in the exception hook, once the error unwound the
+    failed expression's temporaries: a lower bound, said so."""
     if part.bytes is None:
         return f"{part.label} not seen"
-    text = f"{part.label} {format_size(part.bytes)}"
+    unwound = part.key == "activations" and value.at == "oom" and value.device == "cpu"
+    text = f"{part.label} {'at least ' if unwound else ''}{format_size(part.bytes)}"
+    if unwound:
+        text += " (read once the error unwound)"
     if part.key == "weights" and value.frozen_weights:
         text += f" ({format_size(value.frozen_weights)} of them frozen)"
     if part.key == "optimizer_state" and value.optimizers:
@@ -143,12 +173,9 @@ def by_role(processes: Sequence[Process]) -> dict[str, int]:
 
 def processes_text(processes: Sequence[Process]) -> str:
     """``trainer 1.1 GiB, 2 data-loader workers 0.6 GiB``: the reading per role, largest role first."""
-    by_role: dict[str, list[int]] = {}
-    for p in processes:
-        by_role.setdefault(p.role, []).append(p.rss)
-    ordered = sorted(by_role.items(), key=lambda kv: -sum(kv[1]))
-    return ", ".join(f"{len(rss)} {role}s {format_size(sum(rss))}" if len(rss) > 1
-                     else f"{role} {format_size(rss[0])}" for role, rss in ordered)
+    count = Counter(p.role for p in processes)
+    return ", ".join(f"{count[role]} {role}s {format_size(rss)}" if count[role] > 1 else f"{role} {format_size(rss)}"
+                     for role, rss in sorted(by_role(processes).items(), key=lambda kv: -kv[1]))
 
 
 def parts_text(value: MemoryBreakdown) -> str:
@@ -156,6 +183,8 @@ def parts_text(value: MemoryBreakdown) -> str:
     cache not seen; limit 20.0 GiB (gpu)``; with the per-process reading where there is one."""
     seen = [p for p in value.parts if p.bytes is not None]
     text = ", ".join(part_text(p, value) for p in value.parts) if seen else "no part seen"
+    if value.baseline:
+        text += f", held before the model {format_size(value.baseline)}"
     if value.processes:
         text += f"; by process: {processes_text(value.processes)}"
     return f"{text}; {limit_text(value)}"
@@ -210,14 +239,163 @@ def newest_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
     return [ranks[r] for r in sorted(ranks, key=lambda r: -1 if r is None else r)]
 
 
-def bars(journal: Journal) -> list[dict[str, Any]]:
-    """The journal's breakdowns, one per attempt and moment (``per_attempt``), as status's JSON."""
-    return [b.as_dict() for b in per_attempt(from_events(journal.events_of(EVENT)))]
-
-
 def status_lines(shown: Sequence[Mapping[str, Any]]) -> list[str]:
-    """At most two lines for ``oomguard status``, from status's bars (``bars``): the newest memory
+    """At most two lines for ``oomguard status``, from status's bars (``per_attempt``): the newest memory
     failure's breakdown and the newest attempt that fit, the two a user compares."""
     failure = next((b for b in reversed(shown) if b.get("at") != "peak"), None)
     fit = next((b for b in reversed(shown) if b.get("at") == "peak"), None)
     return [str(b["line"]) for b in (failure, fit) if b is not None and b.get("line")]
+
+
+# --- the failed attempt beside another, and the report's lines --------------------------------
+
+
+def _fixed(value: MemoryBreakdown) -> int | None:
+    """Weights, gradients and optimizer state together; None where one of them was not seen."""
+    parts = [value.part(k) for k in ("weights", "gradients", "optimizer_state")]
+    return None if None in parts else sum(p or 0 for p in parts)
+
+
+def state_words(value: MemoryBreakdown) -> str:
+    return f"{' and '.join(value.optimizers)} state" if value.optimizers else "optimizer state"
+
+
+def representative(values: Sequence[MemoryBreakdown], attempt: int) -> MemoryBreakdown | None:
+    """The attempt's breakdown of its lowest rank (the one with activations: a probe's, not a reading)."""
+    mine = [b for b in values if b.attempt == attempt and b.part("activations") is not None]
+    return min(mine, key=lambda b: b.rank or 0, default=None)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    failed: int
+    other: int
+    text: str
+    per_sample: int | None
+    no_room: bool
+
+    def data(self) -> dict[str, Any]:
+        return {"failed_attempt": self.failed, "other_attempt": self.other, "text": self.text,
+                "per_sample_bytes": self.per_sample, "no_room": self.no_room}
+
+
+def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
+            fallback_args: Sequence[str] = ()) -> Comparison | None:
+    """The failed attempt's breakdown beside ``other`` (an attempt that fit, else an earlier failure)."""
+    m1, a1 = failed.micro_batch, failed.part("activations")
+    if m1 is None or a1 is None or m1 < 1:
+        return None
+    # On the host the figure is read in the exception hook, once the error unwound the failed expression's
+    # temporaries: what was held at the failure was at least that much, and so is a slope from it.
+    least = "at least " if failed.device == "cpu" else ""
+    per_sample, text = a1 // m1, f"activations {least}{format_size(a1)} at micro-batch {m1}"
+    m2 = other.micro_batch if other else None
+    a2 = other.part("activations") if other else None
+    if other is not None and m2 is not None and a2 is not None and m2 != m1:
+        text += f", {format_size(a2)} at {m2}"
+        if (a1 - a2) * (m1 - m2) > 0:
+            per_sample = (a1 - a2) // (m1 - m2)
+            text += f": {least or 'about '}{format_size(per_sample)} a sample"
+        else:  # the failure came early in its step: what it held then says nothing of a sample
+            per_sample = 0
+            text += " (the failed attempt held no more when it failed: no per-sample figure)"
+    else:
+        other = None
+        text += f": {least or 'about '}{format_size(per_sample)} a sample"
+    text += _fixed_text(failed, other)
+    room = _room(failed, other)
+    no_room = room is not None and per_sample > 0 and room < per_sample
+    if no_room and room is not None:
+        text += _no_room_text(failed, room, per_sample, fallback_args)
+    return Comparison(failed.attempt, other.attempt if other else failed.attempt, text, per_sample, no_room)
+
+
+def _fixed_text(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> str:
+    f1 = _fixed(failed)
+    if f1 is None:
+        return ""
+    words = f"weights, gradients and {state_words(other or failed)}"
+    f2 = _fixed(other) if other else None
+    if other is None:
+        return f"; {words} {format_size(f1)}"
+    if f2 is not None and abs(f1 - f2) <= max(f1, f2) // 100:
+        return f"; {words} {format_size(max(f1, f2))} at both"
+    seen = format_size(f2) if f2 is not None else "not seen"
+    return f"; {words} {format_size(f1)} at {failed.micro_batch}, {seen} at {other.micro_batch}"
+
+
+def _room(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> int | None:
+    """What the limit leaves for activations once the fixed part (its largest reading: an OOM in the
+    first step comes before the optimizer's state exists) and the host's baseline are held."""
+    fixed = max(x for x in (_fixed(failed), _fixed(other) if other else None, 0) if x is not None)
+    if failed.limit is None or not fixed:
+        return None
+    return failed.limit - fixed - (failed.baseline or 0)
+
+
+def _no_room_text(failed: MemoryBreakdown, room: int, per_sample: int, fallback_args: Sequence[str]) -> str:
+    base = failed.baseline
+    held = f" and {format_size(base)} the process held before the model" if base else ""
+    change = (f"the fallback arguments ({' '.join(fallback_args)}, --fallback-args)" if fallback_args else
+              "gradient checkpointing, an 8-bit optimizer or frozen weights (--fallback-args adds such an "
+              "argument once the micro-batch is at its floor)")
+    left = format_size(room) if room > 0 else f"nothing ({format_size(-room)} over)"
+    return (f". The fixed part alone leaves no room for one sample: under the {format_size(failed.limit or 0)} "
+            f"limit, weights, gradients and {state_words(failed)}{held} leave {left}, less than one sample's "
+            f"activations (about {format_size(per_sample)}); a smaller micro-batch will not fit. What would change "
+            f"these figures: {change}")
+
+
+def memory_breakdown(watch: BreakdownWatch, kind: str | None, attempt: int, micro_batch: int | None,
+                     event: Callable[..., None], fallback_args: Sequence[str], say: Callable[[str], None]) -> None:
+    """At an attempt's end (run/attempt.py): journal its breakdowns and, where there is one, the
+    comparison with the attempts this supervisor saw before (journaled, and said in its log)."""
+    mine = [b for b in map(parse, watch.ended(kind, attempt, micro_batch, event)) if b is not None]
+    seen = [b for b in map(parse, watch.history) if b is not None]
+    if not mine:
+        return
+    failed = [b for b in seen if b.at == "oom"]
+    if mine[0].at == "oom":  # this attempt failed: beside the last one that fit, else the last failure
+        this = representative(mine, attempt)
+        fits = [b for b in seen if b.at == "peak" and b.micro_batch != micro_batch]
+        others = fits or [b for b in failed if b.attempt != attempt and b.micro_batch != micro_batch]
+        other = representative(others, others[-1].attempt) if others else None
+    elif mine[0].at == "peak" and failed:  # this one fit: beside the last failure
+        this = representative(failed, failed[-1].attempt)
+        other = representative(mine, attempt)
+    else:
+        return
+    comparison = compare(this, other, fallback_args) if this is not None else None
+    if comparison is None:
+        return
+    event(COMPARISON, **comparison.data())
+    say(f"memory: {comparison.text}")
+
+
+def annotate(failures: list[dict[str, Any]], breakdowns: Sequence[MemoryBreakdown],
+             comparisons: Sequence[Mapping[str, Any]]) -> None:
+    """Each failure of the report gets ``memory``: its breakdowns (status's JSON of them) and the
+    comparison that names it."""
+    found = {c.get("failed_attempt"): dict(c) for c in comparisons}
+    for failure in failures:
+        mine = [b.as_dict() for b in breakdowns if b.attempt == failure["attempt"] and b.failed]
+        if mine or failure["attempt"] in found:
+            failure["memory"] = {"breakdowns": mine, "comparison": found.get(failure["attempt"])}
+
+
+def lines(failure: dict[str, Any]) -> list[str]:
+    """The report's lines for one failure's ``memory`` (none where it has none): status's line of
+    each rank, then the snapshot and the largest allocations where they were recorded."""
+    memory = failure.get("memory")
+    if not memory:
+        return []
+    out: list[str] = []
+    for b in memory["breakdowns"]:
+        out.append(f"    memory:   {b['line']}")
+        if b["snapshot"]:
+            out.append(f"    snapshot: {b['snapshot']} (open it in https://pytorch.org/memory_viz)")
+        out += [f"      {format_size(s['bytes'])} in {s['allocations']} allocations at {s['where']}"
+                for s in b["stacks"]]
+    if memory.get("comparison"):
+        out.append(f"    across:   {memory['comparison']['text']}")
+    return out

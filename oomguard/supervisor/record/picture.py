@@ -3,28 +3,84 @@ API and the dashboard all render.
 
 Everything here comes from the journal's columns and its events' data, never from the words the
 supervisor wrote for people (a decision's reason is shown as written, never read back). A journal
-written before a structured field existed is brought up to date once, as it is read
-(``record/migration.py``). ``read_picture`` is cheap enough for every status poll; the report's
-full history (every event, every checkpoint write) is ``record/history.py``'s.
+written before a structured field existed is brought up to date once, as it is read (``ending_of``:
+the one place that reads the words a supervisor wrote, once per row). ``read_picture`` is cheap
+enough for every status poll; the report's full history (every event, every checkpoint write) is
+``record/lostwork.py``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import signal
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
-from oomguard.supervisor.lifecycle.states import Ending, exit_text
+from oomguard.supervisor.lifecycle.states import Ending, StopReason, exit_text
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.memoryparts import MemoryBreakdown
-from oomguard.supervisor.record.migration import ending_of
 
 TERMINAL = ("succeeded", "failed", "stopped")
 
 Data = Mapping[str, Any]  # an event's data or a meta value, as the journal holds it
+
+# The decision recorded when an attempt ends without a failure verdict. The loop writes these; the
+# reading side reads the ``ending`` and ``stop_reason`` columns, and these words only in ``ending_of``,
+# for journals from before those columns.
+INTERRUPTED = Ending.INTERRUPTED.value  # an attempt that ended without a recorded exit (its supervisor died)
+# The decision a restarted supervisor writes for an attempt its killed predecessor left open.
+CLOSED_INTERRUPTED = f"{INTERRUPTED}: its supervisor ended while it ran"
+# The decision of an attempt stopped on request (Ctrl-C, ``oomguard stop``, a service stop): not a failure.
+STOPPED = "stopped by"
+_FINISHED = "finished"
+_GROW = "grow"
+
+
+@dataclass(frozen=True)
+class Closing:
+    """How an attempt left open is closed: its ending, why it was stopped, and the words recorded."""
+
+    ending: Ending
+    stop_reason: StopReason | None
+    decision: str
+
+
+def stopped_by(sig: int) -> str:
+    """The decision recorded for an attempt stopped on request, by the signal that asked."""
+    return f"{STOPPED} {signal.Signals(sig).name}: a stop asked for, not a failure"
+
+
+def closing(stop: Mapping[str, Any] | None) -> Closing:
+    """The closing of an attempt a later supervisor finds open: the user's stop when one had been
+    asked for (its ``stop_requested`` event's data), else interrupted."""
+    if stop:
+        return Closing(Ending.STOPPED, StopReason.USER, stopped_by(signal.Signals[stop["signal"]]))
+    return Closing(Ending.INTERRUPTED, None, CLOSED_INTERRUPTED)
+
+
+def ending_of(row: Mapping[str, Any]) -> Ending | None:
+    """How a journaled attempt ended; None while it has no recorded end."""
+    if row.get("ending"):
+        return Ending(row["ending"])
+    if row["ended"] is None:
+        return None
+    return _old_ending(row["kind"], str(row["decision"] or ""))
+
+
+def _old_ending(kind: str | None, decision: str) -> Ending:
+    """A row written before the ``ending`` column: a kind means a failure; else the decision's words."""
+    if kind:
+        return Ending.HANG if kind == "hang" else Ending.FAILED
+    if decision.startswith(INTERRUPTED):
+        return Ending.INTERRUPTED
+    if decision.startswith(STOPPED):
+        return Ending.STOPPED
+    if decision == _FINISHED:
+        return Ending.FINISHED
+    return Ending.GROW if decision.startswith(_GROW) else Ending.PLANNED_RESTART
 
 
 @dataclass(frozen=True)
@@ -187,6 +243,28 @@ def supervisor_alive(meta: Data) -> bool:
         return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def attempt_peaks(attempts: Sequence[Attempt]) -> list[dict[str, Any]]:
+    """Each attempt's micro-batch and peaks: the allocator's (probe), the GPU's (NVML), the RSS."""
+    return [{"attempt": a.number, "micro_batch": a.micro_batch, "peak_allocated": a.peak_allocated,
+             "peak_gpu": a.peak_gpu, "peak_rss": a.peak_rss} for a in attempts]
+
+
+def by_world(attempts: Sequence[Attempt], now: float | None) -> list[dict[str, Any]]:
+    """How long the run trained at each world size, ``[{"world_size", "seconds", "attempts"}]`` in the
+    order it first trained at each: an elastic run (torchrun's ``--nnodes MIN:MAX``) that lost a node
+    went on at a smaller world until the node was back. The attempts' wall time (to ``now`` for the
+    one running), summed by the world size each ran at."""
+    totals: dict[int, dict[str, Any]] = {}
+    for a in attempts:
+        end = a.ended if a.ended is not None else now
+        if end is None:
+            continue
+        entry = totals.setdefault(a.world_size, {"world_size": a.world_size, "seconds": 0.0, "attempts": 0})
+        entry["seconds"] += max(0.0, float(end) - float(a.started))
+        entry["attempts"] += 1
+    return list(totals.values())
 
 
 def read_picture(journal: Journal) -> RunPicture:

@@ -3,8 +3,8 @@
 What a person wants after a night nobody watched: when it ran, how much of that time was wasted,
 every failure with the evidence that named its kind and what oomguard did about it, how the batch
 configuration changed, how much training was redone after resuming, the checkpoints, and how it
-ended. The run comes from its history (``history.py``, the journal read once), the time and steps
-lost from ``lostwork.py``'s rules, the text from ``reporttext.py``; so it works during the run and
+ended. The run comes from its history (``lostwork.py``, the journal read once), the time and steps
+lost from the same module's rules, the text from ``reporttext.py``; so it works during the run and
 long after it.
 """
 
@@ -14,18 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record import lostwork, memorylines
-from oomguard.supervisor.record.endings import CLOSED_INTERRUPTED, INTERRUPTED, STOPPED, closing_decision, stopped_by
-from oomguard.supervisor.record.figures import attempt_peaks
-from oomguard.supervisor.record.history import WARNINGS, RunHistory, read_history
+from oomguard.supervisor.record import lostwork, memoryparts
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import TERMINAL, Attempt, Checkpoint
+from oomguard.supervisor.record.lostwork import WARNINGS, RunHistory, read_history
+from oomguard.supervisor.record.picture import TERMINAL, Attempt, Checkpoint, attempt_peaks, by_world
 from oomguard.supervisor.record.reporttext import format_duration, format_report
-from oomguard.supervisor.record.worlds import by_world
 
-# The loop's decision words lived here; they are record/endings.py's now.
-__all__ = ["CLOSED_INTERRUPTED", "INTERRUPTED", "STOPPED", "build_report", "closing_decision", "format_duration",
-           "format_report", "read_report", "stopped_by"]
+__all__ = ["build_report", "format_duration", "format_report", "read_report"]
 
 _BATCH_KEYS = ("micro_batch", "grad_accum", "global_batch", "world_size", "expandable_segments",
                "fallbacks_applied")
@@ -99,35 +94,26 @@ def build_report(journal: Journal) -> dict[str, Any]:
 def report_of(history: RunHistory) -> dict[str, Any]:
     run = history.picture
     failures, restarts = lostwork.failures(history), lostwork.restarts(history)
-    # what filled memory at each failure, beside the attempt that fit (record/memorylines.py)
-    memorylines.annotate(failures, [{"kind": e.kind, "attempt": e.attempt, "data": e.data}
-                                    for e in history.of_kind(memorylines.EVENT, memorylines.COMPARISON)])
-    redone = [*failures, *restarts]
+    # what filled memory at each failure, beside the attempt that fit (record/memoryparts.py)
+    memoryparts.annotate(failures, run.breakdowns, [e.data for e in history.of_kind(memoryparts.COMPARISON)])
     start, end, last = _span(history)
     finish = end if end is not None else last
     total = finish - start if start is not None and finish is not None else 0.0
     lost = sum(f["lost_s"] + f["gap_s"] for f in failures)
-    # Unknown: steps were seen but the resume point's step is not known. An attempt that showed no
-    # step is no unknown: none was seen, so none is counted redone.
-    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None
-               and f["last_step"] is not None]
     return {
         "run_dir": run.run_dir, "state": run.state, "reason": run.reason,
         "finished": end is not None, "started": start, "ended": end, "last_activity": last,
         "total_s": total, "lost_s": min(lost, total) if total else lost, "attempts": len(run.attempts),
         "batch_history": _batch_history(history),
         # time at each world size (an elastic run that lost a node)
-        "worlds": by_world([a.row() for a in run.attempts], finish),
+        "worlds": by_world(run.attempts, finish),
         "asked_global_batch": run.plan.asked_global,  # None: the global batch was kept
         "failures": failures,
         "restarts": restarts,
-        "steps_lost": sum(f["steps_lost"] or 0 for f in redone),
-        "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
-                                                if f["steps_lost"] is not None),
-        "steps_lost_unknown": len(unknown),
+        **_steps_lost([*failures, *restarts]),
         "checkpoints": _checkpoint_summary(run.checkpoints),
         "progress": run.meta.get("progress"),
-        "peaks": attempt_peaks([a.row() for a in run.attempts]),
+        "peaks": attempt_peaks(run.attempts),
         "planned_restarts": [{"attempt": a.number, "reason": a.decision, "cause": _data(run.causes.get(a.number))}
                              for a in run.attempts if a.ending is Ending.PLANNED_RESTART
                              and a.stop_reason != StopReason.RESTART.value],
@@ -136,6 +122,18 @@ def report_of(history: RunHistory) -> dict[str, Any]:
         "warnings": [{"attempt": e.attempt, "kind": e.kind, "message": e.data.get("message", "")}
                      for e in history.of_kind(*WARNINGS)],
     }
+
+
+def _steps_lost(redone: list[dict[str, Any]]) -> dict[str, Any]:
+    """The steps redone after every attempt another followed, whether that count is exact, and how
+    many restarts it does not know. Unknown: steps were seen but the resume point's step is not known;
+    an attempt that showed no step is no unknown: none was seen, so none is counted redone."""
+    unknown = [f for f in redone if f["steps_lost"] is None and f["resumed_from"] is not None
+               and f["last_step"] is not None]
+    return {"steps_lost": sum(f["steps_lost"] or 0 for f in redone),
+            "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
+                                                    if f["steps_lost"] is not None),
+            "steps_lost_unknown": len(unknown)}
 
 
 def _data(data: Any) -> dict[str, Any] | None:

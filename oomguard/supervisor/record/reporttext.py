@@ -1,13 +1,23 @@
-"""The morning report as text: what ``oomguard report`` prints (``report.py`` builds the document)."""
+"""The morning report as text (what ``oomguard report`` prints; ``report.py`` builds the document),
+and how status and the report state a run's progress, memory and worlds: one wording for both.
+
+Tested in tests/unit/supervisor/record/test_report.py and tests/unit/supervisor/observe/test_progress.py.
+
+The progress comes from the journal's ``progress`` meta (``observe.progress``): with the in-process
+probe, real optimizer steps, steps per second (timed inside the worker), the ETA where a total is
+known, the allocator's peak and its limit; without it, the worker library's records or the steps
+read from the output. Each attempt's peaks come from its journal row: the allocator's highest
+per-step peak (``peak_allocated``, the probe's), NVML's GPU figure and the worker tree's RSS.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from oomguard.supervisor.record import memorylines
-from oomguard.supervisor.record.figures import peak_text, progress_text
-from oomguard.supervisor.record.worlds import worlds_text
+from oomguard.supervisor.record import memoryparts
+from oomguard.supervisor.units import format_size
 
 
 def format_duration(seconds: float) -> str:
@@ -19,6 +29,43 @@ def format_duration(seconds: float) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def progress_text(progress: dict[str, Any]) -> str:
+    """``step 120/1000, 3.2 steps/s, ETA 5 min; allocated peak 1.2 GiB of 24.0 GiB (at 14:02:11)``."""
+    total = progress.get("total_steps")
+    text = f"step {progress.get('step')}" + (f"/{total}" if total else "")
+    if progress.get("steps_per_s"):
+        text += f", {progress['steps_per_s']:.3g} steps/s"
+    if progress.get("eta_s") is not None:
+        text += f", ETA {progress['eta_s'] / 60:.0f} min"
+    if progress.get("allocated_peak"):
+        text += f"; allocated peak {format_size(progress['allocated_peak'])}"
+        if progress.get("limit_bytes"):
+            text += f" of {format_size(progress['limit_bytes'])}"
+    if progress.get("source") == "probe":
+        text += " [probe]"
+    elif progress.get("source") == "resume_point":  # a new attempt before its first step
+        text += " [resumed from its checkpoint]"
+    if progress.get("t"):
+        text += f" (at {time.strftime('%H:%M:%S', time.localtime(progress['t']))})"
+    return text
+
+
+def peak_text(peak: dict[str, Any]) -> str:
+    """``attempt 2 at micro-batch 8: allocated peak 1.2 GiB, GPU 1.9 GiB, RSS 412.0 MiB``."""
+    parts = [f"{label} {format_size(peak[key])}" for key, label in
+             (("peak_allocated", "allocated peak"), ("peak_gpu", "GPU"), ("peak_rss", "RSS")) if peak.get(key)]
+    return f"attempt {peak['attempt']} at micro-batch {peak['micro_batch']}: " + (", ".join(parts) or "no reading")
+
+
+def worlds_text(entries: Sequence[Mapping[str, Any]]) -> str | None:
+    """``world 2: 1 min 20 s (2 attempts); world 1: 40.0 s (1 attempt)``; None for a single world
+    (``picture.by_world``: a run that never changed its world has one entry, not repeated)."""
+    if len(entries) < 2:
+        return None
+    return "; ".join(f"world {e['world_size']}: {format_duration(e['seconds'])} ({e['attempts']} attempt"
+                     f"{'' if e['attempts'] == 1 else 's'})" for e in entries)
 
 
 def _clock(t: float | None) -> str:
@@ -63,7 +110,7 @@ def _failure_lines(failure: dict[str, Any]) -> list[str]:
              f"    evidence: {failure['evidence'] or '-'}"]
     if failure.get("cause"):
         lines.append(f"    cause:    {failure['cause']['summary']}")
-    lines += memorylines.lines(failure)
+    lines += memoryparts.lines(failure)
     decision = failure["decision"]
     if decision:
         action = f"{decision['action']}: " if decision["action"] else ""

@@ -15,10 +15,16 @@ from typing import Any
 
 from oomguard.supervisor.lifecycle.states import exit_text
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.figures import attempt_peaks, peak_text, progress_text
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import Attempt, RunPicture, read_picture, supervisor_alive
-from oomguard.supervisor.record.worlds import by_world, worlds_text
+from oomguard.supervisor.record.picture import (
+    Attempt,
+    RunPicture,
+    attempt_peaks,
+    by_world,
+    read_picture,
+    supervisor_alive,
+)
+from oomguard.supervisor.record.reporttext import peak_text, progress_text, worlds_text
 from oomguard.supervisor.units import format_size
 
 __all__ = ["FailureRecord", "StatusDoc", "format_status", "read_status", "status_document", "status_of",
@@ -97,7 +103,7 @@ class StatusDoc:
     resume_command: str | None  # after a stop: the command that resumes the run
     # what filled memory, one bar per attempt and moment (record/memoryparts.py; the dashboard's bars)
     memory_breakdown: list[dict[str, Any]] = field(default_factory=list)
-    # time at each world size (an elastic run that lost a node: record/worlds.py)
+    # time at each world size (an elastic run that lost a node: record/picture.py's by_world)
     worlds: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -122,7 +128,7 @@ def status_of(run: RunPicture) -> StatusDoc:
         checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
         progress=current_progress(dict(run.progress) if run.progress is not None else None,
                                   _current_row(current), run.resume_points),
-        peaks=attempt_peaks([a.row() for a in run.attempts]),
+        peaks=attempt_peaks(run.attempts),
         memory=None if run.latest_sample is None else dict(run.latest_sample),
         started=run.started, updated=run.updated,
         failures=[FailureRecord.of(a, run.causes.get(a.number)) for a in run.failures],
@@ -132,7 +138,7 @@ def status_of(run: RunPicture) -> StatusDoc:
         warnings=list(meta.get("warnings") or []),
         resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None,
         memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)],
-        worlds=by_world([a.row() for a in run.attempts], time.time() if alive else None))
+        worlds=by_world(run.attempts, time.time() if alive else None))
 
 
 def _current_row(current: Attempt | None) -> dict[str, Any]:
@@ -209,22 +215,28 @@ def format_status(doc: dict[str, Any]) -> str:
     ]
     if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
         lines.append(f"worlds:     {worlds}")
-    if (worlds := worlds_text(doc.get("worlds") or [])) is not None:
-        lines.append(f"worlds:     {worlds}")
     if doc.get("alloc_conf"):
         lines.append("allocator:  " + ", ".join(f"{k}={v}" for k, v in doc["alloc_conf"].items()))
     if doc["progress"]:
         lines.append(f"progress:   {progress_text(doc['progress'])}")
     if any(p.get("peak_allocated") for p in doc.get("peaks") or []):
         lines += [f"peaks:      {peak_text(p)}" for p in doc["peaks"]]
-    memory = doc.get("memory") or {}
+    return "\n".join(lines + _memory_lines(doc) + _note_lines(doc) + _failure_lines(doc))
+
+
+def _memory_lines(doc: dict[str, Any]) -> list[str]:
+    memory, lines = doc.get("memory") or {}, []
     if memory.get("worker_rss_bytes") is not None:
         lines.append(f"memory:     worker RSS {format_size(memory['worker_rss_bytes'])}"
                      + (f", GPU {format_size(memory['gpu_worker_bytes'])}" if memory.get("gpu_worker_bytes") else ""))
     if memory.get("gpu_unavailable"):
         lines.append(f"gpu:        {memory['gpu_unavailable']}")
-    if doc.get("probe"):
-        lines.append(f"probe:      {probe_text(doc['probe'])}")
+    return lines
+
+
+def _note_lines(doc: dict[str, Any]) -> list[str]:
+    """oomguard's own parts (the probe, the spares, what is degraded), the forecast, the warnings."""
+    lines = [f"probe:      {probe_text(doc['probe'])}"] if doc.get("probe") else []
     # The probe's line above says its own (its state is off, and why); the spares' are these two.
     lines += [f"spares:     {own['off']}" for own in doc.get("own_failures") or [] if own.get("addition") == "spare"]
     if doc.get("spare"):
@@ -240,14 +252,18 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
     if doc.get("resume_command"):
         lines.append(f"resume:     {doc['resume_command']}")
-    lines += [f"memory:     {text}" for text in memoryparts.status_lines(doc.get("memory_breakdown") or [])]
+    return lines
+
+
+def _failure_lines(doc: dict[str, Any]) -> list[str]:
+    lines = [f"memory:     {text}" for text in memoryparts.status_lines(doc.get("memory_breakdown") or [])]
     for f in doc["failures"]:
         how = f.get("exit") or exit_text(f["exit_code"], f["signal"])
         lines.append(f"  attempt {f['attempt']}: {f['kind']} at micro-batch {f['micro_batch']} ({how}): "
                      f"{f['evidence']}")
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['summary']}")
-    return "\n".join(lines)
+    return lines
 
 
 def probe_text(probe: dict[str, Any]) -> str:

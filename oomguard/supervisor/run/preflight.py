@@ -16,10 +16,12 @@ Also here:
 
 - Whether oomguard can steer the command at all: checked at start.
 - How the training command gets its checkpoint, and the files it names: checked at start.
+- Reading ``oomguard run``'s arguments outside ``oomguard run``, and saying what a mistyped line meant.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import os
@@ -27,14 +29,15 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
+from typing import NoReturn
 
 from oomguard.common import protocol
-from oomguard.supervisor.command import Carrier, no_accumulation_line, parse_edit, total_warning, used
-from oomguard.supervisor.config import RunConfig
+from oomguard.supervisor.command import Carrier, check_edits, no_accumulation_line, parse_edit, total_warning, used
+from oomguard.supervisor.config import RunConfig, add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed import launcher, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
@@ -453,3 +456,151 @@ def _check_executable(program: str, env: dict[str, str], cwd: Path) -> None:
         return
     if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
         raise UsageError("COMMAND", f"{program!r} is not found on PATH", "install it or give its full path")
+
+
+# Reading ``oomguard run``'s arguments outside ``oomguard run``, and saying what a mistyped line meant.
+#
+# ``oomguard service`` writes a unit that runs ``oomguard run ARGS`` later, under systemd, where a typo
+# in ARGS would only show when the unit starts. ``check_run_args`` reads ARGS as ``oomguard run`` does
+# (the options generated from ``RunConfig``, its validation, the start checks of ``preflight``), so a
+# unit is written only for a command that would start.
+#
+# An argument argparse does not know is often the training command with its ``--`` forgotten
+# (``oomguard run --micro-batch 8 python train.py``): ``unrecognized`` says to put ``--`` before it, and
+# names the option a mistyped one was probably meant to be (``--micro-bach`` -> ``--micro-batch``).
+
+_LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|accelerate|deepspeed|uv|bash|sh)$")
+
+
+def looks_like_command(word: str) -> bool:
+    """``python``, ``torchrun``, ``./train.sh``, ``train.py`` or any program on PATH."""
+    if not word or word.startswith("-"):
+        return False
+    return bool(_LAUNCHERS.match(Path(word).name)) or os.sep in word or word.endswith((".py", ".sh")) \
+        or shutil.which(word) is not None
+
+
+def unrecognized(extras: Sequence[str], flags: Iterable[str], subcommand: str | None,
+                 typed: Sequence[str] = ()) -> str:
+    """The one-line message for arguments argparse did not take; ``typed`` is every word the user
+    gave the subcommand, so the suggested line keeps the script's flags argparse took as oomguard's
+    (``--grad-accum {grad_accum}``, ``--port 9000``)."""
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    first = extras[0]
+    if subcommand in ("run", "service") and looks_like_command(first):
+        start = _position(typed, extras)
+        if start is None:
+            return f"{text}; put -- before the training command: {_form(subcommand, None, extras)}"
+        return f"{text}; put -- before the training command: {_form(subcommand, typed[:start], typed[start:])}"
+    if first.startswith("-"):
+        close = difflib.get_close_matches(first.partition("=")[0], sorted(flags), n=1, cutoff=0.6)
+        if close:
+            return f"{text} (did you mean {close[0]}?)"
+    return text
+
+
+def ambiguous(message: str, typed: Sequence[str], parser: argparse.ArgumentParser, subcommand: str) -> str:
+    """argparse's ``ambiguous option: --resume could match --resume-args, --resumes-itself`` is most
+    often the script's own flag with the ``--`` forgotten: say so, with the line as it was meant."""
+    if not message.startswith("ambiguous option") or subcommand not in ("run", "service"):
+        return message
+    start = _command_start(typed, parser)
+    if start is None:
+        return message
+    option = message.split(":", 1)[1].split()[0]
+    return (f"{message}; if {option} is the training script's, put -- before the training command: "
+            f"{_form(subcommand, typed[:start], typed[start:])}")
+
+
+def _form(subcommand: str, options: Sequence[str] | None, command: Sequence[str]) -> str:
+    """The command line as it was meant, every word kept and quoted as a shell needs."""
+    run = "[options]" if options is None else shlex.join(options)
+    head = f"oomguard service [options] -- {run}" if subcommand == "service" else f"oomguard run {run}"
+    return f"{' '.join(head.split())} -- {shlex.join(command)}"
+
+
+def _position(typed: Sequence[str], extras: Sequence[str]) -> int | None:
+    """Where the training command starts in ``typed``: the first place from which the words
+    argparse did not take follow in order."""
+    for start in (i for i, word in enumerate(typed) if word == extras[0]):
+        rest = iter(typed[start:])
+        if all(any(word == extra for word in rest) for extra in extras):
+            return start
+    return None
+
+
+def _command_start(typed: Sequence[str], parser: argparse.ArgumentParser) -> int | None:
+    """The first word that looks like a command and is no option's value."""
+    skip = False
+    for i, word in enumerate(typed):
+        if skip:
+            skip = False
+            continue
+        if word.startswith("-"):
+            action = parser._option_string_actions.get(word.partition("=")[0])
+            skip = action is not None and action.nargs != 0 and "=" not in word
+            continue
+        if looks_like_command(word):
+            return i
+    return None
+
+
+class OptionParser(argparse.ArgumentParser):
+    """The one parser of oomguard's command lines (the CLI's, and ``oomguard run``'s options read by
+    ``oomguard service``): the fragment options joined, and a usage error raised as one UsageError
+    line that names the problem and where to look (the CLI prints it and exits 2)."""
+
+    typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
+    command: str | None = None  # where it reads one command's options alone: whose line a suggestion repeats
+
+    def error(self, message: str) -> NoReturn:
+        message = ambiguous(message, self.typed, self, self.command or self.prog.rpartition(" ")[2])
+        raise UsageError("", message, f"see '{self.prog} --help'")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """The README's forms of the fragment options (``--resume-args '--init_from=resume'``) reach
+        argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
+        flags = fragment_flags() & self._option_string_actions.keys()
+        argv = list(sys.argv[1:] if args is None else args)
+        self.typed = argv
+        return super().parse_known_args(join_fragments(argv, frozenset(flags)) if flags else argv, namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """An unknown argument that looks like the training command says to put -- before it."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub, typed = getattr(parsed, "subcommand", None), list(self.typed)
+            if sub is None:
+                sub = self.command
+            else:
+                typed = typed[typed.index(sub) + 1:] if sub in typed else []
+            self.error(unrecognized(extras, _flags(self, sub), sub, typed))
+        return parsed
+
+
+def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]:
+    """The option strings of ``subcommand`` (else of ``parser``), for a "did you mean"."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and subcommand in action.choices:
+            return list(action.choices[subcommand]._option_string_actions)
+    return list(parser._option_string_actions)
+
+
+def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") -> RunConfig:
+    """The RunConfig that ``oomguard run ARGS`` would run in ``cwd``, with every check it makes at
+    start; UsageError (one line) for what it would refuse."""
+    args = list(args)
+    options, command = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    parser = OptionParser(prog="oomguard run", add_help=False)
+    parser.command = subcommand
+    add_arguments(parser)
+    try:
+        namespace = parser.parse_args(options)
+    except UsageError as error:
+        raise UsageError("", f"in the oomguard run arguments: {error}") from None
+    config = build_config(vars(namespace), command)
+    check(config, cwd)
+    check_edits(config.edits, config.command, cwd)
+    return config

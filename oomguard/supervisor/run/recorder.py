@@ -1,5 +1,7 @@
 """Every write the loop and its attempt make to the journal, and the listeners told of each event.
 
+Tested in tests/unit/supervisor/lifecycle/test_outcome.py and tests/e2e/test_outcome.py (plan changes, stops).
+
 The loop and ``run/attempt.py`` say what happened here, never through the journal directly: an
 event goes to the journal under the attempt in progress and to the listeners (hooks, the dashboard),
 whose failures are a degradation and never the run's end (``guarded``).
@@ -14,11 +16,11 @@ from typing import Any
 from oomguard.supervisor.decide.policy import Plan, PlanChange
 from oomguard.supervisor.decide.recovery import Note
 from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
+from oomguard.supervisor.lifecycle.states import RunState
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import closing_decision
+from oomguard.supervisor.record.picture import closing
 from oomguard.supervisor.record.resilient import Degradations
 
 Listener = Callable[[str, dict[str, Any]], None]
@@ -103,9 +105,9 @@ class Recorder:
         for row in self.journal.attempts():
             if row["ended"] is None:
                 stop = stops.get(row["attempt"])
-                self.journal.end_attempt(row["attempt"], decision=closing_decision(stop),
-                                         ending=(Ending.STOPPED if stop else Ending.INTERRUPTED).value,
-                                         stop_reason=StopReason.USER.value if stop else None,
+                close = closing(stop)
+                self.journal.end_attempt(row["attempt"], decision=close.decision, ending=close.ending.value,
+                                         stop_reason=close.stop_reason.value if close.stop_reason else None,
                                          ended=self.journal.last_activity(row["attempt"]))
                 self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
                 say(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "

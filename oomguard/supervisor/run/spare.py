@@ -214,6 +214,7 @@ class Spare:
         self._size: int | None = None
         self.nice = 0  # above the supervisor's, as last set
         self.start_nice = 0  # what its interpreter sets itself to as it starts (``os.nice``, relative)
+        self.settled = False  # a renice began after its ready record: after its own ``os.nice``, so it holds
 
     def start(self, imports: Sequence[str], nice: int = SPARE_NICE) -> None:
         """Start it at ``nice`` above our priority (SPARE_NICE; RESERVE_NICE behind a spare still
@@ -236,6 +237,7 @@ class Spare:
     def renice(self, nice: int) -> None:
         """Its interpreter's threads to ``nice`` above ours (a cold worker inherits ours)."""
         assert self.proc is not None
+        ready = self.is_ready()  # read first: its interpreter wrote it after it set its start nice
         try:
             pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
         except psutil.Error:
@@ -247,7 +249,7 @@ class Spare:
                     os.setpriority(os.PRIO_PROCESS, tid, value)
                 except OSError:
                     continue
-        self.nice = nice
+        self.nice, self.settled = nice, ready
 
     def is_ready(self) -> bool:
         """Has it finished importing (its ready record written, whatever it says)?"""
@@ -426,10 +428,11 @@ class Spares:
             if spare.nice > SPARE_NICE and older.is_ready():
                 spare.renice(SPARE_NICE)
         for spare in self.pool:
-            # Again each tick while it imports, once changed since its start: its interpreter applies its
-            # start nice itself, maybe after ours. One never changed sets the right nice itself: no
-            # renice (a scan of every process for its children) each tick.
-            if spare.nice != spare.start_nice and not spare.is_ready():
+            # Again each tick, once changed since its start, until a renice began after its ready record:
+            # its interpreter applies its start nice itself (relative, so 10 + 19 is 19), maybe after ours.
+            # One never changed sets the right nice itself: no renice (a scan of every process for its
+            # children) each tick.
+            if spare.nice != spare.start_nice and not spare.settled:
                 spare.renice(spare.nice)
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 

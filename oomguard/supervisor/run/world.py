@@ -26,7 +26,7 @@ from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.lifecycle.outcome import Stop, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.record.console import say as log
+from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import AttemptFiles
 

@@ -322,7 +322,7 @@ def test_placeholder_options_are_checked_at_start() -> None:
 
 
 def test_the_forecast_and_the_cause_are_shown_in_the_status_line_and_status_text() -> None:
-    from oomguard.supervisor.ops.statusline import status_parts
+    from oomguard.supervisor.ops.hooks import status_parts
     from oomguard.supervisor.record.status import format_status
 
     text = "cgroup limit in ~12 min at this rate (+39.0 MB/s)"

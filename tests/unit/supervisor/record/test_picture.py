@@ -1,4 +1,4 @@
-"""record/picture.py and record/migration.py: the typed picture of a run, and old journals read as new ones."""
+"""record/picture.py: the typed picture of a run, and old journals read as new ones."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import sqlite3
 from pathlib import Path
 
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record.endings import closing, stopped_by
 from oomguard.supervisor.record.journal import Journal, journal_path
-from oomguard.supervisor.record.picture import read_picture
+from oomguard.supervisor.record.picture import closing, read_picture, stopped_by
 from oomguard.supervisor.record.report import build_report
 
 PLAN = {"micro_batch": 8, "grad_accum": 2, "global_batch": 16, "world_size": 1}

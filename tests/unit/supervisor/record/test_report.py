@@ -13,7 +13,8 @@ from support import oomguard
 
 import oomguard.supervisor.record.journal as journal_module
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import CLOSED_INTERRUPTED, build_report, format_duration, format_report
+from oomguard.supervisor.record.picture import CLOSED_INTERRUPTED
+from oomguard.supervisor.record.report import build_report, format_duration, format_report
 
 
 def test_no_run_is_one_line_and_exit_2(tmp_path: Path) -> None:

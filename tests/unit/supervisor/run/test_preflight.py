@@ -41,18 +41,13 @@ from oomguard.supervisor.observe.checkpoints import (
 )
 from oomguard.supervisor.observe.progress import AttemptWatch, StepSeen
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.report import (
-    CLOSED_INTERRUPTED,
-    build_report,
-    closing_decision,
-    format_report,
-    stopped_by,
-)
+from oomguard.supervisor.record.picture import CLOSED_INTERRUPTED, closing, stopped_by
+from oomguard.supervisor.record.report import build_report, format_report
 from oomguard.supervisor.record.status import format_status, status_document
 from oomguard.supervisor.run import preflight
 from oomguard.supervisor.run import preflight as steering
 from oomguard.supervisor.run import preflight as wiring
-from oomguard.supervisor.run.arguments import unrecognized
+from oomguard.supervisor.run.preflight import unrecognized
 from oomguard.supervisor.sizing.trend import Reading
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -234,10 +229,10 @@ def test_the_suggested_line_keeps_every_word_typed_also_for_an_ambiguous_option(
     assert unrecognized(["python", "train.py", "--tag", "a b"], [], "run", typed).endswith(
         "put -- before the training command: oomguard run --micro-batch 64 --global-batch 128 -- python train.py "
         "--port 9000 --tag 'a b'")
-    with pytest.raises(SystemExit) as ended, contextlib.redirect_stderr(io.StringIO()) as err:
-        main(["run", "--run-dir", "runs/x", "--micro-batch", "8", "--grad-accum", "1", "python", "train.py",
-              "--resume", "x.pt"])
-    assert ended.value.code == 2
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(["run", "--run-dir", "runs/x", "--micro-batch", "8", "--grad-accum", "1", "python", "train.py",
+                     "--resume", "x.pt"])
+    assert code == 2
     assert err.getvalue() == (
         "oomguard: error: ambiguous option: --resume could match --resume-args, --resumes-itself; if --resume is the "
         "training script's, put -- before the training command: oomguard run --run-dir runs/x --micro-batch 8 "
@@ -585,8 +580,8 @@ def test_the_report_counts_steps_redone_whatever_started_the_next_attempt(tmp_pa
 
 
 def test_a_later_supervisor_closes_an_attempt_as_the_stop_that_was_asked_for() -> None:
-    assert closing_decision({"signal": "SIGTERM"}) == "stopped by SIGTERM: a stop asked for, not a failure"
-    assert closing_decision(None) == CLOSED_INTERRUPTED
+    assert closing({"signal": "SIGTERM"}).decision == "stopped by SIGTERM: a stop asked for, not a failure"
+    assert closing(None).decision == CLOSED_INTERRUPTED
 
 
 # --- merged from tests/test_steering.py ---------------------------------------------------------------------

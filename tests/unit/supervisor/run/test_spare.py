@@ -22,6 +22,7 @@ from oomguard.supervisor.run.spare import (
     Spare,
     Spares,
     Target,
+    can_restore_priority,
     env_differences,
     heavy_imports,
     runs_as_file,
@@ -263,6 +264,30 @@ def test_the_reserve_waits_behind_the_first_spare_and_there_are_never_more_than_
         taken.discard()
         spares.tick()  # the pool refills behind the reserve
         assert len(spares.pool) == 2 and spares.pool[0] is reserve
+    finally:
+        spares.discard()
+
+
+def test_a_raise_that_came_before_the_reserves_own_start_nice_is_made_again_once_it_has_imported(
+        project: Path) -> None:
+    """The race the test above met one run in four under load: the first spare imported while the
+    reserve's interpreter was still starting, so the raise to SPARE_NICE came before the interpreter's
+    own ``os.nice(RESERVE_NICE)``, which then left it at 19; it imported at once and was ready, so no
+    tick raised it again. Here that order is set up by hand: a raise made before the ready record."""
+    if not can_restore_priority():
+        pytest.skip("raising a priority back needs root or RLIMIT_NICE")
+    spares = pool_of(project, HostMemory(48 << 30), [])
+    try:
+        ticked_until(spares, 1)
+        spares.tick()
+        ticked_until(spares, 2)
+        reserve = spares.pool[1]
+        reserve.start_nice, reserve.nice, reserve.settled = RESERVE_NICE, SPARE_NICE, False
+        interpreter_nice(reserve)  # its interpreter is up
+        os.setpriority(os.PRIO_PROCESS, psutil.Process(reserve.proc.pid).children()[0].pid, 19)  # type: ignore[union-attr]
+        spares.tick()
+        assert interpreter_nice(reserve) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + SPARE_NICE)
+        assert reserve.settled
     finally:
         spares.discard()
 
