@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ def test_toml_and_cli_merge(tmp_path: Path) -> None:
     toml.write_text('micro-batch = 16\nglobal_batch = 64\ncheckpoint = ["a/*", "b/*"]\n'
                     'memory_limit = "2G"\ncommand = ["python", "train.py"]\n')
     c = build_config({"config": str(toml), "micro_batch": "8"}, [])
-    assert c.micro_batch == 8 and c.global_batch == 64 and c.memory_limit == 2 * 2**30
-    assert c.checkpoints == ("a/*", "b/*") and c.command == ("python", "train.py")
+    assert c.batch.micro_batch == 8 and c.batch.global_batch == 64 and c.memory.memory_limit == 2 * 2**30
+    assert c.checkpoints.globs == ("a/*", "b/*") and c.command == ("python", "train.py")
     assert c.initial_plan.grad_accum == 8
 
 
@@ -72,3 +73,28 @@ def test_every_subcommand_has_working_help() -> None:
     for name in ("run", "status", "report", "logs", "service", "doctor", "checkpoint", "restart", "stop"):
         out = oomguard(name, "--help")
         assert out.returncode == 0 and "usage: oomguard" in out.stdout, (name, out.stderr)
+
+
+def test_sections_keep_the_flat_names_and_read_the_command_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36.4: the options live in frozen sections, but the TOML keys, argparse's names and the
+    journal's to_json() stay flat; the training command is parsed once per config, not per access."""
+    from oomguard.supervisor import config as config_module
+
+    c = build_config({"micro_batch": "8", "grad_accum": "2", "checkpoints": ["out/*"], "checkpoint_signal": "usr2",
+                      "web": False, "notify": ["json://localhost/x"]},
+                     ["torchrun", "--nproc-per-node", "2", "train.py", "--ga", "{grad_accum}"])
+    assert c.batch.micro_batch == 8 and c.checkpoints.globs == ("out/*",) and c.checkpoints.signal == "SIGUSR2"
+    assert not c.web.enabled and c.notify.targets == ("json://localhost/x",)
+    assert c.world_size == 2 and c.distributed.world_size == 1  # torchrun's shape; the option as given
+    data = c.to_json()
+    assert {o.name for o in config_module.options()} | {"command", "run_dir"} == set(data)
+    assert data["checkpoints"] == ("out/*",) and data["web"] is False and data["world_size"] == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.batch.micro_batch = 4  # type: ignore[misc]
+    calls: list[object] = []
+    real = config_module.shape_of
+    monkeypatch.setattr(config_module, "shape_of", lambda *a: calls.append(a) or real(*a))
+    fresh = config_module.RunConfig.of(**{k: v for k, v in data.items() if k != "world_size"} | {"run_dir": Path("r")})
+    for _ in range(3):
+        assert fresh.dist_shape is not None and fresh.accumulation is c.accumulation and fresh.may_shrink
+    assert len(calls) == 1 and fresh.to_json()["micro_batch"] == 8
