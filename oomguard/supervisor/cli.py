@@ -51,7 +51,7 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     closers = attach_all(supervisor)
     web = None
     try:
-        if config.web:
+        if config.web.enabled:
             from oomguard.web.server import start_dashboard
 
             web = start_dashboard(supervisor)

@@ -22,8 +22,7 @@ from typing import Any
 
 from oomguard.common.batch import BatchPlan, divisors
 from oomguard.common.protocol import signal_name
-from oomguard.supervisor.command.configedit import parse_edit
-from oomguard.supervisor.command.placeholders import Carrier, carrier, check_template, used
+from oomguard.supervisor.command import Carrier, carrier, check_template, parse_edit, used
 from oomguard.supervisor.distributed.launcher import shape_of
 from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.errors import UsageError

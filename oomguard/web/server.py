@@ -207,7 +207,7 @@ class Dashboard:
             return
         config = self.supervisor.config
         try:
-            web = start_server(self.supervisor.run_dir, self.supervisor, config.host, self.web.port,
+            web = start_server(self.supervisor.run_dir, self.supervisor, config.web.host, self.web.port,
                                token=self.web.token)
         except (OSError, RuntimeError, UsageError):  # the port taken meanwhile, the thread dying again
             self._delay = min(self._delay * 2, RESTART_MAX)
@@ -225,18 +225,18 @@ class Dashboard:
 def start_dashboard(supervisor: Supervisor) -> Dashboard:
     """Serve the supervisor's run: wake live streams on its events, record the URL for the CLI."""
     config = supervisor.config
-    web = start_server(supervisor.run_dir, supervisor, config.host, config.port,
-                       fallback=config.port == DEFAULT_PORT)
+    web = start_server(supervisor.run_dir, supervisor, config.web.host, config.web.port,
+                       fallback=config.web.port == DEFAULT_PORT)
     dashboard = Dashboard(supervisor, web)
     supervisor.tickers.append(dashboard.tick)
     moved = ""
-    if config.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
+    if config.web.port == DEFAULT_PORT and not web.url.endswith(f":{DEFAULT_PORT}/"):
         moved = f" (port {DEFAULT_PORT} is in use)"
     say(f"dashboard: {_links(web.public) or web.url}{moved}; control token in {supervisor.run_dir / TOKEN_NAME}")
     if web.public:
         # A terminal is the user's own; a file (nohup, a Slurm or container log) may be read by others.
         shown = web.token if sys.stderr.isatty() else None
-        say(_exposed(f"the dashboard listens on {config.host}", web.public, shown, supervisor.run_dir / TOKEN_NAME))
+        say(_exposed(f"the dashboard listens on {config.web.host}", web.public, shown, supervisor.run_dir / TOKEN_NAME))
     return dashboard
 
 

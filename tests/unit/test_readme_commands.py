@@ -158,4 +158,4 @@ def test_fragment_options_take_dashed_values(form: list[str]) -> None:
     assert args.fallback_args == ["--gradient-checkpointing", "--no-compile --x 1"]
     config = build_config({k: v for k, v in vars(args).items() if k not in ("func", "subcommand")},
                           ["python", "train.py"])
-    assert config.resume_args == form[-1].removeprefix("--resume-args=")
+    assert config.checkpoints.resume_args == form[-1].removeprefix("--resume-args=")

@@ -211,9 +211,9 @@ def attach_systemd(sup: Supervisor) -> None:
 
 def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     """--notify: gave up, succeeded, recovered from an OOM, leak found, degraded (ops/notify.py)."""
-    if not sup.config.notify:
+    if not sup.config.notify.targets:
         return None
-    sender = notify.Notifier(notify_config(sup.config.notify), health=sup.degradations)
+    sender = notify.Notifier(notify_config(sup.config.notify.targets), health=sup.degradations)
     sup.listeners.append(_Notifications(sup, sender).on_event)
     run = sup.run_dir.name
     sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(degraded(run, c, m, attempt=sup.attempt))))

@@ -68,7 +68,7 @@ class Attempt:
                  files: AttemptFiles, previous: TrendWatch) -> None:
         self.parts, self.number, self.plan, self.checkpoint, self.files = parts, number, plan, checkpoint, files
         config = parts.config
-        self.watch = AttemptWatch(matcher=StepMatcher(config.progress_pattern or None, plan.batch.grad_accum),
+        self.watch = AttemptWatch(matcher=StepMatcher(config.liveness.progress_pattern or None, plan.batch.grad_accum),
                                   probe=ProbeReport.for_command(config.probe, not_python(config.command),
                                                                 parts.probe_off))
         self.trend = TrendWatch(previous.prior_per_s, previous.checkpoint_rhythm(0.0)[1], time.monotonic())
@@ -96,7 +96,8 @@ class Attempt:
         parts, config = self.parts, self.parts.config
         spare = parts.spares.take(argv, env, lambda: parts.control.stopping)
         containment = self._containment = parts.handover.next_containment(
-            f"oomguard-{os.getpid()}-worker", config.memory_limit, parts.sampler.gpu, config.settle_timeout,
+            f"oomguard-{os.getpid()}-worker", config.memory.memory_limit, parts.sampler.gpu,
+            config.memory.settle_timeout,
             spare.containment if spare else None)
         if containment.cgroup is None and self.number == 1:
             log(f"no memory cgroup ({containment.why_none}); --memory-limit is enforced by watching RSS")
@@ -136,7 +137,7 @@ class Attempt:
         ending = ending_of(self.stopped, verdict, parts.control.stopping)
         kind = verdict.kind.value if verdict.kind is not None and ending.is_failure else None
         guarded("memory breakdown", memory_breakdown, parts.breakdowns, kind, self.number,
-                self.plan.batch.micro_batch, parts.record.event, parts.config.fallback_args, log)
+                self.plan.batch.micro_batch, parts.record.event, parts.config.batch.fallback_args, log)
         return Outcome(ending, verdict, self.stopped, watch, self.checkpoint, worker.returncode,
                        worker.exited_at, self.additions, self.handover_lost)
 
@@ -159,7 +160,7 @@ class Attempt:
                 break
             guarded("channel", self._read_channel, channel)
             if time.monotonic() >= next_sample:
-                next_sample = time.monotonic() + parts.config.sample_interval
+                next_sample = time.monotonic() + parts.config.memory.sample_interval
                 guarded("sampling", sample, self)
                 guarded("checkpoints", self.check_checkpoints)
             if control.take("checkpoint"):
@@ -187,7 +188,7 @@ class Attempt:
             parts.record.event("worker_stop", reason=stop.reason.value, detail=stop.detail)
         if first is not None:
             parts.record.guarded("stack dump", first)
-        worker.stop(grace(stop.reason, parts.config.grace_period), lambda: parts.control.forced)
+        worker.stop(grace(stop.reason, parts.config.liveness.grace_period), lambda: parts.control.forced)
 
     def plan_restart(self, pending: Pending) -> bool:
         """Restart right after the next checkpoint. One restart is planned at a time: the forecast's
@@ -275,7 +276,7 @@ class Attempt:
         that handles it."""
         assert self.worker is not None
         write_atomic(self.files.checkpoint_request, f"{time.time()} {why}\n")
-        sig = signal.Signals[self.parts.config.checkpoint_signal]
+        sig = signal.Signals[self.parts.config.checkpoints.signal]
         sent = self.worker.send_if_handled(sig)
         self.parts.record.event("checkpoint_request", reason=why, signal=sig.name if sent else None)
 
@@ -287,7 +288,7 @@ class Attempt:
         if self.stopped is not None:
             return  # already being stopped: a worker on its way out is quiet
         now = time.monotonic()
-        judgement = watch.check_hang(worker.last_output, self.parts.config.hang_timeout, now)
+        judgement = watch.check_hang(worker.last_output, self.parts.config.liveness.hang_timeout, now)
         if judgement is None:
             return
         news = watch.liveness.news(judgement, now)
@@ -361,7 +362,9 @@ def sample(attempt: Attempt) -> None:
     record.sample(reading, watch.last_step, watch.progress)
     watch.progress = None
     pending = watch.request_pending(attempt.files.checkpoint_request.exists(), time.monotonic())
-    verdict = evaluate(reading, Thresholds(config.soft_threshold, config.psi_threshold, config.memory_limit), pending)
+    verdict = evaluate(reading,
+                       Thresholds(config.memory.soft_threshold, config.memory.psi_threshold,
+                                  config.memory.memory_limit), pending)
     if verdict.action is MemoryAction.STOP and attempt.stopped is None:
         why = verdict.evidence or verdict.reason
         log(f"stopping the worker: {why}")
@@ -377,10 +380,10 @@ def _foresee(reading: MemorySample, attempt: Attempt) -> None:
     """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
     after next, restart right after the next one (asking for it when the limit is nearer)."""
     trend, parts, config = attempt.trend, attempt.parts, attempt.parts.config
-    forecast = trend.add(reading, attempt.watch.last_step, config.memory_limit, config.soft_threshold,
+    forecast = trend.add(reading, attempt.watch.last_step, config.memory.memory_limit, config.memory.soft_threshold,
                          attempt.watch.allocator.reading())
     parts.board.show(forecast)
-    if forecast is None or forecast.move is Move.WATCH or not config.checkpoints:
+    if forecast is None or forecast.move is Move.WATCH or not config.checkpoints.globs:
         return  # without checkpoints a restart would redo everything: the forecast is only shown
     reason = f"planned restart after the next checkpoint: {forecast.text}"
     if attempt.plan_restart(Pending(StopReason.PLANNED, reason)):
@@ -398,8 +401,8 @@ def _consider_growth(attempt: Attempt) -> None:
     """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
     restart waits for the next checkpoint so no work is lost."""
     parts, config, watch = attempt.parts, attempt.parts.config, attempt.watch
-    stable = time.monotonic() - watch.running_since() >= config.grow_after
-    if not (config.grow and config.checkpoints and stable) or attempt.pending is not None:
+    stable = time.monotonic() - watch.running_since() >= config.batch.grow_after
+    if not (config.batch.grow and config.checkpoints.globs and stable) or attempt.pending is not None:
         return
     micro = attempt.plan.batch.micro_batch
     prediction = parts.tuner.growth(micro, parts.tuner.peak_bytes(watch.peak, parts.last_sample, watch.allocator),

@@ -51,7 +51,7 @@ class Supervisor:
         self.echo: Callable[[bytes], None] = lambda raw: (out.write(raw), out.flush()) and None
         self.state = RunState.STARTING
         self.plan = Plan(config.initial_plan, eval_micro_batch=config.initial_eval_micro_batch,
-                         num_workers=config.num_workers)
+                         num_workers=config.batch.num_workers)
         self.attempt = 0
         # This invocation's failures, oldest first: the policy's history. A new invocation starts a new
         # budget; a run that failed yesterday must not make today's first crash a crash loop.
@@ -95,7 +95,7 @@ class Supervisor:
         except OSError as exc:
             raise UsageError("--run-dir", f"cannot write {self.run_dir}: {exc.strerror}",
                              "choose a directory you can write") from None
-        self.edits = check_edits(self.config.edits, self.config.command, self.cwd)  # exit 2 before anything runs
+        self.edits = check_edits(self.config.batch.edits, self.config.command, self.cwd)  # exit 2 before anything runs
         self._lock.acquire()
         remove_stale(log)  # memory cgroups that killed supervisors could not remove
         self.record.journal = ResilientJournal(self.run_dir, self.degradations)

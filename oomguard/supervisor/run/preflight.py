@@ -202,16 +202,16 @@ def _near(path: Path, word: str) -> str | None:
 
 def check_resume(config: RunConfig, script: Script | None, cwd: Path) -> None:
     """Checkpoints are watched only to be resumed from: something must hand them to the script."""
-    if not config.checkpoints or config.resumes_itself or config.resume_args:
+    if not config.checkpoints.globs or config.checkpoints.resumes_itself or config.checkpoints.resume_args:
         return
     if used(config.command) & CHECKPOINT_NAMES:
         return
-    if any(used([parse_edit(spec).value]) & CHECKPOINT_NAMES for spec in config.edits):
+    if any(used([parse_edit(spec).value]) & CHECKPOINT_NAMES for spec in config.batch.edits):
         return
     source = locate(script, cwd)
     if source is not None and uses_worker_library(source, cwd):
         return
-    globs = " ".join(repr(g) for g in config.checkpoints)
+    globs = " ".join(repr(g) for g in config.checkpoints.globs)
     who = Path(script.name).name if script else "the command"
     why = (f"no {{checkpoint}} or {{checkpoint_step}} in the command, no --resume-args or --edit, and {who} "
            + ("does not use oomguard's worker library" if source is not None else "could not be read to see "
@@ -323,13 +323,13 @@ def _local(name: str, importer: Path, roots: set[Path]) -> Path | None:
 def resume_hint(config: RunConfig) -> str:
     """What to check when an attempt did not resume from the checkpoint it was started with: the
     way this run hands it over."""
-    if config.resume_args:
+    if config.checkpoints.resume_args:
         return "check --resume-args"
     if used(config.command) & CHECKPOINT_NAMES:
         return "check where the command passes {checkpoint}"
-    if any(used([parse_edit(spec).value]) & CHECKPOINT_NAMES for spec in config.edits):
+    if any(used([parse_edit(spec).value]) & CHECKPOINT_NAMES for spec in config.batch.edits):
         return "check --edit"
-    if config.resumes_itself:
+    if config.checkpoints.resumes_itself:
         return "--resumes-itself says the script finds its checkpoint by itself, but it did not load it"
     return "check that the script resumes (the worker library's Session loads OOMGUARD_CHECKPOINT)"
 
@@ -363,8 +363,8 @@ FIX = ("put {micro_batch} where the script takes its batch (e.g. --batch-size {m
 
 def check_steering(config: RunConfig, cwd: Path) -> None:
     """UsageError when a halving would change nothing the command runs."""
-    texts = [*config.command, config.resume_args, *config.fallback_args,
-             *(parse_edit(spec).value for spec in config.edits)]
+    texts = [*config.command, config.checkpoints.resume_args, *config.batch.fallback_args,
+             *(parse_edit(spec).value for spec in config.batch.edits)]
     if used(texts) & BATCH_PLACEHOLDERS or any("OOMGUARD_" in text for text in texts):
         return
     found = _source(config.command, cwd)
@@ -400,7 +400,7 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
     """The argv of a restart from a checkpoint with every fallback applied; UsageError if any of
     it cannot be rendered or started."""
     _check_splits(config)
-    plan = Plan(config.initial_plan, True, len(config.fallback_args))
+    plan = Plan(config.initial_plan, True, len(config.batch.fallback_args))
     sample = Checkpoint(SAMPLE_CHECKPOINT, 100, 0.0, 1)
     values = placeholder_values(config, plan, 2, sample)
     try:
@@ -423,7 +423,7 @@ def notices(config: RunConfig, cwd: Path | None = None) -> list[str]:
         lines.append(launch.note)
     batch = config.initial_plan
     if config.accumulation is Carrier.NONE:
-        lines.append(no_accumulation_line(batch.micro_batch, batch.world_size, config.allow_smaller_global_batch))
+        lines.append(no_accumulation_line(batch.micro_batch, batch.world_size, config.batch.allow_smaller_global_batch))
     warning = total_warning(config.command, launcher.program(config.command), cwd or Path.cwd(), batch.grad_accum,
                             batch.world_size, batch.micro_batch)
     if warning is not None:
@@ -433,7 +433,8 @@ def notices(config: RunConfig, cwd: Path | None = None) -> list[str]:
 
 def _check_splits(config: RunConfig) -> None:
     """``--resume-args`` and each ``--fallback-args`` are split like a shell would split them."""
-    texts = [("--resume-args", config.resume_args), *(("--fallback-args", f) for f in config.fallback_args)]
+    texts = [("--resume-args", config.checkpoints.resume_args),
+             *(("--fallback-args", f) for f in config.batch.fallback_args)]
     for option, text in texts:
         try:
             shlex.split(text)
@@ -602,5 +603,5 @@ def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") 
         raise UsageError("", f"in the oomguard run arguments: {error}") from None
     config = build_config(vars(namespace), command)
     check(config, cwd)
-    check_edits(config.edits, config.command, cwd)
+    check_edits(config.batch.edits, config.command, cwd)
     return config

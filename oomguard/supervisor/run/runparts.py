@@ -152,15 +152,15 @@ class RunParts:
     def build(cls, config: RunConfig, plan: Plan, cwd: Path, record: Recorder, control: ControlFlags,
               tickers: list[Callable[[], object]]) -> RunParts:
         run_dir, event, meta = config.run_dir.resolve(), record.event, record.meta
-        tuner = SizeTuner(plan.batch.per_process_batch, config.min_micro_batch,
-                          margin=max(0.0, 1.0 - config.soft_threshold), memory_limit=config.memory_limit)
-        spares = Spares(config.spare, run_dir, cwd, config.memory_limit, event, say=lambda doc: meta(spare=doc))
+        tuner = SizeTuner(plan.batch.per_process_batch, config.batch.min_micro_batch,
+                          margin=max(0.0, 1.0 - config.memory.soft_threshold), memory_limit=config.memory.memory_limit)
+        spares = Spares(config.spare, run_dir, cwd, config.memory.memory_limit, event, say=lambda doc: meta(spare=doc))
         parts: RunParts
         wiring = WiringWatch(config, cwd, run_dir, log, event, meta,  # resumes, globs that miss
                              lambda: parts.last_sample.worker_pids if parts.last_sample else ())
-        index = CheckpointIndex(config.checkpoints, cwd)
+        index = CheckpointIndex(config.checkpoints.globs, cwd)
         # the world: ranks and nodes; an elastic run's host takes a node back in after the next checkpoint
-        world = World(config.dist_shape, config.peer_timeout, event, index, lambda: control.stopping)
+        world = World(config.dist_shape, config.distributed.peer_timeout, event, index, lambda: control.stopping)
         parts = cls(config, cwd, run_dir, record, control, ResumePoints(index, record, cwd), Sampler(), tuner, world,
                     Handover(event, log), spares, wiring, ForecastBoard(meta), Chores(tickers))
         return parts
@@ -190,8 +190,10 @@ class RunParts:
     @property
     def recovery_config(self) -> RecoveryConfig:
         c = self.config
-        return RecoveryConfig(PolicyConfig(c.min_micro_batch, c.max_restarts, c.backoff, c.max_backoff,
-                                           len(c.fallback_args), c.allow_smaller_global_batch), c.predict_shrink)
+        return RecoveryConfig(PolicyConfig(c.batch.min_micro_batch, c.liveness.max_restarts, c.liveness.backoff,
+                                           c.liveness.max_backoff,
+                                           len(c.batch.fallback_args), c.batch.allow_smaller_global_batch),
+                              c.batch.predict_shrink)
 
     def fitted(self, micro_batch: int, watch: AttemptWatch) -> None:
         """An attempt ended without a memory failure at ``micro_batch``: a point the size fits at."""

@@ -54,9 +54,9 @@ def placeholder_values(config: RunConfig, plan: Plan, attempt: int,
 def build_argv(config: RunConfig, plan: Plan, values: Mapping[str, object], has_checkpoint: bool) -> list[str]:
     """The command with placeholders filled, resume args (only with a checkpoint) and fallbacks."""
     argv = [render(token, values) for token in config.command]
-    if has_checkpoint and config.resume_args:
-        argv += [render(token, values) for token in shlex.split(config.resume_args)]
-    for extra in config.fallback_args[:plan.fallbacks_applied]:
+    if has_checkpoint and config.checkpoints.resume_args:
+        argv += [render(token, values) for token in shlex.split(config.checkpoints.resume_args)]
+    for extra in config.batch.fallback_args[:plan.fallbacks_applied]:
         argv += [render(token, values) for token in shlex.split(extra)]
     return argv
 
@@ -104,7 +104,7 @@ def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files
         protocol.ENV_RUN_DIR: str(values["run_dir"]),
         protocol.ENV_EVENTS: str(files.events.resolve()),
         protocol.ENV_CHECKPOINT_REQUEST: str(files.checkpoint_request.resolve()),
-        protocol.ENV_CHECKPOINT_SIGNAL: config.checkpoint_signal,
+        protocol.ENV_CHECKPOINT_SIGNAL: config.checkpoints.signal,
     })
     # Output must stream for OOM text to be seen as it happens; a hang dump needs faulthandler.
     env.pop("NOTIFY_SOCKET", None)  # systemd talks to the supervisor, not to its worker

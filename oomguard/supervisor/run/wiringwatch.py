@@ -74,7 +74,7 @@ class WiringWatch:
         until one no glob matches is said."""
         self._set_meta(warnings=[])
         self._matched = matched
-        if self.config.checkpoints:
+        if self.config.checkpoints.globs:
             outputs = output_dirs(self.config.command, self.cwd)
             self.lookalikes = LookalikeWatcher(self.cwd, outputs, [self.run_dir], self.pids)
             self.lookalikes.start()
@@ -124,19 +124,19 @@ class WiringWatch:
         seen = self.lookalikes.found()
         found = sorted((f for f in seen if f.own), key=lambda f: f.written)  # only what the worker wrote
         self._matched = self._matched or bool(index.refresh())
-        missing = missed(found, self.config.checkpoints, self.cwd, self._matched, self._last_step_wall, now)
+        missing = missed(found, self.config.checkpoints.globs, self.cwd, self._matched, self._last_step_wall, now)
         if missing:  # said at once, while the attempt that wrote it runs
-            message: str | None = missed_notice(self.config.checkpoints, missing, self._matched, self.cwd)
+            message: str | None = missed_notice(self.config.checkpoints.globs, missing, self._matched, self.cwd)
             found = missing
         elif self._matched:  # the globs match what the script writes: nothing to say yet
             return
         else:
-            message = unmatched_notice(self.config.checkpoints, self._first_step_wall, self._last_step, now,
+            message = unmatched_notice(self.config.checkpoints.globs, self._first_step_wall, self._last_step, now,
                                        self.cwd, self.lookalikes.roots, others=len(seen) > len(found))
         if message is None:
             return
         files = [f.path for f in found]
-        self._warn(GLOB_UNMATCHED, message, globs=list(self.config.checkpoints), files=files[-20:],
+        self._warn(GLOB_UNMATCHED, message, globs=list(self.config.checkpoints.globs), files=files[-20:],
                    suggestion=suggest_glob(files, self.cwd) if files else None)
         self.stop()
 

@@ -310,12 +310,13 @@ def test_the_plan_keeps_eval_and_workers_across_a_supervisor_restart() -> None:
 def test_placeholder_options_are_checked_at_start() -> None:
     base = {"micro_batch": 8, "grad_accum": 2}
     with pytest.raises(UsageError, match="--num-workers"):
-        RunConfig(command=("python", "t.py", "--workers", "{num_workers}"), **base)  # type: ignore[arg-type]
+        RunConfig.of(command=("python", "t.py", "--workers", "{num_workers}"), **base)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"does not use \{eval_micro_batch\}"):
-        RunConfig(command=("python", "t.py"), eval_micro_batch=4, **base)  # type: ignore[arg-type]
-    config = RunConfig(command=("python", "t.py", "--eval-bs", "{eval_micro_batch}"), **base)  # type: ignore[arg-type]
+        RunConfig.of(command=("python", "t.py"), eval_micro_batch=4, **base)  # type: ignore[arg-type]
+    config = RunConfig.of(command=("python", "t.py", "--eval-bs", "{eval_micro_batch}"),
+                          **base)  # type: ignore[arg-type]
     assert config.initial_eval_micro_batch == 8  # defaults to --micro-batch
-    assert RunConfig(command=("python", "t.py"), **base).initial_eval_micro_batch is None  # type: ignore[arg-type]
+    assert RunConfig.of(command=("python", "t.py"), **base).initial_eval_micro_batch is None  # type: ignore[arg-type]
 
 
 # --- display -------------------------------------------------------------------------------------
@@ -350,7 +351,8 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        sup = SimpleNamespace(config=SimpleNamespace(notify=(server.url + "/hook",)), run_dir=Path("/tmp/run"),
+        notify = SimpleNamespace(targets=(server.url + "/hook",))
+        sup = SimpleNamespace(config=SimpleNamespace(notify=notify), run_dir=Path("/tmp/run"),
                               listeners=[], tickers=[], degradations=Degradations(print), plan=PLAN, attempt=3)
         close = attach_notifications(sup)  # type: ignore[arg-type]
         (listener,) = sup.listeners
@@ -387,7 +389,8 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        sup = SimpleNamespace(config=SimpleNamespace(notify=(server.url + "/hook",)), run_dir=Path("/tmp/run"),
+        notify = SimpleNamespace(targets=(server.url + "/hook",))
+        sup = SimpleNamespace(config=SimpleNamespace(notify=notify), run_dir=Path("/tmp/run"),
                               listeners=[], tickers=[], degradations=Degradations(print), plan=PLAN, attempt=5)
         close = attach_notifications(sup)  # type: ignore[arg-type]
         (listener,) = sup.listeners

@@ -545,7 +545,7 @@ def test_predict_shrink_needs_grow() -> None:
     assert "--predict-shrink" in str(exc.value) and "--grow" in str(exc.value)
     config = build_config({"micro_batch": "8", "grad_accum": "1", "predict_shrink": True, "grow": True},
                           ["python", "x.py"])
-    assert config.predict_shrink and config.grow
+    assert config.batch.predict_shrink and config.batch.grow
 
 
 def test_a_forward_an_oom_aborted_does_not_count_into_the_next() -> None:
