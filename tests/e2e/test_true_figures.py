@@ -44,12 +44,15 @@ def test_a_real_rlimit_as_oom_behind_prlimit_names_the_address_space_limit(tmp_p
     host's or the cgroup's, never negative memory, never "below its" limit at the failure.
 
     240 MiB above torch: the first step takes about 145 MiB of it at micro-batch 16 and 115 at 8 (the
-    batch, the probe, the threads), which leaves some 30 and 40 steps of the leak, seconds of readings
-    for its trend (320 MiB made 60 and 70 steps in each of three attempts: half this test's time)."""
+    batch, the probe, the threads), which leaves some 30 and 40 steps of the leak (320 MiB made 60 and
+    70 in each attempt). ``--min-micro-batch 8`` ends the run in two or three attempts whatever the cause
+    (a leak restarts once at 8, a per-sample failure there gives up): where a short leak was not told
+    from the batch, the halving went on to 1, six attempts of a fresh torch each."""
     pytest.importorskip("torch")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     limit = torch_mapped_bytes() + 240 * MIB
-    out = run(tmp_path, "--micro-batch", "16", "--global-batch", "32", "--max-restarts", "1", "--",
+    out = run(tmp_path, "--micro-batch", "16", "--global-batch", "32", "--min-micro-batch", "8", "--max-restarts", "1",
+              "--",
               "prlimit", f"--as={limit}", PY, WRAPPED, "leak", "{micro_batch}", "{grad_accum}")
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "DefaultCPUAllocator: can't allocate memory" in out.stdout + out.stderr
