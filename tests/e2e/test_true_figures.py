@@ -45,9 +45,8 @@ def test_a_real_rlimit_as_oom_behind_prlimit_names_the_address_space_limit(tmp_p
 
     240 MiB above torch: the first step takes about 145 MiB of it at micro-batch 16 and 115 at 8 (the
     batch, the probe, the threads), which leaves some 30 and 40 steps of the leak (320 MiB made 60 and
-    70 in each attempt). ``--min-micro-batch 8`` ends the run in two or three attempts whatever the cause
-    (a leak restarts once at 8, a per-sample failure there gives up): where a short leak was not told
-    from the batch, the halving went on to 1, six attempts of a fresh torch each."""
+    70 in each attempt). ``--min-micro-batch 8``: a failure at 8 that is not told as the leak gives up
+    there, where the halving went on once (16, 8, 8, 4, 2, 1: six attempts, each a fresh torch)."""
     pytest.importorskip("torch")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     limit = torch_mapped_bytes() + 240 * MIB
