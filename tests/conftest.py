@@ -15,6 +15,9 @@ from oomguard.supervisor.observe.cgroup import own_memory_cgroup
 # in the order collected. Not loadgroup: pytest 9.2 ignores the test ids it rewrites to carry the groups
 # (pytest-dev/pytest-xdist#1386), and every test then goes out on its own.
 FIRST = "tests/e2e/test_docker.py"
+# Then the files that took longest in the last CI run (minutes each), so that neither process takes one up
+# near the end while the other runs out of work: the unit tests, seconds each, come last and fill in.
+SLOWEST = ("tests/e2e/test_slurm.py", "tests/e2e/test_probe_matrix_frameworks.py", "tests/e2e/test_probe_matrix.py")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -22,8 +25,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """tests/e2e/test_docker.py first: on a fresh machine its image (and the Debian base that
     tests/e2e/test_systemd_pid1.py builds on too) takes minutes, mostly waiting on the network, while the other
     process runs the rest; collected in its place, it could run beside the systemd file on the other process,
-    both then waiting on one build lock, or come last and be the run's tail."""
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] != FIRST)  # stable: the rest keep their order
+    both then waiting on one build lock, or come last and be the run's tail. The SLOWEST files next."""
+    order = (FIRST, *SLOWEST)
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return order.index(path) if path in order else len(order)
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)

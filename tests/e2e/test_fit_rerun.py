@@ -20,11 +20,15 @@ from oomguard.supervisor.record.journal import Journal
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
 PLAIN = str(ROOT / "bench" / "peerkit" / "train_plain.py")
+# No spares: what the fit store decides does not depend on where a restart's interpreter came from, and each
+# run's spare and reserve import torch beside the worker (two imports more a run, on a 2-core CI box: the
+# first step came 13 to 16 s after the start with them under a load of 5). tests/e2e/test_spare*.py test spares.
+NO_SPARE = "--no-spare"
 
 
 def run(tmp_path: Path, name: str) -> dict[str, object]:
     ckpt = tmp_path / f"{name}-ckpt"
-    out = oomguard("run", "--run-dir", str(tmp_path / name), "--no-web", "--backoff", "0.05",
+    out = oomguard("run", "--run-dir", str(tmp_path / name), "--no-web", NO_SPARE, "--backoff", "0.05",
                    "--global-batch", "16", "--micro-batch", "16", "--checkpoint", str(ckpt / "checkpoint-*"),
                    "--resume-args", "--resume-from {checkpoint}", "--",
                    sys.executable, PLAIN, "--batch-size", "{micro_batch}", "--gradient-accumulation-steps",
@@ -84,7 +88,7 @@ for step in range(args.steps):
 
 def run_job(job: Path, run_dir: Path) -> tuple[dict[str, object], str]:
     """The run's status, and what the supervisor said."""
-    out = oomguard("run", "--run-dir", str(run_dir), "--no-web", "--backoff", "0.05",
+    out = oomguard("run", "--run-dir", str(run_dir), "--no-web", NO_SPARE, "--backoff", "0.05",
                    "--global-batch", "16", "--micro-batch", "16", "--",
                    sys.executable, "train.py", "--batch-size", "{micro_batch}", "--gradient-accumulation-steps",
                    "{grad_accum}", timeout=300, cwd=job)

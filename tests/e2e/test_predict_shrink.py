@@ -67,7 +67,9 @@ def test_a_predicted_jump_saves_restarts_and_grow_climbs_back(tmp_path: Path, mo
     # A fresh fit store, or the second run would start where the first one settled.
     monkeypatch.setenv("OOMGUARD_CACHE_DIR", str(tmp_path / "cache-predicted"))
 
-    predicted, changes, predicted_s = run(tmp_path, "predicted", "--predict-shrink", steps=40)
+    # 12 steps: --grow (after 2 s at the jump's size) fired at the third step under a load of 10; once at 8
+    # nothing grows further, and each step at global batch 64 costs a second: 40 steps trained 30 s for nothing.
+    predicted, changes, predicted_s = run(tmp_path, "predicted", "--predict-shrink", steps=12)
     failed = [f["micro_batch"] for f in predicted["failures"]]
     assert failed[0] == 64 and all(f["kind"] == "host_oom" for f in predicted["failures"]), predicted["failures"]
     jump = next(c for c in changes if c["source"] == "decision")
