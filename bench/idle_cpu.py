@@ -1,5 +1,5 @@
 """How much CPU a hung worker uses, and how much a busy one does: the measurement behind the hang
-detector's CPU floor (``oomguard/supervisor/observe/liveness.py``).
+detector's CPU floor (``oomguard/supervisor/observe/progress.py``).
 
 Each scenario is a real process (and its children) started the way oomguard starts a worker; after a
 warm-up its process tree's CPU time (user + system, reaped children included) and I/O (bytes read

@@ -23,7 +23,9 @@ from oomguard.web.metrics import make_registry
 
 PY = sys.executable
 EXAMPLES = ROOT / "examples"
-FAST = ["--no-web", "--backoff", "0.05"]
+# No spare interpreters: this file checks no spare, and each spare imports torch again beside the worker
+# (spares have their own tests: test_spare*.py, test_ownfault.py, the frameworks' and probe matrices' default runs).
+FAST = ["--no-web", "--no-spare", "--backoff", "0.05"]
 
 
 def test_a_script_without_accumulation_is_refused_a_halving_then_shrunk_honestly(tmp_path: Path) -> None:

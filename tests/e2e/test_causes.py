@@ -25,7 +25,10 @@ PY = sys.executable
 CAUSES = str(WORKERS / "causes.py")
 CGROUP = "oomguard-causes"  # the memory cgroups' name (tests/conftest.py's memory_cgroup)
 MIB = 2**20
-FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2", "--sample-interval", "0.2", "--grace-period", "5"]
+# No spare interpreters: this file checks no spare, and each spare imports torch again beside the worker
+# (spares have their own tests: test_spare*.py, test_ownfault.py, the frameworks' and probe matrices' default runs).
+FAST = ["--no-web", "--no-spare", "--backoff", "0.05", "--max-backoff", "0.2", "--sample-interval", "0.2",
+        "--grace-period", "5"]
 
 
 def run_in(cgroup: Path, run_dir: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

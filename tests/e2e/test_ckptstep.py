@@ -14,7 +14,9 @@ from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
 BS_NAMED = str(WORKERS / "bs_named.py")
-FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
+# No spare interpreters: this file checks no spare, and each spare imports torch again beside the worker
+# (spares have their own tests: test_spare*.py, test_ownfault.py, the frameworks' and probe matrices' default runs).
+FAST = ["--no-web", "--no-spare", "--backoff", "0.05", "--max-backoff", "0.2"]
 
 
 def test_a_restart_resumes_from_the_highest_step_not_the_batch_size_in_the_name(run_dir: Path,

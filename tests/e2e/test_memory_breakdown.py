@@ -27,7 +27,10 @@ from oomguard.supervisor.record.report import format_report, read_report
 PY = sys.executable
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "breakdown.py")
 MIB = 2**20
-FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2", "--sample-interval", "0.2", "--grace-period", "5"]
+# No spare interpreters: this file checks no spare, and each spare imports torch again beside the worker
+# (spares have their own tests: test_spare*.py, test_ownfault.py, the frameworks' and probe matrices' default runs).
+FAST = ["--no-web", "--no-spare", "--backoff", "0.05", "--max-backoff", "0.2", "--sample-interval", "0.2",
+        "--grace-period", "5"]
 FIXED = ("weights", "frozen_weights", "gradients", "optimizer_state")
 
 

@@ -16,7 +16,9 @@ from support import ROOT, WORKER, MemoryCgroups, oomguard, status
 from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
-FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
+# No spare interpreters: this file checks no spare, and each spare imports torch again beside the worker
+# (spares have their own tests: test_spare*.py, test_ownfault.py, the frameworks' and probe matrices' default runs).
+FAST = ["--no-web", "--no-spare", "--backoff", "0.05", "--max-backoff", "0.2"]
 
 
 def run(run_dir: Path, *opts: str, worker: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:

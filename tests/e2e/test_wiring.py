@@ -26,7 +26,9 @@ from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable
 SCRIPT = WORKERS / "wiring.py"
-FAST = ["--no-web", "--backoff", "0.05", "--max-backoff", "0.2"]
+# No spare interpreters: this file checks no spare, and each spare imports torch again beside the worker
+# (spares have their own tests: test_spare*.py, test_ownfault.py, the frameworks' and probe matrices' default runs).
+FAST = ["--no-web", "--no-spare", "--backoff", "0.05", "--max-backoff", "0.2"]
 _STEP = re.compile(r"^step (\d+)/\d+", re.MULTILINE)
 
 

@@ -12,7 +12,7 @@ said "not seen", never guessed.
 gradient, no optimizer state: a LoRA fine-tune's base model), so it is said inside the weights.
 
 The report says more of a failure: its snapshot and largest allocations. ``memory_breakdown`` journals an
-attempt's ``memory_breakdown`` events (observe/breakdown.py) and, where two attempts at different
+attempt's ``memory_breakdown`` events (observe/allocator.py) and, where two attempts at different
 micro-batches have them, a ``memory_comparison``: the activations at each and what one sample adds,
 the fixed part (weights, gradients, optimizer state) at both, e.g. "activations 13.8 GiB at
 micro-batch 32, 6.9 GiB at 16: about 0.43 GiB a sample; weights, gradients and AdamW state 2.0 GiB

@@ -67,7 +67,7 @@ class Recorder:
         self.emit("state", {"from": old.value, "to": new.value, "reason": reason})
 
     def plan_change(self, change: PlanChange, before: int) -> None:
-        """A change of plan with its source and reason (``decide/replan.py``); ``before``: the micro-batch it left."""
+        """A change of plan with its source and reason (``decide/policy.py``); ``before``: the micro-batch it left."""
         b = change.plan.batch
         self.event("plan_change", source=change.source.value, reason=change.reason, micro_batch=b.micro_batch,
                    grad_accum=b.grad_accum, global_batch=b.global_batch, world_size=b.world_size,

@@ -145,7 +145,7 @@ class RunParts:
     chores: Chores
     last_sample: MemorySample | None = None
     probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
-    # what filled memory, per rank and attempt (observe/breakdown.py; record/memoryparts.py words it)
+    # what filled memory, per rank and attempt (observe/allocator.py; record/memoryparts.py words it)
     breakdowns: BreakdownWatch = field(default_factory=BreakdownWatch)
 
     @classmethod

@@ -13,7 +13,7 @@ webhooks (``ops/hooks.py`` forwards the events, once per kind).
   looks like a checkpoint and no glob matches, said within a second of its appearing (and of the
   evidence that the worker wrote it: the probe's ``save`` record, or its process holding the file
   open for writing), during the attempt that wrote it; or the globs match nothing while the script
-  trains and writes nothing like a checkpoint at all (``observe/lookalikes.py``). A file another
+  trains and writes nothing like a checkpoint at all (``observe/checkpoints.py``). A file another
   process writes under the working directory is never named.
 
 Tested in tests/e2e/test_wiring.py.

@@ -44,7 +44,7 @@ def save_checkpoint(step: int) -> None:
     folder = Path(os.environ.get("CKPT_DIR", "ckpt"))
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".step-{step}.tmp"
-    if os.environ.get("CKPT_TORCH"):  # the probe's save record: evidence the script wrote it (observe/lookalikes.py)
+    if os.environ.get("CKPT_TORCH"):  # the probe's save record: evidence the script wrote it (observe/checkpoints.py)
         import torch
         torch.save({"step": step}, tmp)
     else:

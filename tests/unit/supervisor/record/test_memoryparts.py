@@ -1,6 +1,6 @@
 """record/memoryparts.py: the journal's ``memory_breakdown`` events as one typed value, and its words
 in status, the notification and ``/metrics``, from scripted events in a real journal; the comparison's
-words, the no-room verdict, and what observe/breakdown.py journals."""
+words, the no-room verdict, and what observe/allocator.py journals."""
 
 from __future__ import annotations
 
