@@ -16,7 +16,7 @@ one without (what the slow path of ``Module.__call__`` and the two hooks add), t
 of one step, as a share of the step it is armed for (the first), and amortized over ``--run-steps``.
 Also the interpreter's start-up with and without the probe's sitecustomize
 (``python -c pass``): the price paid by a process that never imports torch. And the model record
-(probe/model.py), written once per process at its first optimizer step: the digest of the
+(probe/steps.py), written once per process at its first optimizer step: the digest of the
 optimizer's parameters and the record's write, timed per call for a GPT-2-small-shaped model
 (124M parameters in nanoGPT's two AdamW groups) on CPU (``--model-only``).
 
@@ -41,8 +41,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from oomguard.probe import SITE_DIR  # noqa: E402
-from oomguard.probe import model as model_record  # noqa: E402
+from oomguard.probe import SITE_DIR, steps  # noqa: E402
 from oomguard.probe.forward import ForwardTracker  # noqa: E402
 from oomguard.probe.steps import StepCounter  # noqa: E402
 
@@ -181,9 +180,9 @@ def gpt2_small_optimizer() -> torch.optim.Optimizer:
 def model_fingerprint(rounds: int) -> dict[str, Any]:
     """CPU time of the model record at a process's first step: the digest alone, and with the record's write."""
     opt = gpt2_small_optimizer()
-    fields = model_record.fingerprint(opt)
+    fields = steps.fingerprint(opt)
     results: dict[str, Any] = {"params": fields["params"], "tensors": fields["tensors"], "rounds": rounds}
-    for name, call in (("digest", model_record.fingerprint), ("record", model_record.report)):
+    for name, call in (("digest", steps.fingerprint), ("record", steps.report_model)):
         call(opt)  # warm up
         times = []
         for _ in range(rounds):

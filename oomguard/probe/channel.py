@@ -15,19 +15,15 @@ from typing import Any
 from ..common import protocol
 
 
-def _number(name: str) -> int | None:
+def env_int(name: str) -> int | None:
+    """An integer in the environment (a rank, the micro-batch the supervisor set), or None."""
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else None
 
 
 def identity() -> dict[str, int | None]:
-    return {"pid": os.getpid(), "rank": _number("RANK"), "local_rank": _number("LOCAL_RANK"),
-            "world_size": _number("WORLD_SIZE")}
-
-
-def env_int(name: str) -> int | None:
-    """An integer the supervisor set for this attempt (micro-batch, checkpoint step), or None."""
-    return _number(name)
+    return {"pid": os.getpid(), "rank": env_int("RANK"), "local_rank": env_int("LOCAL_RANK"),
+            "world_size": env_int("WORLD_SIZE")}
 
 
 def emit(record_type: str, **fields: Any) -> None:

@@ -1,6 +1,6 @@
 """How far through its forward pass a process was when memory ran out, and what it held before it.
 
-Tested in tests/e2e/test_probe_compile.py and tests/e2e/test_probe.py.
+Tested in tests/e2e/test_probe_compile.py, tests/e2e/test_probe.py and tests/e2e/test_probe_matrix.py.
 
 The supervisor can extrapolate a step's need from an OOM only if it knows what share of the work
 the memory at the OOM paid for. torch's global module hooks
@@ -22,15 +22,30 @@ again (no global hook), so a training run pays the hooks for one step only.
 Under ``torch.compile`` the hooks must be gone before dynamo traces anything: dynamo inlines every
 global module hook into the graph it builds (our side effects broke its tracing: "already tracked
 for mutation") and guards on how many there are (removing them at the first step then recompiled
-every graph). ``compiled()``, called at dynamo's compile start (probe/compiled.py), disarms the
-tracker for good: such a process has no forward figures, and says so once at its first step.
+every graph). ``compiled()`` disarms the tracker for good, called from two places:
+
+- ``torch.compile`` itself, wrapped (``wrap_compile``): ``torch.compile(model)``, ``model.compile()``
+  and ``@torch.compile`` all call it before anything runs compiled. Disarming at the compile's start
+  would be too late there: the compiled module's first call runs the hooks first (torch warns
+  "global hooks on modules" on the program's stderr, and dynamo counts our hook's frame as one more).
+- Dynamo's compile-start callbacks (``torch._dynamo.callback_handler.register_start_callback``, run
+  before ``_compile_inner`` traces a frame), for a compile that does not go through ``torch.compile``
+  (``torch._dynamo.optimize``, a framework's own entry); registered once the program imported
+  ``torch._dynamo`` (``watch``): the probe never imports dynamo itself. A dynamo without the callback
+  (torch before 2.4) gets the tracker disarmed at its import instead.
+
+Such a process has no forward figures, and says so once at its first step.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-from . import memory
+from . import channel, memory
+from .start import after_import
 
 
 class ForwardTracker:
@@ -150,3 +165,54 @@ def install(torch: Any) -> ForwardTracker | None:
     tracker = ForwardTracker(torch)
     tracker.arm()
     return tracker
+
+
+def at_compile_start(dynamo: ModuleType, disarm: Callable[[], None]) -> None:
+    """Call ``disarm()`` when dynamo starts compiling (every compile: ``disarm`` is idempotent)."""
+    register = getattr(getattr(dynamo, "callback_handler", None), "register_start_callback", None)
+    if register is None:
+        disarm()  # no way to be told before a trace: step aside now that dynamo is here
+        return
+
+    def started(args: Any) -> None:
+        # Inside dynamo's compile: an exception here would fail the program's compile.
+        try:
+            disarm()
+        except Exception as exc:
+            channel.failed(f"compile-start callback: {type(exc).__name__}: {exc}")
+
+    register(started)
+
+
+def watch(disarm: Callable[[], None]) -> None:
+    """Arrange ``at_compile_start`` for when (if ever) the program imports ``torch._dynamo``."""
+    def imported(dynamo: ModuleType) -> None:
+        # Runs at the end of the program's import of torch._dynamo: an exception would fail it.
+        try:
+            at_compile_start(dynamo, disarm)
+        except Exception as exc:
+            disarm()
+            channel.failed(f"compile watch not installed: {type(exc).__name__}: {exc}")
+
+    after_import("torch._dynamo", imported)
+
+
+_MARK = "_oomguard_compile"
+
+
+def wrap_compile(torch: Any, disarm: Callable[[], None]) -> None:
+    """Wrap ``torch.compile`` (once) to call ``disarm()`` first; what it returns or raises is its own."""
+    original = getattr(torch, "compile", None)
+    if original is None or getattr(original, _MARK, False):
+        return  # torch before 2.0 has none: nothing compiles through it
+
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        try:
+            disarm()
+        except Exception as exc:
+            channel.failed(f"compile wrapper: {type(exc).__name__}: {exc}")
+        return original(*args, **kwargs)
+
+    setattr(compile, _MARK, True)
+    torch.compile = compile

@@ -42,12 +42,12 @@ def address_space_limit() -> int | None:
     return soft if soft > 0 and soft != resource.RLIM_INFINITY else None
 
 
-def vm_peak_bytes() -> int | None:
-    """The highest mapped size this process reached (``VmPeak`` in /proc/self/status)."""
+def status_bytes(key: bytes) -> int | None:
+    """One ``kB`` figure of /proc/self/status in bytes (``VmPeak:``, the highest mapped size)."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
-                if line.startswith(b"VmPeak:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -74,15 +74,6 @@ def host_bound() -> tuple[str, int | None, int | None]:
     if limit is not None:
         return ADDRESS_SPACE, both[0] if both else None, limit
     return RSS, both[1] if both else None, None
-
-
-def rss_bytes() -> int | None:
-    """Resident set size from /proc/self/statm (one small read; None off Linux)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def fraction(cuda: Any, index: int) -> float | None:

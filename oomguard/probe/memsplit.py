@@ -1,5 +1,8 @@
 """What filled memory, in the program's own terms: weights, gradients, optimizer state, activations, cache.
 
+Tested in tests/unit/probe/test_memsplit.py, tests/e2e/test_memory_breakdown.py and, on a GPU (the
+CUDA split and the allocator's snapshot), tests/e2e/test_memory_snapshot_gpu.py.
+
 At a memory failure the probe splits what the process held on the failing device into the parts a
 user knows, each from torch's own objects (a ``memory`` record, at ``oom``):
 
@@ -29,12 +32,23 @@ the optimizer's state exist then, before any ``zero_grad``), from that optimizer
 forward ran (``ForwardTracker.root``); the peak is the allocator's (or the process's) own, read at exit
 and at a checkpoint save. Nothing here runs inside a compiled region: the OOM observer, the
 exception hooks, the optimizer post hook outside dynamo's trace, atexit and the save wrapper.
+
+The CUDA allocator's own snapshot (``Snapshots``), in the attempt after one that met a CUDA OOM:
+recording the history (``torch.cuda.memory._record_memory_history``) keeps a Python stack for every
+allocation and costs time on each, so the first CUDA OOM only leaves ``memory/cuda-oom-attempt``
+(its attempt number) in the run directory; the next attempt records from CUDA's own lazy
+initialization, and its OOM saves ``torch.cuda.memory._snapshot()`` as
+``memory/snapshot-attempt<N>-rank<R>.pickle`` (the file https://pytorch.org/memory_viz opens) and
+names in its record the largest allocations alive by the program's own frame that made them.
+``OOMGUARD_MEMORY_SNAPSHOT=off`` in oomguard's environment (the worker inherits it) turns it off.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+import os
+import pickle
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..common import protocol
@@ -160,20 +174,8 @@ def host_peak() -> tuple[str, int | None, int | None]:
     else the resident set's high-water mark (``VmHWM``)."""
     limit = memory.address_space_limit()
     if limit is not None:
-        return memory.ADDRESS_SPACE, memory.vm_peak_bytes(), limit
-    return memory.RSS, status_bytes(b"VmHWM:"), None
-
-
-def status_bytes(key: bytes) -> int | None:
-    """One ``kB`` figure of /proc/self/status, in bytes."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return memory.ADDRESS_SPACE, memory.status_bytes(b"VmPeak:"), limit
+    return memory.RSS, memory.status_bytes(b"VmHWM:"), None
 
 
 PEAK_EVERY = 10.0  # seconds between two peak records at saves (a save is rare; the record is small)
@@ -189,7 +191,7 @@ class BreakdownReporter:
         self.first: dict[str, dict[str, Any]] = {}  # device -> the model's parts at the first optimizer step
         self.oom_seen = False
         self._next_peak = 0.0
-        self.extra: Any = lambda device: {}  # more fields at a CUDA OOM (the snapshot's, probe/snapshot.py)
+        self.extra: Any = lambda device: {}  # more fields at a CUDA OOM (the snapshot's, ``Snapshots``)
 
     def forget(self) -> None:
         """In a forked child: it trains nothing of its parent's (a DataLoader worker)."""
@@ -250,3 +252,99 @@ class BreakdownReporter:
     def _emit(self, at: str, figures: dict[str, Any], **more: Any) -> None:
         channel.emit(protocol.MEMORY, at=at, micro_batch=channel.env_int(protocol.ENV_MICRO_BATCH),
                      **figures, **more)
+
+
+ENV_SWITCH = "OOMGUARD_MEMORY_SNAPSHOT"
+MARKER = "cuda-oom-attempt"
+MAX_ENTRIES = 100_000  # allocation events kept: the memory viewer's default scale, a few MB of host memory
+TOP = 5
+
+
+def _off() -> bool:
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "no", "false")
+
+
+def _folder() -> str | None:
+    run_dir = os.environ.get(protocol.ENV_RUN_DIR)
+    return os.path.join(run_dir, "memory") if run_dir else None
+
+
+def armed(folder: str | None, attempt: int | None) -> bool:
+    """Whether this attempt follows one that met a CUDA OOM (its marker names attempt - 1)."""
+    if folder is None or attempt is None or _off():
+        return False
+    try:
+        with open(os.path.join(folder, MARKER)) as f:
+            return int(f.read().strip() or -1) == attempt - 1
+    except (OSError, ValueError):
+        return False
+
+
+def where(frames: list[dict[str, Any]]) -> str | None:
+    """The program's own frame that made an allocation: the innermost one outside torch."""
+    for frame in frames:
+        name = str(frame.get("filename", ""))
+        if name and not name.startswith("<") and f"{os.sep}torch{os.sep}" not in name:
+            return f"{name}:{frame.get('line')} in {frame.get('name')}"
+    return None
+
+
+def largest(snapshot: dict[str, Any], top: int = TOP) -> list[dict[str, Any]]:
+    """The allocations alive in ``snapshot``, summed by the program's frame that made them, largest first."""
+    sums: dict[str, list[int]] = {}
+    for segment in snapshot.get("segments", []):
+        for block in segment.get("blocks", []):
+            if block.get("state") != "active_allocated":
+                continue
+            key = where(block.get("frames") or []) or "no Python frame recorded"
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += int(block.get("requested_size") or block.get("size") or 0)
+            entry[1] += 1
+    ranked = sorted(sums.items(), key=lambda item: -item[1][0])[:top]
+    return [{"where": key, "bytes": size, "allocations": count} for key, (size, count) in ranked]
+
+
+class Snapshots:
+    """What a CUDA OOM adds to its ``memory`` record (``at_oom``), and the recording behind it."""
+
+    def __init__(self, torch: Any, folder: str | None, attempt: int | None) -> None:
+        self._torch, self.folder, self.attempt = torch, folder, attempt
+        self.recording = False
+
+    def start(self) -> None:
+        """At CUDA's lazy initialization: record the history (Python stacks only: the cheaper kind)."""
+        try:
+            self._torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+            self.recording = True
+        except Exception as exc:
+            channel.failed(f"allocator history not recorded: {type(exc).__name__}: {exc}")
+
+    def at_oom(self, index: int) -> dict[str, Any]:
+        if self.folder is None or _off():
+            return {}
+        os.makedirs(self.folder, exist_ok=True)
+        if not self.recording:
+            _write(os.path.join(self.folder, MARKER), f"{self.attempt}\n".encode())
+            return {"snapshot": None}
+        snapshot = self._torch.cuda.memory._snapshot()
+        rank = channel.env_int("RANK") or 0
+        path = os.path.join(self.folder, f"snapshot-attempt{self.attempt}-rank{rank}.pickle")
+        _write(path, pickle.dumps(snapshot))
+        return {"snapshot": path, "stacks": largest(snapshot)}
+
+
+def _write(path: str, data: bytes) -> None:
+    """Atomically: a reader never opens half a pickle."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(data)
+    os.replace(temporary, path)
+
+
+def install_snapshots(torch: Any) -> Callable[[int], dict[str, Any]]:
+    """Record the history from CUDA's initialization where this attempt follows a CUDA OOM; returns
+    what an OOM adds to its record."""
+    snapshots = Snapshots(torch, _folder(), channel.env_int(protocol.ENV_ATTEMPT))
+    if armed(snapshots.folder, snapshots.attempt):
+        torch.cuda._lazy_call(snapshots.start)
+    return snapshots.at_oom

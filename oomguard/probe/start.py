@@ -1,21 +1,28 @@
 """Start the probe: wait for torch, then hook its optimizer steps, its allocator, its saves and OOMs.
 
-Tested in tests/e2e/test_probe.py and tests/e2e/test_probe_matrix.py.
+Tested in tests/e2e/test_probe.py, tests/e2e/test_probe_matrix.py and tests/unit/probe/test_steps.py
+(the post-import hook).
 
 ``sitecustomize`` calls ``start()`` in every Python process of the worker. Until the program
 imports torch the probe is one finder on ``sys.meta_path``; a program that never does pays one
-string comparison per import and writes nothing.
+string comparison per import and writes nothing. The finder (``AfterImport``) lets the other
+finders find the module, then wraps the found loader so that the callback runs right after the
+module's own code: wrapt's and ddtrace's post-import hooks; the module keeps its real loader in
+``__spec__``. The probe never imports torch itself nor touches it half-built.
 """
 
 from __future__ import annotations
 
-from . import hook
+import sys
 
 TYPE_CHECKING = False  # not typing's: every Python process of the worker imports this module
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
+
+    Callback = Callable[[ModuleType], None]
 
 
 def start(failed: Callable[[str], None]) -> None:
@@ -27,7 +34,75 @@ def start(failed: Callable[[str], None]) -> None:
         except Exception as exc:
             failed(f"the probe did not start: {type(exc).__name__}: {exc}")
 
-    hook.after_import("torch", attach)
+    after_import("torch", attach)
+
+
+class _ThenCall:
+    """The found loader, with ``callback`` run after it executed the module."""
+
+    def __init__(self, loader: Any, callback: Callback) -> None:
+        self._loader, self._callback = loader, callback
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module sees its own loader while it runs (importlib.resources, pkgutil ask for it).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._callback(module)
+
+
+class AfterImport:
+    """A ``sys.meta_path`` finder that runs ``callback(module)`` once ``name`` is imported."""
+
+    def __init__(self, name: str, callback: Callback) -> None:
+        self.name, self._callback, self._searching = name, callback, False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != self.name or self._searching:
+            return None  # the cost for every other import: one comparison
+        self._searching = True
+        try:
+            spec = _find_elsewhere(self, fullname, path, target)
+        finally:
+            self._searching = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _ThenCall(spec.loader, self._imported)  # type: ignore[assignment]
+        return spec
+
+    def _imported(self, module: ModuleType) -> None:
+        if self in sys.meta_path:  # once: later imports of the name are lookups in sys.modules
+            sys.meta_path.remove(self)
+        self._callback(module)
+
+
+def _find_elsewhere(finder: AfterImport, fullname: str, path: Sequence[str] | None,
+                    target: ModuleType | None) -> ModuleSpec | None:
+    for other in list(sys.meta_path):
+        find = getattr(other, "find_spec", None)
+        if other is finder or find is None:
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+def after_import(name: str, callback: Callback) -> None:
+    """Run ``callback(module)`` once ``name`` has finished importing (now, if it already has)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    sys.meta_path.insert(0, AfterImport(name, callback))
 
 
 def _attach(torch: ModuleType) -> None:
@@ -48,10 +123,8 @@ def _attach(torch: ModuleType) -> None:
     parts = _memory_parts(torch, counter, tracker)
     counter.first_step = _at_first_step(tracker, parts)
     try:
-        from . import saves
-
         # a checkpoint's step, measured, before its name's; and the memory's peak so far
-        saves.install(torch, lambda: counter.known, parts.at_peak_safely if parts is not None else lambda: None)
+        steps.wrap_save(torch, lambda: counter.known, parts.at_peak_safely if parts is not None else lambda: None)
     except Exception as exc:
         channel.failed(f"save reporting not installed: {type(exc).__name__}: {exc}")
     try:
@@ -75,10 +148,8 @@ def _track_forward(torch: ModuleType, counter: Any) -> Any:
         if tracker is not None:
             counter.extra = tracker.step_figures
             os.register_at_fork(after_in_child=tracker.forget)
-            from . import compiled
-
-            compiled.wrap_compile(torch, tracker.compiled)  # gone before dynamo sees them (probe/compiled.py)
-            compiled.watch(tracker.compiled)
+            forward.wrap_compile(torch, tracker.compiled)  # gone before dynamo sees them
+            forward.watch(tracker.compiled)
     except Exception as exc:  # the OOM record goes without the forward's progress
         channel.failed(f"forward tracking not installed: {type(exc).__name__}: {exc}")
     return tracker
@@ -86,20 +157,19 @@ def _track_forward(torch: ModuleType, counter: Any) -> Any:
 
 def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
     """The memory breakdown's reporter (probe/memsplit.py), its baseline read now, before the model;
-    the allocator's history for the attempt after a CUDA OOM (probe/snapshot.py). None if it failed."""
+    the allocator's history for the attempt after a CUDA OOM (``memsplit.Snapshots``). None if it failed."""
     import atexit
     import os
 
     from . import channel
 
     try:
-        from . import memsplit as memoryparts
-        from . import snapshot
+        from . import memsplit
 
-        parts = memoryparts.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
+        parts = memsplit.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
         atexit.register(parts.at_peak_safely)
         os.register_at_fork(after_in_child=parts.forget)
-        parts.extra = snapshot.install(torch)
+        parts.extra = memsplit.install_snapshots(torch)
         return parts
     except Exception as exc:  # the OOM record goes without its breakdown
         channel.failed(f"memory breakdown not installed: {type(exc).__name__}: {exc}")
@@ -109,8 +179,8 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
 def _at_first_step(tracker: Any, parts: Any = None) -> Callable[[Any], None]:
     """What the process's first optimizer step does: disarm the forward tracker (armed for the first
     step only, probe/forward.py) and read it, read the memory the model holds (probe/memsplit.py),
-    then say which model it trains (probe/model.py)."""
-    from . import channel, model
+    then say which model it trains (``steps.report_model``)."""
+    from . import channel, steps
 
     def first(optimizer: Any) -> None:
         if parts is not None:
@@ -123,6 +193,6 @@ def _at_first_step(tracker: Any, parts: Any = None) -> Callable[[Any], None]:
                 channel.partial("no forward figures in this process: it compiled (torch.compile) before its first "
                                 "optimizer step, and the forward hooks were removed before dynamo could see them")
             tracker.stepped()
-        model.report(optimizer)
+        steps.report_model(optimizer)
 
     return first

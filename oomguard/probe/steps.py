@@ -1,4 +1,7 @@
-"""Counting optimizer steps from torch's global step hook, and summarizing them on the channel.
+"""Counting optimizer steps from torch's global step hook, and what a step tells: the model trained,
+the step a checkpoint save holds.
+
+Tested in tests/unit/probe/test_steps.py, tests/e2e/test_probe.py and tests/e2e/test_step_truth.py.
 
 ``register_optimizer_step_post_hook`` fires after every ``Optimizer.step`` of every optimizer, in
 any framework. A training iteration may step several optimizers (a GAN's generator and
@@ -15,10 +18,29 @@ function that steps) is not counted: dynamo traces the hook into the compiled co
 it did would be a graph break or a guard (a count read is an int dynamo specializes on: a recompile
 per step). Traced, the hook only stores a constant (``compiled_steps_seen``), which dynamo replays
 after each compiled step without a guard; the probe says once that such steps go uncounted.
+
+The ``model`` record (``fingerprint``), once per process at its first optimizer step: a digest of
+the optimizer's class and, in order, each parameter's shape, dtype and ``requires_grad``, so a layer
+more, a wider embedding, a longer position table, half precision or frozen weights are another
+model, whatever file changed it; the supervisor's fit store keeps it with what it measured, so a
+re-run of a changed model is not started at a size measured for another. The forward's input shape
+is left out: keyword tensors (HF-style) escape torch's global forward pre-hook, and dynamic padding
+would make the same job look new (a model whose sequence length is in its weights, nanoGPT's
+``wpe``, is caught by the shapes). ``python bench/probe_cost.py`` times it (docs/probe.md).
+
+The ``save`` record (``wrap_save``): a checkpoint whose name carries no step (nanoGPT rewrites
+``out/ckpt.pt``) once took its step from the last step record before the file's mtime, steps short.
+The save knows: the record says the step counted when the save began (none before the process's
+first step: nanoGPT re-saves right after resuming, before its resumed count is read), and when it
+began and returned; the file's mtime lies between whatever it is renamed to afterwards. Two clock
+reads and one record per save; the save's own exception goes to the program unchanged. A program
+that took ``torch.save`` before torch finished importing keeps the unwrapped one.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
 import time
@@ -138,10 +160,10 @@ class StepCounter:
             devices = {}
             self._broken(f"allocator peaks: {type(exc).__name__}: {exc}")
         # Under RLIMIT_AS the address space is what bounds a CPU process: its peak is the figure to fit.
-        vm_limit = memory.address_space_limit()
+        vm_limit, held = memory.address_space_limit(), memory.statm()
         channel.emit(protocol.STEP, step=self.step, steps=steps, seconds=seconds,
-                     rss_bytes=memory.rss_bytes(), devices=devices, vm_limit_bytes=vm_limit,
-                     vm_peak_bytes=memory.vm_peak_bytes() if vm_limit is not None else None,
+                     rss_bytes=held[1] if held else None, devices=devices, vm_limit_bytes=vm_limit,
+                     vm_peak_bytes=memory.status_bytes(b"VmPeak:") if vm_limit is not None else None,
                      **(self.extra() if self.extra is not None else {}))
 
     def flush(self) -> None:
@@ -165,3 +187,64 @@ def install(torch: Any) -> StepCounter:
     register(counter.on_step)
     os.register_at_fork(after_in_child=counter.forget)
     return counter
+
+
+def fingerprint(optimizer: Any) -> dict[str, Any]:
+    """The ``model`` record's fields for ``optimizer`` (raises on an optimizer torch would not step)."""
+    kind = type(optimizer)
+    parts = [f"{kind.__module__}.{kind.__qualname__}"]
+    tensors = params = 0
+    for group in optimizer.param_groups:
+        parts.append("|")  # a group boundary: the same tensors split otherwise is another optimizer setup
+        for param in group["params"]:
+            parts.append(f"{tuple(param.shape)}{param.dtype}{int(param.requires_grad)}")
+            tensors += 1
+            params += param.numel()
+    digest = hashlib.sha256(";".join(parts).encode()).hexdigest()[:16]
+    return {"digest": digest, "params": params, "tensors": tensors, "optimizer": kind.__qualname__}
+
+
+def report_model(optimizer: Any) -> None:
+    """Write this process's ``model`` record. Never raises into the program's step."""
+    try:
+        fields = fingerprint(optimizer)
+    except Exception as exc:  # an optimizer of a shape we cannot read: the run goes on, unfingerprinted
+        channel.failed(f"model fingerprint: {type(exc).__name__}: {exc}")
+        return
+    channel.emit(protocol.MODEL, **fields)
+
+
+_MARK = "_oomguard_save"
+
+
+def _path(f: Any) -> str | None:
+    """The file a save wrote, when it was named (a path); None for a file object or a buffer."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fsdecode(f))
+    return None
+
+
+def wrap_save(torch: Any, step: Callable[[], int | None], after: Callable[[], None]) -> None:
+    """Wrap ``torch.save`` (once) to report each save with ``step()`` at its start (None before the
+    process's first optimizer step, when a resumed count is not known yet); ``after()`` then runs
+    (the memory breakdown's peak, probe/memsplit.py: a checkpoint is a cheap moment to say it)."""
+    original = torch.save
+    if getattr(original, _MARK, False):
+        return
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+    @functools.wraps(original)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        if compiling():  # traced by dynamo (a save inside compiled code): the save alone, as without us
+            return original(obj, f, *args, **kwargs)
+        started, at = time.time(), step()
+        result = original(obj, f, *args, **kwargs)  # its exception is the program's
+        try:
+            channel.emit(protocol.SAVE, path=_path(f), step=at, started=started)
+            after()
+        except Exception as exc:  # a bug of ours must not fail a save that succeeded
+            channel.failed(f"save report: {type(exc).__name__}: {exc}")
+        return result
+
+    setattr(save, _MARK, True)
+    torch.save = save

@@ -11,10 +11,9 @@ and the probe share with it (the record protocol, the OOM texts) is in ``oomguar
 
 from __future__ import annotations
 
-from oomguard.worker.batching import Tuner, shrink
 from oomguard.worker.checkpoint import CheckpointError, CheckpointStore, load
 from oomguard.worker.data import ResumableSampler
-from oomguard.worker.outofmemory import classify
+from oomguard.worker.outofmemory import Tuner, classify, shrink
 from oomguard.worker.session import OutOfMemoryAbort, Session, SessionConfig, StepResult
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Global batches in, micro-batches out: slicing a batch along its first dimension, and drawing
+"""Global batches in, micro-batches out: splitting a batch along its first dimension, and drawing
 per-step batches from a map-style dataset through the resumable sampler.
 
 Also here:
@@ -95,6 +95,14 @@ def batch_size(batch: Any) -> int:
             return batch_size(batch[0])
         return len(batch)
     raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}; use tensors, tuples or dicts")
+
+
+def split_sizes(total: int, micro_batch: int) -> list[int]:
+    """Sizes of consecutive micro-batches covering ``total`` (the last may be shorter)."""
+    sizes = [micro_batch] * (total // micro_batch)
+    if total % micro_batch:
+        sizes.append(total % micro_batch)
+    return sizes
 
 
 def slice_batch(batch: Any, start: int, stop: int) -> Any:

@@ -8,6 +8,8 @@ remedy is a new process, which the supervisor provides.
 
 Also here:
 
+- The micro-batch: shrink on OOM, grow back when it fits (``Tuner``), always by an exact divisor of
+  the per-process batch, which never changes; pure code, tested alone.
 - Measuring a step's peak memory and the room left, on a CUDA device or on the host.
 - Data-parallel ranks agree on an OOM before any collective that could hang.
 """
@@ -19,13 +21,17 @@ import ctypes.util
 import gc
 import resource
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from oomguard.common import oomtexts, protocol
+from oomguard.common.batch import divisors, largest_divisor_at_most
 
 CUDA_OOM = "cuda_oom"
 HOST_OOM = "host_oom"
@@ -133,6 +139,91 @@ def failure_record(kind: str, message: str, micro_batch: int | None, **fields: o
 # water mark (``VmHWM``), which Linux lets a process reset by writing ``5`` to
 # ``/proc/self/clear_refs``; the room is the tightest of ``RLIMIT_AS``, the memory cgroup's limit
 # and ``MemAvailable``.
+
+
+def shrink(per_process: int, failed: int, floor: int = 1) -> int | None:
+    """Largest divisor of ``per_process`` at most half of ``failed`` and at least ``floor``."""
+    return largest_divisor_at_most(per_process, failed // 2, floor)
+
+
+def grow(per_process: int, current: int, banned: set[int]) -> int | None:
+    """Smallest divisor of ``per_process`` above ``current`` not yet failed."""
+    return next((d for d in divisors(per_process) if d > current and d not in banned), None)
+
+
+@dataclass
+class BatchDecision:
+    """What the tuner wants after an event: a new micro-batch and why (protocol ``reason``)."""
+
+    micro_batch: int
+    reason: str
+
+
+@dataclass
+class Tuner:
+    """The micro-batch state of one process.
+
+    Lifecycle: ``current`` starts at the configured size; an OOM shrinks it (``oom``) or, during a
+    trial of a larger size, reverts to the last stable one (``grow_failed``); after
+    ``grow_after`` stable steps, a larger size that the memory model predicts to fit under
+    ``margin`` is tried (``grow``). A size that ever failed is never tried again.
+    """
+
+    per_process: int
+    current: int
+    floor: int = 1
+    grow_after: int | None = 50
+    margin: float = 0.15
+    failed: set[int] = field(default_factory=set)
+    stable: int | None = None  # last size that completed a step; None before the first
+    trial: bool = False
+    stable_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.current <= self.per_process:
+            raise ValueError(
+                f"micro_batch={self.current} must be between 1 and the per-process batch {self.per_process}"
+            )
+
+    @property
+    def grad_accum(self) -> int:
+        # A starting size that does not divide the batch gives a shorter last micro-batch.
+        return -(-self.per_process // self.current)
+
+    def on_oom(self) -> BatchDecision | None:
+        """The size to retry at after an OOM, or None when nothing smaller is allowed."""
+        self.failed.add(self.current)
+        self.stable_steps = 0
+        if self.trial and self.stable is not None:
+            return self._switch(self.stable, "grow_failed", trial=False)
+        smaller = shrink(self.per_process, self.current, self.floor)
+        return None if smaller is None else self._switch(smaller, "oom", trial=False)
+
+    def on_success(self, bytes_per_sample: float | None, headroom: float | None) -> BatchDecision | None:
+        """Count a completed step; maybe propose a larger size that the memory model says fits."""
+        self.stable, self.trial = self.current, False
+        self.stable_steps += 1
+        if self.grow_after is None or self.stable_steps < self.grow_after:
+            return None
+        candidate = grow(self.per_process, self.current, self.failed)
+        if candidate is None or not self._fits(candidate, bytes_per_sample, headroom):
+            return None
+        return self._switch(candidate, "grow", trial=True)
+
+    def _fits(self, candidate: int, bytes_per_sample: float | None, headroom: float | None) -> bool:
+        if bytes_per_sample is None or headroom is None:
+            return False  # no measurement, no gamble
+        return bytes_per_sample * candidate <= (1.0 - self.margin) * headroom
+
+    def _switch(self, size: int, reason: str, *, trial: bool) -> BatchDecision:
+        self.current, self.trial, self.stable_steps = size, trial, 0
+        return BatchDecision(size, reason)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current": self.stable or self.current, "failed": sorted(self.failed)}
+
+    def load_failed(self, failed: Sequence[int]) -> None:
+        self.failed.update(int(f) for f in failed)
 
 
 class MemoryProbe:

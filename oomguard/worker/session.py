@@ -9,6 +9,11 @@ sample is lost or repeated. After enough stable steps it tries a larger micro-ba
 measured memory per sample says it fits. At step boundaries it checkpoints on a schedule, on the
 supervisor's request and on SIGTERM.
 
+It talks to the supervisor through ``common/protocol.py``: progress, heartbeats, batch changes,
+checkpoints and failures out (``Channel``: a no-op without a supervisor); a checkpoint request (the
+signal ``OOMGUARD_CHECKPOINT_SIGNAL`` and/or the file ``OOMGUARD_CHECKPOINT_REQUEST``) and a stop
+(SIGTERM, SIGINT) in (``Requests``): signal handlers only set flags, acted on at a step boundary.
+
 Lifecycle: ``start()`` (or ``with``) resumes from a checkpoint and installs signal handlers;
 ``step()`` as often as needed (``batches()`` draws the data); ``close()`` writes the final
 checkpoint. Without a supervisor every ``OOMGUARD_*`` variable is simply absent.
@@ -20,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -27,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, NoReturn, Protocol
 
 import torch
@@ -37,13 +43,9 @@ from torch.utils.data import Dataset
 from oomguard.common import protocol
 from oomguard.common.batch import divisors
 from oomguard.worker import checkpoint
-from oomguard.worker import checkpoint as rng
-from oomguard.worker import outofmemory as ddp
 from oomguard.worker import outofmemory as oom
-from oomguard.worker.batching import BatchDecision, Tuner, split_sizes
-from oomguard.worker.data import ResumableSampler, batch_size, draw, slice_batch
-from oomguard.worker.link import Channel, Requests
-from oomguard.worker.outofmemory import MemoryProbe
+from oomguard.worker.data import ResumableSampler, batch_size, draw, slice_batch, split_sizes
+from oomguard.worker.outofmemory import BatchDecision, MemoryProbe, Tuner
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -52,6 +54,86 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+class Channel:
+    """Records for the supervisor, with progress rate-limited and heartbeats in between."""
+
+    def __init__(self, progress_every_s: float = 1.0, heartbeat_every_s: float = 10.0) -> None:
+        self.progress_every_s = progress_every_s
+        self.heartbeat_every_s = heartbeat_every_s
+        self._last_progress = float("-inf")
+        self._last_record = time.monotonic()
+
+    def progress(self, step: int, *, force: bool = False, **fields: Any) -> None:
+        now = time.monotonic()
+        if force or now - self._last_progress >= self.progress_every_s:
+            self._emit(protocol.PROGRESS, step=step, **fields)
+            self._last_progress = now
+
+    def heartbeat(self, step: int) -> None:
+        """Called inside long steps (per micro-batch) so a slow step is not taken for a hang."""
+        if time.monotonic() - self._last_record >= self.heartbeat_every_s:
+            self._emit(protocol.HEARTBEAT, step=step)
+
+    def batch(self, micro_batch: int, grad_accum: int, reason: str, **fields: Any) -> None:
+        self._emit(protocol.BATCH, micro_batch=micro_batch, grad_accum=grad_accum, reason=reason, **fields)
+
+    def checkpoint(self, path: str, step: int) -> None:
+        self._emit(protocol.CHECKPOINT, path=path, step=step)
+
+    def failure(self, kind: str, message: str, micro_batch: int | None, **fields: Any) -> None:
+        self._emit(protocol.FAILURE, kind=kind, message=message, micro_batch=micro_batch, **fields)
+
+    def _emit(self, record_type: str, **fields: Any) -> None:
+        protocol.emit(record_type, **fields)
+        self._last_record = time.monotonic()
+
+
+class Requests:
+    """Flags set by signals, read at step boundaries; installs and later restores the handlers."""
+
+    def __init__(self) -> None:
+        self.stop_signal: int | None = None
+        self._checkpoint_flag = False
+        self.request_file = os.environ.get(protocol.ENV_CHECKPOINT_REQUEST) or None
+        self._checkpoint_signal = protocol.signal_number(os.environ.get(protocol.ENV_CHECKPOINT_SIGNAL, ""))
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Install the handlers (main thread only; elsewhere Python forbids it and we poll the file)."""
+        wanted: dict[int, Any] = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
+        if self._checkpoint_signal is not None:
+            wanted[self._checkpoint_signal] = self._on_checkpoint
+        for signum, handler in wanted.items():
+            try:
+                self._previous[signum] = signal.signal(signum, handler)
+            except ValueError:
+                return  # not the main thread
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def checkpoint_wanted(self) -> bool:
+        # The file is checked too: it survives a signal that arrived before the handler existed.
+        return self._checkpoint_flag or (self.request_file is not None and os.path.exists(self.request_file))
+
+    def checkpoint_done(self) -> None:
+        self._checkpoint_flag = False
+        if self.request_file is not None:
+            Path(self.request_file).unlink(missing_ok=True)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop_signal is not None:
+            # A second SIGTERM/SIGINT means "now": do not wait for the step to end. Checkpoints
+            # are atomic, so dying mid-write loses nothing but the write.
+            os._exit(128 + signum)
+        self.stop_signal = signum
+
+    def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
+        self._checkpoint_flag = True
 
 
 class OutOfMemoryAbort(RuntimeError):
@@ -145,7 +227,7 @@ class Session:
         self._phase = "idle"
         self._versions: list[int] = []
         self._started = False
-        self._ranks: ddp.RankAgreement | None = None  # under DDP: the OOM flag and gradient averaging
+        self._ranks: oom.RankAgreement | None = None  # under DDP: the OOM flag and gradient averaging
 
     # ----- lifecycle
 
@@ -165,7 +247,7 @@ class Session:
         """Resume (when a checkpoint exists), install signal handlers; returns the step to go on from."""
         if not self._started:
             self._started = True
-            self._ranks = ddp.RankAgreement.of(self.model)
+            self._ranks = oom.RankAgreement.of(self.model)
             self.requests.install()
             self.resume()
         return self.step_count
@@ -217,7 +299,7 @@ class Session:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "rng": rng.capture(),
+            "rng": checkpoint.capture(),
             "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "session": {
                 "step": self.step_count,
@@ -238,7 +320,7 @@ class Session:
             self.scaler.load_state_dict(state["scaler"])
         for name, obj in self.stateful.items():
             obj.load_state_dict(state["stateful"][name])
-        rng.restore(state["rng"])
+        checkpoint.restore(state["rng"])
         session = state["session"]
         self.step_count, self.samples = int(session["step"]), int(session["samples"])
         self._saved_step = self.step_count
@@ -285,7 +367,7 @@ class Session:
         if size != self.per_process:
             raise ValueError(f"step() got {size} samples; this process's batch is {self.per_process}")
         began, ooms = time.monotonic(), 0
-        at_start = rng.capture()
+        at_start = checkpoint.capture()
         while (loss := self._attempt(batch, at_start)) is None:
             ooms += 1
         self.step_count += 1
@@ -301,7 +383,7 @@ class Session:
         try:
             return self._accumulate_and_step(batch)
         except Exception as exc:  # narrowed by classify(); anything else propagates unchanged
-            kind = ddp.PEER_OOM if isinstance(exc, ddp.PeerOutOfMemory) else oom.classify(exc)
+            kind = oom.PEER_OOM if isinstance(exc, oom.PeerOutOfMemory) else oom.classify(exc)
             if kind is None:
                 raise
             if kind == oom.CUDA_FATAL or (kind == oom.CUDA_OOM and oom.poisons_communicator(exc)):
@@ -310,7 +392,7 @@ class Session:
             oom.drop_frames(exc.__traceback__)
             torn = phase == "optimizer" and self._optimizer_touched()
         # Out of the except block, so the exception and its frames (the activations) are gone.
-        if self._ranks is not None and kind != ddp.PEER_OOM:
+        if self._ranks is not None and kind != oom.PEER_OOM:
             # The peers meet us at settle()'s flag; past it (optimizer) they are already stepping.
             torn = torn or phase not in ("forward", "backward")
             if not torn:
@@ -391,10 +473,10 @@ class Session:
             # unscale_() marks the optimizer UNSCALED until update(); a retry must start clean.
             self.scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         oom.release_memory()
-        rng.restore(at_start)
+        checkpoint.restore(at_start)
         failed = self.micro_batch
         decision = None if (torn or not self.config.recover_in_process) else self.tuner.on_oom()
-        if kind != ddp.PEER_OOM:  # the rank that failed reports it; its peers only follow
+        if kind != oom.PEER_OOM:  # the rank that failed reports it; its peers only follow
             self.channel.failure(
                 kind, message, failed, phase=phase, step=self.step_count, recovered=decision is not None
             )

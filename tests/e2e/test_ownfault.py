@@ -179,7 +179,7 @@ def test_the_scripts_own_exception_through_our_wrapper_and_excepthook_counts_aga
     assert out.returncode == EXIT_GAVE_UP, out.stdout[-3000:] + out.stderr[-3000:]
     run_dir = tmp_path / "run"
     log1 = (run_dir / "logs" / "attempt-1.log").read_text()
-    assert "/probe/saves.py\", line" in log1 and "/probe/oom.py\", line" in log1  # it passed through ours
+    assert "/probe/steps.py\", line" in log1 and "/probe/oom.py\", line" in log1  # it passed through ours
     attempts, events = journal(run_dir)
     assert [(a["kind"], a["micro_batch"]) for a in attempts] == [("crash", 4), ("crash", 4)]
     assert "--max-restarts 1 is used up" in attempts[1]["decision"]

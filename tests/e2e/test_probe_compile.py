@@ -13,7 +13,7 @@ import torch
 from probing import records, run_script
 from torch import nn
 
-from oomguard.probe import compiled, forward
+from oomguard.probe import forward
 from oomguard.probe.memory import device_peaks
 from oomguard.probe.steps import StepCounter
 from oomguard.supervisor.observe.allocator import ProbeReport
@@ -66,7 +66,7 @@ def test_forward_hooks_are_gone_before_torch_compile_returns() -> None:
     tracker.arm()
     saved = torch.compile
     try:
-        compiled.wrap_compile(torch, tracker.compiled)
+        forward.wrap_compile(torch, tracker.compiled)
         module = torch.nn.modules.module
         assert module._global_forward_pre_hooks and module._global_forward_hooks
         torch.compile(nn.Linear(2, 2), backend="eager")  # never called: wrapping is lazy
@@ -88,7 +88,7 @@ def test_a_compile_start_disarms_where_torch_compile_was_not_called() -> None:
     handler = torch._dynamo.callback_handler
     before = list(handler.start_callbacks)
     try:
-        compiled.at_compile_start(torch._dynamo, tracker.compiled)
+        forward.at_compile_start(torch._dynamo, tracker.compiled)
         optimized = torch._dynamo.optimize("eager")(lambda x: x * 2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # optimize() is deprecated: here on purpose

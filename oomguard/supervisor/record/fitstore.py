@@ -11,7 +11,7 @@ not in the key because memory depends on the micro-batch alone; a new run picks 
 of its own per-process batch that is at or below the remembered size.
 
 A record also keeps the models it was measured with (``ModelPrint``: the digest the probe takes of
-the optimizer's parameters at a process's first step, probe/model.py): what the key cannot see (an
+the optimizer's parameters at a process's first step, probe/steps.py): what the key cannot see (an
 imported ``model.py`` edited, a config opened by a fixed path, a hub model changed upstream) the
 probe can, and a run that finds another model replaces the record (``SizeTuner.model_seen``).
 

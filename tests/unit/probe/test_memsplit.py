@@ -1,4 +1,4 @@
-"""probe/memsplit.py and probe/snapshot.py: the figures from torch's own objects, and the
+"""probe/memsplit.py: the figures from torch's own objects, and the
 CUDA snapshot's edge faked (no GPU here: tests/e2e/test_memory_snapshot_gpu.py runs the real one)."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from oomguard.probe import memsplit as parts  # noqa: E402
-from oomguard.probe import snapshot  # noqa: E402
 
 
 def size(t: Any) -> int:
@@ -109,18 +108,18 @@ def test_the_snapshot_is_recorded_only_after_a_cuda_oom_and_saved_at_the_next(
     memory = FakeMemory(SNAP)
     fake = SimpleNamespace(cuda=SimpleNamespace(memory=memory, _lazy_call=lambda f: f()))
     folder = str(tmp_path / "memory")
-    first = snapshot.Snapshots(fake, folder, 1)
-    assert not snapshot.armed(folder, 1) and first.at_oom(0) == {"snapshot": None}  # leaves the marker only
-    assert snapshot.armed(folder, 2) and not snapshot.armed(folder, 3)
+    first = parts.Snapshots(fake, folder, 1)
+    assert not parts.armed(folder, 1) and first.at_oom(0) == {"snapshot": None}  # leaves the marker only
+    assert parts.armed(folder, 2) and not parts.armed(folder, 3)
     monkeypatch.setenv("OOMGUARD_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("OOMGUARD_ATTEMPT", "2")
     monkeypatch.setenv("RANK", "1")
-    at_oom = snapshot.install(fake)
-    assert memory.recorded == [{"max_entries": snapshot.MAX_ENTRIES, "stacks": "python"}]
+    at_oom = parts.install_snapshots(fake)
+    assert memory.recorded == [{"max_entries": parts.MAX_ENTRIES, "stacks": "python"}]
     more = at_oom(0)
     assert more["snapshot"] == f"{folder}/snapshot-attempt2-rank1.pickle"
     assert pickle.loads(Path(more["snapshot"]).read_bytes()) == SNAP  # what memory_viz opens
     assert more["stacks"] == [{"where": "/home/u/train.py:7 in main", "bytes": 2048, "allocations": 1},
                               {"where": "/home/u/train.py:42 in step", "bytes": 500, "allocations": 1}]
     monkeypatch.setenv("OOMGUARD_MEMORY_SNAPSHOT", "off")
-    assert not snapshot.armed(folder, 2) and at_oom(0) == {}
+    assert not parts.armed(folder, 2) and at_oom(0) == {}

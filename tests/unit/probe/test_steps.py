@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from oomguard.probe import SITE_DIR, hook
+from oomguard.probe import SITE_DIR, start
 from oomguard.probe.oom import cpu_oom_request
 from oomguard.probe.steps import StepCounter, resumed_step
 from oomguard.supervisor.command import not_python
@@ -75,13 +75,13 @@ def test_the_post_import_hook_runs_after_the_module_and_keeps_its_loader(tmp_pat
     (tmp_path / "late_module.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen: list[int] = []
-    hook.after_import("late_module", lambda module: seen.append(module.VALUE))
+    start.after_import("late_module", lambda module: seen.append(module.VALUE))
     assert seen == []
     import late_module  # type: ignore[import-not-found]
 
     assert seen == [42] and type(late_module.__loader__).__name__ == "SourceFileLoader"
-    assert not any(isinstance(f, hook.AfterImport) for f in sys.meta_path)  # off once it fired
-    hook.after_import("late_module", lambda module: seen.append(0))  # already imported: at once
+    assert not any(isinstance(f, start.AfterImport) for f in sys.meta_path)  # off once it fired
+    start.after_import("late_module", lambda module: seen.append(0))  # already imported: at once
     assert seen == [42, 0]
     sys.modules.pop("late_module")
 
@@ -110,7 +110,7 @@ def test_what_status_says_about_the_probe() -> None:
 
 def _digest(model: torch.nn.Module, optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
             **groups: Any) -> dict[str, Any]:
-    from oomguard.probe.model import fingerprint
+    from oomguard.probe.steps import fingerprint
 
     return fingerprint(optimizer(model.parameters(), lr=1e-3, **groups))
 
@@ -135,7 +135,7 @@ def test_the_model_fingerprint_is_what_decides_memory_per_sample() -> None:
 def test_the_model_record_is_written_at_the_first_step_with_its_optimizer(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from oomguard.common import protocol
-    from oomguard.probe import model
+    from oomguard.probe import steps
 
     events = tmp_path / "events.jsonl"
     monkeypatch.setenv("OOMGUARD_EVENTS", str(events))
@@ -147,19 +147,19 @@ def test_the_model_record_is_written_at_the_first_step_with_its_optimizer(tmp_pa
     for _ in range(3):
         counter.on_step(optimizer, (), {})
     assert seen == [optimizer]  # once, with the optimizer that stepped
-    model.report(optimizer)
+    steps.report_model(optimizer)
 
     class Broken:
         @property
         def param_groups(self) -> list[Any]:
             raise RuntimeError("sharded elsewhere")
 
-    model.report(Broken())  # never raises into the program: a probe failure record instead
+    steps.report_model(Broken())  # never raises into the program: a probe failure record instead
     records = [protocol.decode(line) for line in events.read_text().splitlines()]
     assert [r["type"] for r in records if r] == ["probe", "step", "model", "probe"]
     written = next(r for r in records if r and r["type"] == "model")
     assert (written["params"], written["tensors"], written["optimizer"], written["pid"]) == (20, 2, "SGD", os.getpid())
-    assert written["digest"] == model.fingerprint(optimizer)["digest"]
+    assert written["digest"] == steps.fingerprint(optimizer)["digest"]
     assert records[-1] is not None and records[-1]["state"] == "failed" and "sharded elsewhere" in records[-1]["detail"]
 
 

@@ -1,5 +1,5 @@
-"""The sampler that resumes exactly across epochs, and slicing a batch of any shape
-(worker/data.py, worker/sampler.py)."""
+"""The sampler that resumes exactly across epochs, and splitting and slicing a batch of any shape
+(worker/data.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from oomguard.worker import (
     ResumableSampler,
 )
-from oomguard.worker.data import batch_size, slice_batch
+from oomguard.worker.data import batch_size, slice_batch, split_sizes
 
 
 def test_sampler_resumes_exactly_across_epochs() -> None:
@@ -36,3 +36,6 @@ def test_batches_slice_tensors_tuples_dicts_and_lists() -> None:
         part["x"].tolist() == [[2, 3], [4, 5]] and part["ids"] == ["b", "c"] and part["pair"][1].shape == (2,)
     )
 
+
+def test_split_covers_everything() -> None:
+    assert split_sizes(10, 4) == [4, 4, 2] and split_sizes(8, 8) == [8] and sum(split_sizes(97, 10)) == 97

@@ -2,7 +2,8 @@
 
 An allocation of 2**60 bytes makes ``DefaultCPUAllocator`` fail for real (no mock): the failing
 code below holds real activations when it fails, in forward, in backward and in the optimizer
-step, and the session must free them, rewind and retry the same global batch smaller.
+step, and the session must free them, rewind and retry the same global batch smaller. Also the
+micro-batch arithmetic and the tuner (worker/outofmemory.py), pure code tested alone.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from oomguard.worker import OutOfMemoryAbort, Session, SessionConfig, classify
-from oomguard.worker.outofmemory import MemoryProbe, release_memory
+from oomguard.worker import OutOfMemoryAbort, Session, SessionConfig, Tuner, classify, shrink
+from oomguard.worker.outofmemory import MemoryProbe, grow, release_memory
 
 IMPOSSIBLE = 2**60
 
@@ -227,3 +228,30 @@ def test_ten_ooms_in_a_row_leave_memory_at_baseline() -> None:
     assert result.ooms == 10 and result.micro_batch == 1
     assert len(alive) == 10 and not any(alive), "a failed step's tensors are still alive"
     assert after - baseline < 8 * 2**20, f"RSS grew by {(after - baseline) / 2**20:.1f} MiB after 10 OOMs"
+
+
+def test_shrink_takes_the_largest_divisor_at_most_half() -> None:
+    assert shrink(256, 256) == 128
+    assert shrink(96, 96) == 48 and shrink(96, 48) == 24 and shrink(96, 24) == 12
+    assert shrink(96, 12) == 6 and shrink(96, 6) == 3 and shrink(96, 3) == 1
+    assert shrink(24, 24, floor=2) == 12 and shrink(24, 3, floor=2) is None
+    assert shrink(10, 10) == 5 and shrink(10, 5) == 2  # never 4: it does not divide 10
+
+
+def test_grow_skips_failed_sizes() -> None:
+    assert grow(96, 12, set()) == 16 and grow(96, 12, {16, 24}) == 32 and grow(96, 96, set()) is None
+
+
+def test_tuner_lifecycle() -> None:
+    tuner = Tuner(per_process=64, current=64, grow_after=2)
+    assert (d := tuner.on_oom()) is not None and (d.micro_batch, d.reason) == (32, "oom")
+    assert tuner.on_success(1e6, 1e12) is None  # 1 stable step of 2
+    grown = tuner.on_success(1e6, 1e12)
+    assert grown is None, "64 failed: never tried again"
+    tuner = Tuner(per_process=64, current=8, grow_after=1)
+    assert (d := tuner.on_success(1000.0, 1e9)) is not None and (d.micro_batch, d.reason) == (16, "grow")
+    assert (d := tuner.on_oom()) is not None and (d.micro_batch, d.reason) == (8, "grow_failed")
+    assert (d := tuner.on_success(1000.0, 1e9)) is not None and d.micro_batch == 32, "16 failed: skipped"
+    tuner = Tuner(per_process=64, current=8, grow_after=1)
+    assert tuner.on_success(1e6, 15e6) is None, "16 x 1 MB does not fit in 85% of 15 MB"
+    assert tuner.on_success(None, 1e9) is None, "no measurement, no growth"

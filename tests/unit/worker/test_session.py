@@ -1,5 +1,5 @@
-"""The session's configuration from the supervisor's environment, its resume, and the records it
-writes (worker/session.py)."""
+"""The session's configuration from the supervisor's environment, its resume, the records it
+writes, and a checkpoint request seen by its file without a signal (worker/session.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from oomguard.worker import (
     Session,
     SessionConfig,
 )
+from oomguard.worker.session import Requests
 
 
 def _session(**config: Any) -> Session:
@@ -70,3 +71,13 @@ def test_records_follow_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert progress["type"] == "progress" and progress["step"] == 1 and progress["samples"] == 4
     assert {"loss", "micro_batch", "grad_accum", "samples_per_s", "rss_bytes"} <= progress.keys()
 
+
+def test_request_file_is_seen_without_a_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    request = tmp_path / "req"
+    monkeypatch.setenv("OOMGUARD_CHECKPOINT_REQUEST", str(request))
+    requests = Requests()
+    assert not requests.checkpoint_wanted()
+    request.touch()
+    assert requests.checkpoint_wanted()
+    requests.checkpoint_done()
+    assert not request.exists()

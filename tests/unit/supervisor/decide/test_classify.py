@@ -453,7 +453,7 @@ Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especiall
 THROUGH_SAVE = f'''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 30, in <module>
     torch.save({{"state": Bad()}}, "ckpt.pt")
-  File "{PKG}/probe/saves.py", line 45, in save
+  File "{PKG}/probe/steps.py", line 45, in save
     result = original(obj, f, *args, **kwargs)  # its exception is the program's
   File "{TORCH}/serialization.py", line 966, in save
     _save(obj, opened_zipfile, pickle_module, pickle_protocol, _disable_byteorder_record)
