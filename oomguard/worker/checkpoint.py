@@ -193,9 +193,6 @@ class AsyncWriter:
             error, self._error = self._error, None
             raise CheckpointError(f"asynchronous checkpoint write failed: {error}") from error
 
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def finished(self) -> list[tuple[Path, int]]:
         """Checkpoints written since the last call (path, step), for reporting from the main thread."""
         done, self._done = self._done, []

@@ -30,13 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from oomguard.common import oomtexts, protocol
+from oomguard.common import oomtexts
 from oomguard.common.batch import divisors, largest_divisor_at_most
 
 CUDA_OOM = "cuda_oom"
 HOST_OOM = "host_oom"
 CUDA_FATAL = "cuda_fatal"
-CRASH = "crash"
 
 # Texts of errors after which the CUDA context is unusable (sticky errors in CUDA's terms). The
 # error's own words: every CUDA error torch raises ends "Compile with `TORCH_USE_CUDA_DSA` to enable
@@ -69,10 +68,6 @@ def classify(exc: BaseException) -> str | None:
     if oomtexts.HOST_OOM.search(text):
         return HOST_OOM
     return None
-
-
-def is_recoverable(kind: str | None) -> bool:
-    return kind in (CUDA_OOM, HOST_OOM)
 
 
 def poisons_communicator(exc: BaseException) -> bool:
@@ -124,11 +119,6 @@ def _malloc_trim() -> None:
     except (OSError, AttributeError):
         return  # not glibc (musl, macOS): nothing to trim
     trim(0)
-
-
-def failure_record(kind: str, message: str, micro_batch: int | None, **fields: object) -> bool:
-    """Tell the supervisor about a failure; False when no supervisor listens."""
-    return protocol.emit(protocol.FAILURE, kind=kind, message=message, micro_batch=micro_batch, **fields)
 
 
 # Measuring a step's peak memory and the room left, on a CUDA device or on the host.

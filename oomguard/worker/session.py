@@ -31,7 +31,7 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, NoReturn, Protocol
@@ -639,7 +639,3 @@ def _fingerprint(session: Session) -> str:
     }
     text = json.dumps(facts, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def config_summary(config: SessionConfig) -> dict[str, Any]:
-    return asdict(config)
