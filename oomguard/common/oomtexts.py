@@ -1,7 +1,7 @@
 """The texts by which libraries report an allocation failure, shared by both classifiers.
 
 The supervisor reads them in the worker's output (``supervisor.observe.output``); the worker library
-reads them in an exception's message (``worker.oom``). One definition keeps the two from drifting
+reads them in an exception's message (``worker.outofmemory``). One definition keeps the two from drifting
 apart. Every form here has a line in tests/data/oom_corpus.jsonl, taken from the source of the
 library that prints it (docs/oom-messages.md lists them). Standard library only: the supervisor
 imports this module and must not import torch.

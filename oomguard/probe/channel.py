@@ -1,4 +1,4 @@
-"""How the probe speaks: ``worker.protocol`` records, each with the process's identity, never raising.
+"""How the probe speaks: ``common.protocol`` records, each with the process's identity, never raising.
 
 Tested in tests/e2e/test_probe.py (the records real probed processes write).
 

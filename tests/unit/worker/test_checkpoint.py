@@ -1,5 +1,5 @@
 """The checkpoint store (atomic, pruned, broken ones skipped) and the RNG streams it captures
-(worker/checkpoint.py, worker/rng.py)."""
+(worker/checkpoint.py)."""
 
 from __future__ import annotations
 
