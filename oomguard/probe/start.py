@@ -13,6 +13,7 @@ module's own code: wrapt's and ddtrace's post-import hooks; the module keeps its
 
 from __future__ import annotations
 
+import os  # loaded by site before any sitecustomize: no cost
 import sys
 
 TYPE_CHECKING = False  # not typing's: every Python process of the worker imports this module
@@ -136,8 +137,6 @@ def _attach(torch: ModuleType) -> None:
 def _track_forward(torch: ModuleType, counter: Any) -> Any:
     """The forward's progress through a step (probe/forward.py), for the OOM record; None where it
     could not be installed (a ``probe`` record says why)."""
-    import os
-
     from . import channel
 
     tracker = None
@@ -159,7 +158,6 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
     """The memory breakdown's reporter (probe/memsplit.py), its baseline read now, before the model;
     the allocator's history for the attempt after a CUDA OOM (``memsplit.Snapshots``). None if it failed."""
     import atexit
-    import os
 
     from . import channel
 
