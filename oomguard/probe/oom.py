@@ -22,7 +22,7 @@ from typing import Any
 from ..common import protocol
 from . import channel, memory
 from .forward import ForwardTracker
-from .memsplit import BreakdownReporter
+from .memory import BreakdownReporter
 
 _CPU_REQUEST = re.compile(r"DefaultCPUAllocator: [^:]*: you tried to allocate (\d+) bytes")
 _CUDA_WORDS = ("CUDA out of memory", "CUDA error: out of memory")

@@ -155,19 +155,19 @@ def _track_forward(torch: ModuleType, counter: Any) -> Any:
 
 
 def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
-    """The memory breakdown's reporter (probe/memsplit.py), its baseline read now, before the model;
-    the allocator's history for the attempt after a CUDA OOM (``memsplit.Snapshots``). None if it failed."""
+    """The memory breakdown's reporter (probe/memory.py), its baseline read now, before the model;
+    the allocator's history for the attempt after a CUDA OOM (``memory.Snapshots``). None if it failed."""
     import atexit
 
     from . import channel
 
     try:
-        from . import memsplit
+        from . import memory
 
-        parts = memsplit.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
+        parts = memory.BreakdownReporter(torch, counter.optimizers, lambda: tracker.root if tracker else None)
         atexit.register(parts.at_peak_safely)
         os.register_at_fork(after_in_child=parts.forget)
-        parts.extra = memsplit.install_snapshots(torch)
+        parts.extra = memory.install_snapshots(torch)
         return parts
     except Exception as exc:  # the OOM record goes without its breakdown
         channel.failed(f"memory breakdown not installed: {type(exc).__name__}: {exc}")
@@ -176,7 +176,7 @@ def _memory_parts(torch: ModuleType, counter: Any, tracker: Any) -> Any:
 
 def _at_first_step(tracker: Any, parts: Any = None) -> Callable[[Any], None]:
     """What the process's first optimizer step does: disarm the forward tracker (armed for the first
-    step only, probe/forward.py) and read it, read the memory the model holds (probe/memsplit.py),
+    step only, probe/forward.py) and read it, read the memory the model holds (probe/memory.py),
     then say which model it trains (``steps.report_model``)."""
     from . import channel, steps
 

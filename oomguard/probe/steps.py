@@ -227,7 +227,7 @@ def _path(f: Any) -> str | None:
 def wrap_save(torch: Any, step: Callable[[], int | None], after: Callable[[], None]) -> None:
     """Wrap ``torch.save`` (once) to report each save with ``step()`` at its start (None before the
     process's first optimizer step, when a resumed count is not known yet); ``after()`` then runs
-    (the memory breakdown's peak, probe/memsplit.py: a checkpoint is a cheap moment to say it)."""
+    (the memory breakdown's peak, probe/memory.py: a checkpoint is a cheap moment to say it)."""
     original = torch.save
     if getattr(original, _MARK, False):
         return

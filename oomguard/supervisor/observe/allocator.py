@@ -270,7 +270,7 @@ class ProbeReport:
 # What filled memory at an attempt's end: the journal's ``memory_breakdown`` events, one per rank.
 #
 # The probe splits a rank's memory into weights, gradients, optimizer state, activations and the
-# allocator's cache (probe/memsplit.py) and writes a ``memory`` record at an OOM and at the peak of a
+# allocator's cache (probe/memory.py) and writes a ``memory`` record at an OOM and at the peak of a
 # process that fit. ``BreakdownWatch`` keeps the last record per rank of the running attempt and, when
 # the attempt ends, journals them: the OOM's at a memory failure, the peak's otherwise.
 #

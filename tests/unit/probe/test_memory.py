@@ -1,4 +1,4 @@
-"""probe/memsplit.py: the figures from torch's own objects, and the
+"""probe/memory.py: the breakdown's figures from torch's own objects, and the
 CUDA snapshot's edge faked (no GPU here: tests/e2e/test_memory_snapshot_gpu.py runs the real one)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from oomguard.probe import memsplit as parts  # noqa: E402
+from oomguard.probe import memory as parts  # noqa: E402
 
 
 def size(t: Any) -> int:
