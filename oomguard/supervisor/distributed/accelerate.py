@@ -1,20 +1,13 @@
 """``accelerate launch`` as the worker's launcher, read as torchrun is: the world it will start.
 
-Hugging Face's launcher takes its shape from its flags or from the config file ``accelerate config``
-writes (``--config_file``, else ``$HF_HOME/accelerate/default_config.yaml``, ``HF_HOME`` being
-``~/.cache/huggingface`` unless set). Its flags are read with accelerate's own parser
-(``launch_command_parser``) and its config with accelerate's own loader, so every spelling and
-every key means here what it means to accelerate; this module only repeats accelerate's choice of
-launcher (``commands/launch.py``: ``launch_command`` and ``_validate_launch_command``, 1.x):
-
-- ``--multi_gpu``, ``--use_fsdp``, ``--use_megatron_lm``, ``--use_deepspeed`` (or a config whose
-  ``distributed_type`` is one of them), without ``--cpu``: accelerate runs torchrun's elastic agent
-  in its own process with ``--num_processes`` ranks in all, ``num_processes / num_machines`` per
-  machine, this machine's rank ``--machine_rank``, the rendezvous on ``main_process_ip:port``.
-  oomguard adds ``--log_dir`` and ``--max_restarts 0`` as it does to torchrun;
-- anything else (``--cpu``, no distributed type) is accelerate's simple launcher: one process,
-  whatever ``--num_processes`` says (several CPU processes are MPI's job, ``--mpirun_hostfile``,
-  which oomguard does not follow). That is said at start in one line.
+Its flags are read with accelerate's own parser (``launch_command_parser``) and its config file
+(``--config_file``, else the one ``accelerate config`` wrote) with accelerate's own loader, so every
+spelling means here what it means to accelerate; this module only repeats accelerate's choice of
+launcher (``commands/launch.py``, 1.x): ``--multi_gpu``, ``--use_fsdp``, ``--use_megatron_lm``,
+``--use_deepspeed`` (or that ``distributed_type``) without ``--cpu`` run torchrun's agent with
+``--num_processes`` ranks in all, and oomguard adds ``--log_dir`` and ``--max_restarts 0`` as it
+does to torchrun; anything else is accelerate's one-process launcher (several CPU processes are
+MPI's job, which oomguard does not follow), said at start in one line.
 """
 
 from __future__ import annotations
@@ -64,18 +57,14 @@ class AccelerateLaunch:
         return [*self.launcher, *self.options, *ours, *self.script]
 
 
-def launcher_length(command: Sequence[str]) -> int:
+def launcher_length(command: list[str]) -> int:
     """How many leading words of ``command`` start ``accelerate launch`` (0: it does not)."""
-    if not command:
-        return 0
-    name = Path(command[0]).name
-    if name == "accelerate" and len(command) >= 2 and command[1] == "launch":
+    name = Path(command[0]).name if command else ""
+    if name == "accelerate" and command[1:2] == ["launch"]:
         return 2
     if name == "accelerate-launch":
         return 1
-    if name.startswith("python") and len(command) >= 3 and command[1:3] == ["-m", MODULE]:
-        return 3
-    return 0
+    return 3 if name.startswith("python") and command[1:3] == ["-m", MODULE] else 0
 
 
 def parse(command: Sequence[str], env: Mapping[str, str] | None = None) -> AccelerateLaunch | None:

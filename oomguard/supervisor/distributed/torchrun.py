@@ -1,15 +1,10 @@
 """torchrun as the worker's launcher: read a ``torchrun ...`` COMMAND, or build one for ``--nproc-per-node``.
 
-oomguard never spawns ranks or runs a rendezvous itself: torchrun (``torch.distributed.run``, the
-TorchElastic agent) does both. This module only knows torchrun's command line: which options set
-the world's shape (``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``), and
-the options oomguard adds to every attempt (``--log-dir``, so each rank's ``error.json`` lands in
-the run directory, and ``--max-restarts 0``, so the restart decision stays oomguard's).
-
-A node rank is optional: PyTorch's own multi-node form (``torchrun --nnodes 4 --rdzv-backend c10d
---rdzv-endpoint HOST:PORT train.py`` on every node) gives none, and the c10d rendezvous numbers the
-nodes itself; ``Shape.node_rank`` is then None and ``dist.coordination`` picks the node that keeps
-oomguard's shared decision the way c10d picks the node that hosts its store.
+oomguard never spawns ranks or runs a rendezvous itself: torchrun does both. This module knows its
+command line: the options that set the world's shape, and those oomguard adds to every attempt
+(``--log-dir``, so each rank's ``error.json`` lands in the run directory; ``--max-restarts 0``, so
+the restart decision stays oomguard's). Without ``--node-rank`` (PyTorch's own multi-node form, c10d
+numbering the nodes) ``Shape.node_rank`` is None and ``dist.coordination`` picks the store's host.
 """
 
 from __future__ import annotations
@@ -96,9 +91,6 @@ class Torchrun:
         return Shape(self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint,
                      least if least < self.nnodes else None)
 
-    def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None, nnodes: int | None = None) -> list[str]:
-        return attempt_argv(self, log_dir, rdzv_id, nnodes)
-
     @property
     def program(self) -> tuple[str, ...]:
         """The training program as ``python`` would be given it: ``(script, args...)``, ``("-m",
@@ -122,17 +114,15 @@ def _count(text: str, option: str) -> int:
     return int(text)
 
 
-def _launcher_length(command: Sequence[str]) -> int:
+def _launcher_length(command: list[str]) -> int:
     """How many leading words of ``command`` start torchrun (0: it is not a torchrun command)."""
-    if not command:
-        return 0
-    if Path(command[0]).name == "torchrun":
+    name = Path(command[0]).name if command else ""
+    if name == "torchrun":
         return 1
-    if Path(command[0]).name.startswith("python") and len(command) >= 3 and command[1:3] == ["-m", MODULE]:
+    python = name.startswith("python")
+    if python and command[1:3] == ["-m", MODULE]:
         return 3
-    if Path(command[0]).name.startswith("python") and len(command) >= 2 and command[1] == f"-m{MODULE}":
-        return 2
-    return 0
+    return 2 if python and command[1:2] == [f"-m{MODULE}"] else 0
 
 
 def parse(command: Sequence[str]) -> Torchrun | None:
