@@ -50,9 +50,8 @@ class AccelerateLaunch:
         return ("-m", *self.script) if self.module else self.script
 
     def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None) -> list[str]:
-        """The attempt's command: ranks' error files under ``log_dir`` and no restarts of torchrun's
-        own (accelerate hands both to torchrun); the last of a repeated flag wins in accelerate's parser.
-        accelerate has no rendezvous id to pass: its static rendezvous starts fresh each round."""
+        """Error files under ``log_dir``, no restarts (accelerate hands both to torchrun; the last of a
+        repeated flag wins); no rendezvous id: its static rendezvous starts fresh each round."""
         ours = ("--log_dir", str(log_dir), "--max_restarts", "0") if self.shape is not None else ()
         return [*self.launcher, *self.options, *ours, *self.script]
 
@@ -77,8 +76,7 @@ def parse(command: Sequence[str], env: Mapping[str, str] | None = None) -> Accel
     args = _parse_flags(command[n:])
     tail = 1 + len(args.training_script_args)
     options, script = command[n:len(command) - tail], command[len(command) - tail:]
-    env = os.environ if env is None else env
-    config = _config(args, env)
+    config = _config(args, os.environ if env is None else env)
     shape, note = _shape(args, config)
     return AccelerateLaunch(tuple(command[:n]), tuple(options), tuple(script), shape, bool(args.module),
                             bool(args.no_python), note)
@@ -145,11 +143,8 @@ def _elastic(args: Any, config: Any) -> bool:
             "mpirun_hostfile")):
         raise UsageError("COMMAND", "accelerate's MPI launch (--mpirun_hostfile) starts ranks oomguard cannot "
                          "follow", "for several CPU processes use --multi_gpu with ACCELERATE_USE_CPU=1")
-    if args.cpu:
-        return False
-    if any(getattr(args, flag, False) for flag in _SWITCH_FLAGS):
-        return True
-    return _distributed_type(config) in _ELASTIC
+    return not args.cpu and (any(getattr(args, flag, False) for flag in _SWITCH_FLAGS)
+                             or _distributed_type(config) in _ELASTIC)
 
 
 def _distributed_type(config: Any) -> str | None:

@@ -51,9 +51,8 @@ class PeerLost(RuntimeError):
 
 
 def _torch_quietly() -> None:
-    """Import torch with its C++ warnings off: a store whose host died logs a stack of C++ frames per
-    failed call, and oomguard says the one line that matters itself. The setting is put back, so
-    the ranks (which inherit oomguard's environment) keep the user's."""
+    """Import torch with its C++ warnings off (a dead store's host logs C++ frames per failed call;
+    oomguard says the one line that matters), then put the setting back for the ranks to inherit."""
     before = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = before or "ERROR"
     try:
@@ -64,9 +63,8 @@ def _torch_quietly() -> None:
 
 
 def hosts_rendezvous(host: str) -> bool:
-    """Is ``host`` this machine? c10d's own test (its name, its addresses, loopback), so oomguard's
-    choice of the store's host is the node torchrun's c10d rendezvous picks to host its store. A
-    private function of torch's, on purpose: the same answer as c10d's, not a copy that may drift."""
+    """Is ``host`` this machine? c10d's own (private) test on purpose, so oomguard's store's host is the
+    node c10d picks to host its store, not a copy of its test that may drift."""
     _torch_quietly()
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
@@ -218,9 +216,8 @@ class Coordinator:
     # --- the rounds ---
 
     def gather(self) -> tuple[int, ...]:
-        """The host: the next round's members. At the first round every node is waited for up to
-        --peer-timeout; later, the nodes heard go on at once where there are enough of them (every
-        node of a fixed --nnodes, MIN of an elastic one), and are waited for up to --peer-timeout where not."""
+        """The host: the next round's members. The first round waits up to --peer-timeout for every node;
+        later ones go on at once with enough nodes heard (all of a fixed --nnodes, MIN of an elastic one)."""
         least = self.shape.min_nodes or self.shape.nnodes
         first, deadline = self.round == 0, time.monotonic() + self.peer_timeout
         while True:
@@ -238,9 +235,8 @@ class Coordinator:
             time.sleep(POLL)
 
     def start_round(self, proposal: dict[str, Any]) -> dict[str, Any]:
-        """The host publishes the next round (``proposal`` names its members, from ``gather``); every
-        member adopts it. A node that is not a member waits for the round that takes it in. A
-        proposal with ``stop`` ends the run on every node with that line (exit 75)."""
+        """The host publishes the next round (``proposal``: its members, from ``gather``); every member
+        adopts it, others wait for a round that takes them in. A ``stop`` ends the run (exit 75)."""
         while not self.hosting:
             agreed = self._wait_start()
             if agreed is not None:
@@ -253,9 +249,8 @@ class Coordinator:
         return agreed
 
     def _wait_start(self) -> dict[str, Any] | None:
-        """A non-host's wait for the next round that takes it in; None when the store's host was lost
-        meanwhile and this node took the store over. A member of the last round waits up to
-        --peer-timeout (the host is due to publish); a node taken in by none waits while the host runs."""
+        """A non-host's wait for the next round that takes it in (a member up to --peer-timeout: the host is
+        due to publish); None when this node took the store over from a lost host meanwhile."""
         member, deadline = bool(self.members), time.monotonic() + self.peer_timeout
         while not self.hosting:
             r = int(self._call("get", "oomguard/round")) if self._call("check", ["oomguard/round"]) else 0
@@ -285,9 +280,8 @@ class Coordinator:
         self._call("set", f"round/{self.round}/end/{self.me}", json.dumps(report))
 
     def news(self) -> News | None:
-        """Why this node's ranks must stop now (a quick look, no waiting): the round ends for the nodes
-        to regroup (a member lost, a node back), or another member's attempt failed, or a member of a
-        fixed --nnodes is lost."""
+        """Why this node's ranks must stop now (a quick look): a regroup (a member lost, a node back),
+        another member's attempt failed, or a member of a fixed --nnodes is lost."""
         r = self.round
         if (why := self.regrouped()) is not None:
             return News(True, None, why)

@@ -4,18 +4,12 @@ attempt's argv, and which rank failed first, read back from torchrun's per-rank 
 Tested in tests/unit/supervisor/distributed/test_torchrun.py, tests/unit/supervisor/test_command.py,
 tests/e2e/test_torchrun.py and tests/e2e/test_accelerate.py.
 
-Both launchers are read for the same facts (``Shape``) and both give each attempt's argv with the
-ranks' error files under the run directory and no restarts of their own. oomguard's own options
-(``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``) wrap a plain command in
-torchrun; given beside a launcher's command they must agree with it.
-
-torchrun gives every rank ``TORCHELASTIC_ERROR_FILE=<log-dir>/<run>/attempt_<k>/<local_rank>/error.json``,
-where a script wrapped in ``@record`` writes its exception as JSON; scripts without it are read from
-text: the ``[rankN]:`` prefix on a rank's traceback and the ``Failures`` / ``Root Cause`` block
-torchrun prints. torchrun's own root cause is the earliest timestamp, and a rank without an error
-file is stamped when the agent noticed it, so it can name the wrong rank. Here the root cause is
-chosen by evidence: a rank with an OOM beats any other; a rank torchrun stopped (SIGTERM after another
-failed) or that timed out in a collective (NCCL/Gloo, "connection closed by peer") is a consequence.
+oomguard's own options (``--nproc-per-node`` ...) wrap a plain command in torchrun; given beside a
+launcher's command they must agree with it. A rank's error is read from the ``error.json`` that
+``@record`` writes under ``--log-dir``, else from its ``[rankN]:`` lines and torchrun's ``Root Cause``
+block. torchrun's own root cause is the earliest timestamp, which names the wrong rank when the
+first to fail left no file; here it is chosen by evidence: an OOM beats any other failure, and a
+rank torchrun stopped (SIGTERM) or that timed out in a collective is a consequence.
 """
 
 from __future__ import annotations
@@ -181,19 +175,10 @@ def _oom(text: str) -> tuple[str, str] | None:
 
 
 def _blame_order(cause: RootCause) -> tuple[int, int, int]:
-    """Lower is more to blame: an OOM, then a rank killed from outside (SIGKILL), then a crash of
-    its own, then a collective timeout; a rank torchrun stopped (SIGTERM) comes last. Within a tier
-    torchrun's own root cause, then the lowest rank."""
-    if cause.oom_kind is not None:
-        tier = 0
-    elif cause.signal == 9:
-        tier = 1
-    elif cause.signal == 15:
-        tier = 4
-    elif _CONSEQUENCE.search(cause.message):
-        tier = 3
-    else:
-        tier = 2
+    """Lower is more to blame: an OOM, a SIGKILL from outside, a crash of its own, a collective timeout,
+    and a rank torchrun stopped (SIGTERM) last; within a tier torchrun's own root cause, then the lowest rank."""
+    tier = (0 if cause.oom_kind is not None else 1 if cause.signal == 9 else 4 if cause.signal == 15
+            else 3 if _CONSEQUENCE.search(cause.message) else 2)
     return tier, 0 if cause.torchrun_root else 1, cause.rank
 
 
@@ -227,9 +212,8 @@ def shape_of(command: Sequence[str], nproc_per_node: int | None, nnodes: int | N
 
 def attempt_argv(shape: Shape, rendered: Sequence[str], log_dir: Path, rdzv_id: str | None,
                  nnodes: int | None = None) -> list[str]:
-    """One attempt's launcher argv, from the COMMAND with its placeholders filled: the user's own
-    launcher line, or torchrun around a plain command. ``nnodes``: this round's nodes of an elastic
-    run (only torchrun's own ``--nnodes MIN:MAX`` is elastic)."""
+    """One attempt's argv from the rendered COMMAND: its own launcher line, or torchrun around a plain
+    command. ``nnodes``: this round's nodes of an elastic run (only torchrun's ``--nnodes MIN:MAX``)."""
     launch = parse(rendered) or torchrun.wrap(rendered, shape)
     if isinstance(launch, Torchrun):
         return torchrun.attempt_argv(launch, log_dir, rdzv_id, nnodes)
@@ -256,9 +240,7 @@ class TorchrunAttempt:
     @classmethod
     def of(cls, shape: Shape | None, rendered: Sequence[str], log_dir: Path,
            rdzv_id: str | None = None, nnodes: int | None = None) -> TorchrunAttempt | None:
-        """For a run with ranks (``shape`` set), the attempt's launcher argv built from the rendered
-        COMMAND (a torchrun or accelerate launch line, or a plain command to wrap in torchrun); None
-        for a single-process run. ``nnodes``: the nodes in this round of an elastic run."""
+        """The attempt of a run with ranks (``shape`` set; see ``attempt_argv``); None for one process."""
         if shape is None:
             return None
         log_dir.mkdir(parents=True, exist_ok=True)

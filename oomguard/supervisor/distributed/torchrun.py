@@ -93,8 +93,7 @@ class Torchrun:
 
     @property
     def program(self) -> tuple[str, ...]:
-        """The training program as ``python`` would be given it: ``(script, args...)``, ``("-m",
-        module, args...)``, or ``()`` for a binary (``--no-python``)."""
+        """The training program as ``python`` would be given it (``()`` for a ``--no-python`` binary)."""
         if self.get("no-python") is not None:
             return ()
         if self.get("module") is not None or self.get("m") is not None:
@@ -139,14 +138,12 @@ def parse(command: Sequence[str]) -> Torchrun | None:
         name = name.replace("_", "-")
         if name in _SWITCHES and not eq:
             options.append((name, None))
-        elif name in _VALUED:
-            if not eq:
-                if not rest:
-                    raise UsageError("COMMAND", f"torchrun option {word} has no value", "give it one")
-                value = rest.pop(0)
-            options.append((name, value))
-        else:
+            continue
+        if name not in _VALUED:
             raise UsageError("COMMAND", f"unknown torchrun option {word}", "see torchrun --help")
+        if not eq and not rest:
+            raise UsageError("COMMAND", f"torchrun option {word} has no value", "give it one")
+        options.append((name, value if eq else rest.pop(0)))
     if rest and rest[0] == "--":
         rest.pop(0)
     if not rest:
@@ -205,11 +202,9 @@ def wrap(command: Sequence[str], shape: Shape) -> Torchrun:
 
 
 def attempt_argv(launch: Torchrun, log_dir: Path, rdzv_id: str | None = None, nnodes: int | None = None) -> list[str]:
-    """The torchrun argv of one attempt: rank logs and error files under ``log_dir``, no restarts of
-    torchrun's own (oomguard decides them, with a new plan), and a fresh rendezvous id per round.
-    ``nnodes``: the nodes of this round of an elastic run, so that c10d closes the rendezvous with
-    exactly the world the plan is for (with MIN:MAX it would wait out its last call and could form
-    another world, and the global batch would no longer be the one asked)."""
+    """One attempt: error files under ``log_dir``, no restarts of torchrun's own (oomguard decides, with
+    a new plan), a rendezvous id per round, and this round's ``nnodes`` of an elastic run, so c10d closes
+    the rendezvous with exactly the world the plan is for (not another, at another global batch)."""
     launch = launch.with_option("log-dir", str(log_dir)).with_option("max-restarts", "0")
     if rdzv_id is not None:
         launch = launch.with_option("rdzv-id", rdzv_id)
