@@ -80,16 +80,11 @@ def store_address(shape: Shape) -> tuple[str, int]:
 
 def choose(reports: dict[int, dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
     """The node whose failure decides the round, the same on every node; None when all succeeded."""
-    failed = {node: r for node, r in reports.items() if r.get("kind")}
-    if not failed:
-        return None
-
     def blame(item: tuple[int, dict[str, Any]]) -> tuple[int, int]:
         node, report = item
-        tier = 4 if report.get("stopped_for_peer") else _TIERS.get(str(report["kind"]), 2)
-        return tier, node
+        return (4 if report.get("stopped_for_peer") else _TIERS.get(str(report["kind"]), 2)), node
 
-    return min(failed.items(), key=blame)
+    return min(((node, r) for node, r in reports.items() if r.get("kind")), key=blame, default=None)
 
 
 def for_world(plan: Plan, world: int) -> Plan | str:

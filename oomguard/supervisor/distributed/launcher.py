@@ -142,11 +142,8 @@ class RootCause:
 
 def root_cause(scan: RankScanner, error_files: dict[int, dict[str, object]]) -> RootCause | None:
     """The rank to blame, chosen by evidence (see the module docstring); None when no rank failed."""
-    ranks = set(scan.failures) | set(scan.oom)
-    if not ranks:
-        return None
-    candidates = [_evidence(rank, scan, error_files) for rank in sorted(ranks)]
-    return min(candidates, key=_blame_order)
+    ranks = sorted(set(scan.failures) | set(scan.oom))
+    return min((_evidence(rank, scan, error_files) for rank in ranks), key=_blame_order, default=None)
 
 
 def _evidence(rank: int, scan: RankScanner, error_files: dict[int, dict[str, object]]) -> RootCause:
