@@ -220,12 +220,9 @@ def attempt_argv(shape: Shape, rendered: Sequence[str], log_dir: Path, rdzv_id: 
 def program(command: Sequence[str]) -> tuple[str, ...] | None:
     """The Python program the command runs, as ``python`` is given it (``("train.py", args...)`` or
     ``("-m", "pkg", args...)``), behind any launcher; None when it runs no Python file of its own."""
-    launch = parse(command)
-    if launch is not None:
+    if (launch := parse(command)) is not None:
         return launch.program or None
-    if command and Path(command[0]).name.startswith("python") and len(command) >= 2:
-        return tuple(command[1:])
-    return None
+    return tuple(command[1:]) if len(command) >= 2 and Path(command[0]).name.startswith("python") else None
 
 
 @dataclass

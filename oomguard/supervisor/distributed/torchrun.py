@@ -49,12 +49,8 @@ class Torchrun:
         """The most nodes (``--nnodes 4``, or MAX of torchrun's elastic ``--nnodes MIN:MAX``)."""
         return self._nodes()[1]
 
-    @property
-    def min_nodes(self) -> int:
-        """The fewest nodes the run may go on with: MIN of ``--nnodes MIN:MAX``, else every node."""
-        return self._nodes()[0]
-
     def _nodes(self) -> tuple[int, int]:
+        """The fewest nodes the run may go on with (MIN of ``--nnodes MIN:MAX``, else every node), the most."""
         text = self.get("nnodes") or "1"
         low, colon, high = text.partition(":")
         least, most = _count(low, "--nnodes"), _count(high if colon else low, "--nnodes")
@@ -83,13 +79,12 @@ class Torchrun:
     def argv(self) -> list[str]:
         out = list(self.launcher)
         for name, value in self.options:
-            out += [_flag(name)] if value is None else [_flag(name), value]
+            out += [f"-{name}" if len(name) == 1 else f"--{name}", *([] if value is None else [value])]
         return [*out, *self.script]
 
     def shape(self) -> Shape:
-        least = self.min_nodes
-        return Shape(self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint,
-                     least if least < self.nnodes else None)
+        least, most = self._nodes()
+        return Shape(self.nproc_per_node, most, self.node_rank, self.rdzv_endpoint, least if least < most else None)
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -99,10 +94,6 @@ class Torchrun:
         if self.get("module") is not None or self.get("m") is not None:
             return ("-m", *self.script)
         return self.script
-
-
-def _flag(name: str) -> str:
-    return f"-{name}" if len(name) == 1 else f"--{name}"
 
 
 def _count(text: str, option: str) -> int:
