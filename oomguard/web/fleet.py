@@ -28,7 +28,7 @@ from oomguard.supervisor.record.runs import MAX_DEPTH, find_runs, summarize
 from oomguard.web import exposure as redact
 from oomguard.web.app import CSP, STATIC, create_app
 from oomguard.web.exposure import ASGIApp, Receive, Scope, Send, is_loopback
-from oomguard.web.sse import ChangeBroker
+from oomguard.web.journals import ChangeBroker
 
 SCAN_EVERY = 1.0  # seconds a listing is reused: many open pages cost one scan, not one each
 

@@ -19,7 +19,7 @@ from oomguard.supervisor.lifecycle.states import RunState
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.status import status_document
-from oomguard.web.timeline import chart_point
+from oomguard.web.journals import chart_point
 
 FRESH_S = 30.0
 

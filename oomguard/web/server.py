@@ -30,7 +30,7 @@ from oomguard.supervisor.record.journal import write_atomic
 from oomguard.supervisor.record.logs import say
 from oomguard.web.app import Control, create_app
 from oomguard.web.exposure import BACKLOG, bounded_protocol, connection_cap, guard, is_loopback, local_url, public_urls
-from oomguard.web.sse import ChangeBroker
+from oomguard.web.journals import ChangeBroker
 
 if TYPE_CHECKING:
     from oomguard.supervisor.run.loop import Supervisor

@@ -19,7 +19,7 @@ import signal
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from oomguard.supervisor.distributed.errorfiles import RootCause
+from oomguard.supervisor.distributed.launcher import RootCause
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner, Site
 from oomguard.supervisor.units import format_size
@@ -77,7 +77,7 @@ def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = No
     """Decide the kind of an attempt's end; the first rule that matches wins, most specific first.
 
     Under torchrun the supervised process is the agent, which exits 1 whatever killed a rank, so
-    with a root-cause rank (``dist.errorfiles.root_cause``) the rules read that rank's exit and the
+    with a root-cause rank (``dist.launcher.root_cause``) the rules read that rank's exit and the
     evidence names it; collective timeouts on the surviving ranks are consequences and never decide.
     """
     if facts.returncode == 0:

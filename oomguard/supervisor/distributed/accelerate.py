@@ -1,20 +1,13 @@
 """``accelerate launch`` as the worker's launcher, read as torchrun is: the world it will start.
 
-Hugging Face's launcher takes its shape from its flags or from the config file ``accelerate config``
-writes (``--config_file``, else ``$HF_HOME/accelerate/default_config.yaml``, ``HF_HOME`` being
-``~/.cache/huggingface`` unless set). Its flags are read with accelerate's own parser
-(``launch_command_parser``) and its config with accelerate's own loader, so every spelling and
-every key means here what it means to accelerate; this module only repeats accelerate's choice of
-launcher (``commands/launch.py``: ``launch_command`` and ``_validate_launch_command``, 1.x):
-
-- ``--multi_gpu``, ``--use_fsdp``, ``--use_megatron_lm``, ``--use_deepspeed`` (or a config whose
-  ``distributed_type`` is one of them), without ``--cpu``: accelerate runs torchrun's elastic agent
-  in its own process with ``--num_processes`` ranks in all, ``num_processes / num_machines`` per
-  machine, this machine's rank ``--machine_rank``, the rendezvous on ``main_process_ip:port``.
-  oomguard adds ``--log_dir`` and ``--max_restarts 0`` as it does to torchrun;
-- anything else (``--cpu``, no distributed type) is accelerate's simple launcher: one process,
-  whatever ``--num_processes`` says (several CPU processes are MPI's job, ``--mpirun_hostfile``,
-  which oomguard does not follow). That is said at start in one line.
+Its flags are read with accelerate's own parser (``launch_command_parser``) and its config file
+(``--config_file``, else the one ``accelerate config`` wrote) with accelerate's own loader, so every
+spelling means here what it means to accelerate; this module only repeats accelerate's choice of
+launcher (``commands/launch.py``, 1.x): ``--multi_gpu``, ``--use_fsdp``, ``--use_megatron_lm``,
+``--use_deepspeed`` (or that ``distributed_type``) without ``--cpu`` run torchrun's agent with
+``--num_processes`` ranks in all, and oomguard adds ``--log_dir`` and ``--max_restarts 0`` as it
+does to torchrun; anything else is accelerate's one-process launcher (several CPU processes are
+MPI's job, which oomguard does not follow), said at start in one line.
 """
 
 from __future__ import annotations
@@ -57,25 +50,20 @@ class AccelerateLaunch:
         return ("-m", *self.script) if self.module else self.script
 
     def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None) -> list[str]:
-        """The attempt's command: ranks' error files under ``log_dir`` and no restarts of torchrun's
-        own (accelerate hands both to torchrun); the last of a repeated flag wins in accelerate's parser.
-        accelerate has no rendezvous id to pass: its static rendezvous starts fresh each round."""
+        """Error files under ``log_dir``, no restarts (accelerate hands both to torchrun; the last of a
+        repeated flag wins); no rendezvous id: its static rendezvous starts fresh each round."""
         ours = ("--log_dir", str(log_dir), "--max_restarts", "0") if self.shape is not None else ()
         return [*self.launcher, *self.options, *ours, *self.script]
 
 
-def launcher_length(command: Sequence[str]) -> int:
+def launcher_length(command: list[str]) -> int:
     """How many leading words of ``command`` start ``accelerate launch`` (0: it does not)."""
-    if not command:
-        return 0
-    name = Path(command[0]).name
-    if name == "accelerate" and len(command) >= 2 and command[1] == "launch":
+    name = Path(command[0]).name if command else ""
+    if name == "accelerate" and command[1:2] == ["launch"]:
         return 2
     if name == "accelerate-launch":
         return 1
-    if name.startswith("python") and len(command) >= 3 and command[1:3] == ["-m", MODULE]:
-        return 3
-    return 0
+    return 3 if name.startswith("python") and command[1:3] == ["-m", MODULE] else 0
 
 
 def parse(command: Sequence[str], env: Mapping[str, str] | None = None) -> AccelerateLaunch | None:
@@ -88,8 +76,7 @@ def parse(command: Sequence[str], env: Mapping[str, str] | None = None) -> Accel
     args = _parse_flags(command[n:])
     tail = 1 + len(args.training_script_args)
     options, script = command[n:len(command) - tail], command[len(command) - tail:]
-    env = os.environ if env is None else env
-    config = _config(args, env)
+    config = _config(args, os.environ if env is None else env)
     shape, note = _shape(args, config)
     return AccelerateLaunch(tuple(command[:n]), tuple(options), tuple(script), shape, bool(args.module),
                             bool(args.no_python), note)
@@ -156,11 +143,8 @@ def _elastic(args: Any, config: Any) -> bool:
             "mpirun_hostfile")):
         raise UsageError("COMMAND", "accelerate's MPI launch (--mpirun_hostfile) starts ranks oomguard cannot "
                          "follow", "for several CPU processes use --multi_gpu with ACCELERATE_USE_CPU=1")
-    if args.cpu:
-        return False
-    if any(getattr(args, flag, False) for flag in _SWITCH_FLAGS):
-        return True
-    return _distributed_type(config) in _ELASTIC
+    return not args.cpu and (any(getattr(args, flag, False) for flag in _SWITCH_FLAGS)
+                             or _distributed_type(config) in _ELASTIC)
 
 
 def _distributed_type(config: Any) -> str | None:

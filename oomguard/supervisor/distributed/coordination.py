@@ -1,36 +1,24 @@
 """Several nodes, one decision: every node's oomguard shares each round through a c10d TCPStore.
 
-Tested in tests/unit/supervisor/distributed/test_torchrun.py, test_coordination.py and
+Tested in tests/unit/supervisor/distributed/test_coordination.py, test_torchrun.py and
 tests/e2e/test_multinode.py.
 
-One node's oomguard hosts a ``torch.distributed.TCPStore`` on the rendezvous port + 1 (the
-rendezvous itself is torchrun's: c10d on ``--rdzv-endpoint``); every other node's oomguard is a
-client of it. Which node hosts it: the one given ``--node-rank 0``; without node ranks (PyTorch's
-own multi-node form), the node c10d's rendezvous would pick to host its store: one whose machine
-is the endpoint's host, and of several nodes on that machine the first to bind the port. The
-others join it and are numbered 1, 2, ... in the order they joined.
+The store lives on the rendezvous port + 1, hosted by ``--node-rank 0`` or, without node ranks, by
+the node c10d would pick to host its own store (on the endpoint's host, first to bind the port);
+the others join it in order. Each node beats once a second from a thread of its own; one not heard
+for ``SILENT`` seconds is lost. A round: the host gathers the members (every node of a fixed
+``--nnodes``; MIN to MAX of an elastic ``--nnodes MIN:MAX``) and publishes them with the plan and
+the checkpoint; each member runs its torchrun and posts how it ended (a node that sees another's
+failure stops its own ranks, which would only wait in a collective); every node picks the same root
+cause (``choose``); the host decides and publishes, the others adopt. A member lost ends the round:
+with a fixed ``--nnodes`` with exit 75 (EX_TEMPFAIL, so a scheduler may requeue the set), with an
+elastic one as a regroup. The host's loss takes the store with it: the nodes left take it over as
+the first time and go on from what each holds. torch is imported only when a multi-node run starts.
 
-Every node's oomguard beats in the store once a second (a thread of its own, so a busy loop never
-misses one); a node not heard for ``SILENT`` seconds is lost. A round (one attempt on the members)
-goes:
-
-1. the host gathers the round's members (the nodes heard: every node of a fixed ``--nnodes``; with
-   torchrun's elastic ``--nnodes MIN:MAX`` at least MIN, at most MAX) and publishes them with the
-   plan for that world and the checkpoint to resume from; every member adopts them. A node that is
-   not a member (one that came back while a round ran) waits for the round that takes it in;
-2. each member runs its torchrun; when it ends, the node posts how (kind, evidence). A node that
-   sees another member's failure posted stops its own ranks: they would only wait in a collective;
-3. every node reads all the posts and picks the same root cause (``choose``: a memory failure
-   beats a hang, a crash, a kill, and a node stopped for a peer comes last);
-4. the host runs the policy on that failure and publishes the decision; the others adopt it.
-
-A member lost during a round ends it on every node: with a fixed ``--nnodes`` with one line and exit
-code 75 (EX_TEMPFAIL: a scheduler may requeue the full set); with an elastic one as a regroup (the
-round's ``regroup`` key, set once: the first node to see the loss writes why), after which the host
-gathers the nodes left. The host's own loss takes its store with it: the nodes left take the store
-over as it was taken the first time (a node on the endpoint's host binds the port, the others join
-it) and go on from what each of them already holds (the round number, the members, the last plan).
-Stdlib only at import: torch is imported when a multi-node run starts.
+The plan for another world (``for_world``, ``adopt``; pure) keeps the global batch asked: the
+accumulation becomes accumulation × old world ÷ new world at the same micro-batch, re-split to the
+largest divisor below it where it does not divide (never above: a larger one was never shown to
+fit); where the new world does not divide the global batch no exact plan exists, and that is said.
 """
 
 from __future__ import annotations
@@ -39,11 +27,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, NamedTuple
 
+from oomguard.common.batch import BatchPlan, largest_divisor_at_most
+from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed.torchrun import Shape
 
 # EX_TEMPFAIL: the run can go on once every node is back (lifecycle/states.py holds every exit status)
@@ -61,9 +51,8 @@ class PeerLost(RuntimeError):
 
 
 def _torch_quietly() -> None:
-    """Import torch with its C++ warnings off: a store whose host died logs a stack of C++ frames per
-    failed call, and oomguard says the one line that matters itself. The setting is put back, so
-    the ranks (which inherit oomguard's environment) keep the user's."""
+    """Import torch with its C++ warnings off (a dead store's host logs C++ frames per failed call;
+    oomguard says the one line that matters), then put the setting back for the ranks to inherit."""
     before = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = before or "ERROR"
     try:
@@ -74,9 +63,8 @@ def _torch_quietly() -> None:
 
 
 def hosts_rendezvous(host: str) -> bool:
-    """Is ``host`` this machine? c10d's own test (its name, its addresses, loopback), so oomguard's
-    choice of the store's host is the node torchrun's c10d rendezvous picks to host its store. A
-    private function of torch's, on purpose: the same answer as c10d's, not a copy that may drift."""
+    """Is ``host`` this machine? c10d's own (private) test on purpose, so oomguard's store's host is the
+    node c10d picks to host its store, not a copy of its test that may drift."""
     _torch_quietly()
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
@@ -92,16 +80,44 @@ def store_address(shape: Shape) -> tuple[str, int]:
 
 def choose(reports: dict[int, dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
     """The node whose failure decides the round, the same on every node; None when all succeeded."""
-    failed = {node: r for node, r in reports.items() if r.get("kind")}
-    if not failed:
-        return None
-
     def blame(item: tuple[int, dict[str, Any]]) -> tuple[int, int]:
         node, report = item
-        tier = 4 if report.get("stopped_for_peer") else _TIERS.get(str(report["kind"]), 2)
-        return tier, node
+        return (4 if report.get("stopped_for_peer") else _TIERS.get(str(report["kind"]), 2)), node
 
-    return min(failed.items(), key=blame)
+    return min(((node, r) for node, r in reports.items() if r.get("kind")), key=blame, default=None)
+
+
+def for_world(plan: Plan, world: int) -> Plan | str:
+    """``plan`` at ``world`` ranks with the same global batch; the one line saying why not, where no
+    exact plan exists."""
+    b = plan.batch
+    if world == b.world_size:
+        return plan
+    if not b.accumulates:
+        return (f"the command passes no {{grad_accum}}, so the global batch {b.asked} cannot be kept at "
+                f"world {world}")
+    if b.global_batch % world:
+        return f"global batch {b.global_batch} is not divisible by world {world}"
+    micro = largest_divisor_at_most(b.global_batch // world, b.micro_batch)
+    assert micro is not None  # 1 divides every per-rank batch
+    return replace(plan, batch=BatchPlan(micro, b.global_batch, world))
+
+
+def adopt(plan: Plan, agreed: Mapping[str, Any]) -> Plan | None:
+    """The round's shared plan (``Plan.as_dict``) as this node's, whatever world it is for; None when
+    it is not for the global batch this node was asked (another job on the same store)."""
+    resumed = plan.resumed(agreed)
+    if resumed is not None or agreed.get("world_size") == plan.batch.world_size:
+        return resumed
+    if (agreed.get("asked_global") or agreed.get("global_batch")) != plan.batch.asked:
+        return None
+    try:
+        batch = BatchPlan(int(agreed["micro_batch"]), int(agreed["global_batch"]), int(agreed["world_size"]),
+                          agreed.get("asked_global"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Plan(batch, bool(agreed.get("expandable_segments")), int(agreed.get("fallbacks_applied") or 0),
+                agreed.get("eval_micro_batch", plan.eval_micro_batch), agreed.get("num_workers", plan.num_workers))
 
 
 class News(NamedTuple):
@@ -110,10 +126,6 @@ class News(NamedTuple):
     regroup: bool  # the round ends for the nodes to regroup (an elastic run): no failure
     node: int | None  # the node it is about, where one is
     why: str
-
-
-def _quiet(line: str) -> None:
-    """The default for ``Coordinator.say``: nothing to tell."""
 
 
 @dataclass
@@ -128,7 +140,7 @@ class Coordinator:
     host: int | None = 0  # the node that hosts the store, as far as this node knows
     round: int = 0  # the last round this node saw started
     members: tuple[int, ...] = ()  # the nodes of that round
-    say: Callable[[str], None] = _quiet  # a line for the log (a store taken over)
+    say: Callable[[str], None] = lambda line: None  # a line for the log (a store taken over)
     stopping: Callable[[], bool] = lambda: False  # the user's stop (a signal): no more waiting for a round
     _posted: dict[str, Any] | None = field(default=None, repr=False)  # this node's post for the round
     _heard: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)  # beat count, when seen
@@ -163,13 +175,9 @@ class Coordinator:
     def _elect(self) -> None:
         """As c10d does: host the store if the endpoint names this machine and the port is free,
         else join the node that does and take the next number."""
-        host, _ = store_address(self.shape)
-        if hosts_rendezvous(host):
-            try:
-                self.store, self.node, self.hosting = self._open(True, quiet=True), 0, True
-                return
-            except PeerLost:
-                pass  # another node on this machine was first: join it
+        if (store := self._host_here()) is not None:
+            self.store, self.node = store, 0
+            return
         self.store = self._open(False)
         self.node = int(self.store.add("oomguard/joined", 1))
         if self.node >= self.shape.nnodes and not self.shape.elastic:  # an elastic run's node may come back
@@ -203,9 +211,8 @@ class Coordinator:
     # --- the rounds ---
 
     def gather(self) -> tuple[int, ...]:
-        """The host: the next round's members. At the first round every node is waited for up to
-        --peer-timeout; later, the nodes heard go on at once where there are enough of them (every
-        node of a fixed --nnodes, MIN of an elastic one), and are waited for up to --peer-timeout where not."""
+        """The host: the next round's members. The first round waits up to --peer-timeout for every node;
+        later ones go on at once with enough nodes heard (all of a fixed --nnodes, MIN of an elastic one)."""
         least = self.shape.min_nodes or self.shape.nnodes
         first, deadline = self.round == 0, time.monotonic() + self.peer_timeout
         while True:
@@ -223,9 +230,8 @@ class Coordinator:
             time.sleep(POLL)
 
     def start_round(self, proposal: dict[str, Any]) -> dict[str, Any]:
-        """The host publishes the next round (``proposal`` names its members, from ``gather``); every
-        member adopts it. A node that is not a member waits for the round that takes it in. A
-        proposal with ``stop`` ends the run on every node with that line (exit 75)."""
+        """The host publishes the next round (``proposal``: its members, from ``gather``); every member
+        adopts it, others wait for a round that takes them in. A ``stop`` ends the run (exit 75)."""
         while not self.hosting:
             agreed = self._wait_start()
             if agreed is not None:
@@ -238,9 +244,8 @@ class Coordinator:
         return agreed
 
     def _wait_start(self) -> dict[str, Any] | None:
-        """A non-host's wait for the next round that takes it in; None when the store's host was lost
-        meanwhile and this node took the store over. A member of the last round waits up to
-        --peer-timeout (the host is due to publish); a node taken in by none waits while the host runs."""
+        """A non-host's wait for the next round that takes it in (a member up to --peer-timeout: the host is
+        due to publish); None when this node took the store over from a lost host meanwhile."""
         member, deadline = bool(self.members), time.monotonic() + self.peer_timeout
         while not self.hosting:
             r = int(self._call("get", "oomguard/round")) if self._call("check", ["oomguard/round"]) else 0
@@ -270,9 +275,8 @@ class Coordinator:
         self._call("set", f"round/{self.round}/end/{self.me}", json.dumps(report))
 
     def news(self) -> News | None:
-        """Why this node's ranks must stop now (a quick look, no waiting): the round ends for the nodes
-        to regroup (a member lost, a node back), or another member's attempt failed, or a member of a
-        fixed --nnodes is lost."""
+        """Why this node's ranks must stop now (a quick look): a regroup (a member lost, a node back),
+        another member's attempt failed, or a member of a fixed --nnodes is lost."""
         r = self.round
         if (why := self.regrouped()) is not None:
             return News(True, None, why)
@@ -402,7 +406,7 @@ class Coordinator:
         if self.hosting or not self.shape.elastic:
             raise PeerLost(f"lost node {lost}'s oomguard, which keeps the shared decision ({_first_line(exc)})")
         deadline = time.monotonic() + SILENT
-        while (store := self._reopen(host)) is None:
+        while (store := self._reopen()) is None:
             if time.monotonic() > deadline:
                 raise PeerLost(f"node {lost}'s oomguard kept the shared decision and is gone, and no node took "
                                f"it over on {host}:{port} within {SILENT:g} s (only a node on {host}, the "
@@ -422,14 +426,21 @@ class Coordinator:
             f"this node keeps it now on port {port}" if self.hosting else f"joined the node that keeps it now at "
             f"{host}:{port}"))
 
-    def _reopen(self, host: str) -> Any:
-        if hosts_rendezvous(host):
+    def _host_here(self) -> Any:
+        """The store bound here where the endpoint names this machine and its port is free (as c10d
+        picks its store's host), else None."""
+        if hosts_rendezvous(store_address(self.shape)[0]):
             try:
                 store = self._open(True, quiet=True)
                 self.hosting = True
                 return store
             except PeerLost:
-                pass  # another node on this machine was first
+                pass  # another node on this machine was first: join it
+        return None
+
+    def _reopen(self) -> Any:
+        if (store := self._host_here()) is not None:
+            return store
         try:
             return self._open(False, quiet=True, timeout=2.0)
         except PeerLost:

@@ -1,15 +1,10 @@
 """torchrun as the worker's launcher: read a ``torchrun ...`` COMMAND, or build one for ``--nproc-per-node``.
 
-oomguard never spawns ranks or runs a rendezvous itself: torchrun (``torch.distributed.run``, the
-TorchElastic agent) does both. This module only knows torchrun's command line: which options set
-the world's shape (``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``), and
-the options oomguard adds to every attempt (``--log-dir``, so each rank's ``error.json`` lands in
-the run directory, and ``--max-restarts 0``, so the restart decision stays oomguard's).
-
-A node rank is optional: PyTorch's own multi-node form (``torchrun --nnodes 4 --rdzv-backend c10d
---rdzv-endpoint HOST:PORT train.py`` on every node) gives none, and the c10d rendezvous numbers the
-nodes itself; ``Shape.node_rank`` is then None and ``dist.coordination`` picks the node that keeps
-oomguard's shared decision the way c10d picks the node that hosts its store.
+oomguard never spawns ranks or runs a rendezvous itself: torchrun does both. This module knows its
+command line: the options that set the world's shape, and those oomguard adds to every attempt
+(``--log-dir``, so each rank's ``error.json`` lands in the run directory; ``--max-restarts 0``, so
+the restart decision stays oomguard's). Without ``--node-rank`` (PyTorch's own multi-node form, c10d
+numbering the nodes) ``Shape.node_rank`` is None and ``dist.coordination`` picks the store's host.
 """
 
 from __future__ import annotations
@@ -54,12 +49,8 @@ class Torchrun:
         """The most nodes (``--nnodes 4``, or MAX of torchrun's elastic ``--nnodes MIN:MAX``)."""
         return self._nodes()[1]
 
-    @property
-    def min_nodes(self) -> int:
-        """The fewest nodes the run may go on with: MIN of ``--nnodes MIN:MAX``, else every node."""
-        return self._nodes()[0]
-
     def _nodes(self) -> tuple[int, int]:
+        """The fewest nodes the run may go on with (MIN of ``--nnodes MIN:MAX``, else every node), the most."""
         text = self.get("nnodes") or "1"
         low, colon, high = text.partition(":")
         least, most = _count(low, "--nnodes"), _count(high if colon else low, "--nnodes")
@@ -88,30 +79,21 @@ class Torchrun:
     def argv(self) -> list[str]:
         out = list(self.launcher)
         for name, value in self.options:
-            out += [_flag(name)] if value is None else [_flag(name), value]
+            out += [f"-{name}" if len(name) == 1 else f"--{name}", *([] if value is None else [value])]
         return [*out, *self.script]
 
     def shape(self) -> Shape:
-        least = self.min_nodes
-        return Shape(self.nproc_per_node, self.nnodes, self.node_rank, self.rdzv_endpoint,
-                     least if least < self.nnodes else None)
-
-    def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None, nnodes: int | None = None) -> list[str]:
-        return attempt_argv(self, log_dir, rdzv_id, nnodes)
+        least, most = self._nodes()
+        return Shape(self.nproc_per_node, most, self.node_rank, self.rdzv_endpoint, least if least < most else None)
 
     @property
     def program(self) -> tuple[str, ...]:
-        """The training program as ``python`` would be given it: ``(script, args...)``, ``("-m",
-        module, args...)``, or ``()`` for a binary (``--no-python``)."""
+        """The training program as ``python`` would be given it (``()`` for a ``--no-python`` binary)."""
         if self.get("no-python") is not None:
             return ()
         if self.get("module") is not None or self.get("m") is not None:
             return ("-m", *self.script)
         return self.script
-
-
-def _flag(name: str) -> str:
-    return f"-{name}" if len(name) == 1 else f"--{name}"
 
 
 def _count(text: str, option: str) -> int:
@@ -122,17 +104,15 @@ def _count(text: str, option: str) -> int:
     return int(text)
 
 
-def _launcher_length(command: Sequence[str]) -> int:
+def _launcher_length(command: list[str]) -> int:
     """How many leading words of ``command`` start torchrun (0: it is not a torchrun command)."""
-    if not command:
-        return 0
-    if Path(command[0]).name == "torchrun":
+    name = Path(command[0]).name if command else ""
+    if name == "torchrun":
         return 1
-    if Path(command[0]).name.startswith("python") and len(command) >= 3 and command[1:3] == ["-m", MODULE]:
+    python = name.startswith("python")
+    if python and command[1:3] == ["-m", MODULE]:
         return 3
-    if Path(command[0]).name.startswith("python") and len(command) >= 2 and command[1] == f"-m{MODULE}":
-        return 2
-    return 0
+    return 2 if python and command[1:2] == [f"-m{MODULE}"] else 0
 
 
 def parse(command: Sequence[str]) -> Torchrun | None:
@@ -149,14 +129,12 @@ def parse(command: Sequence[str]) -> Torchrun | None:
         name = name.replace("_", "-")
         if name in _SWITCHES and not eq:
             options.append((name, None))
-        elif name in _VALUED:
-            if not eq:
-                if not rest:
-                    raise UsageError("COMMAND", f"torchrun option {word} has no value", "give it one")
-                value = rest.pop(0)
-            options.append((name, value))
-        else:
+            continue
+        if name not in _VALUED:
             raise UsageError("COMMAND", f"unknown torchrun option {word}", "see torchrun --help")
+        if not eq and not rest:
+            raise UsageError("COMMAND", f"torchrun option {word} has no value", "give it one")
+        options.append((name, value if eq else rest.pop(0)))
     if rest and rest[0] == "--":
         rest.pop(0)
     if not rest:
@@ -215,11 +193,9 @@ def wrap(command: Sequence[str], shape: Shape) -> Torchrun:
 
 
 def attempt_argv(launch: Torchrun, log_dir: Path, rdzv_id: str | None = None, nnodes: int | None = None) -> list[str]:
-    """The torchrun argv of one attempt: rank logs and error files under ``log_dir``, no restarts of
-    torchrun's own (oomguard decides them, with a new plan), and a fresh rendezvous id per round.
-    ``nnodes``: the nodes of this round of an elastic run, so that c10d closes the rendezvous with
-    exactly the world the plan is for (with MIN:MAX it would wait out its last call and could form
-    another world, and the global batch would no longer be the one asked)."""
+    """One attempt: error files under ``log_dir``, no restarts of torchrun's own (oomguard decides, with
+    a new plan), a rendezvous id per round, and this round's ``nnodes`` of an elastic run, so c10d closes
+    the rendezvous with exactly the world the plan is for (not another, at another global batch)."""
     launch = launch.with_option("log-dir", str(log_dir)).with_option("max-restarts", "0")
     if rdzv_id is not None:
         launch = launch.with_option("rdzv-id", rdzv_id)

@@ -65,7 +65,7 @@ class FailureRecord:
 @dataclass(frozen=True)
 class StatusDoc:
     """The status document (``oomguard status --json``, /api/status, the pages' live status): its one
-    schema; the API's model is this class (web/models.py)."""
+    schema; the API's model is this class (web/app.py)."""
 
     state: str
     reason: str

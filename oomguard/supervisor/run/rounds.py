@@ -13,7 +13,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
-from oomguard.supervisor.distributed import elastic
+from oomguard.supervisor.distributed import coordination as elastic
 from oomguard.supervisor.distributed.coordination import Coordinator, PeerLost, choose
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from oomguard.supervisor.decide.classify import ExitFacts, Verdict, classify
 from oomguard.supervisor.decide.policy import Decision, Plan
 from oomguard.supervisor.distributed.coordination import Coordinator, store_address
-from oomguard.supervisor.distributed.ranks import ERROR_FILE_ENV, TorchrunAttempt
+from oomguard.supervisor.distributed.launcher import ERROR_FILE_ENV, TorchrunAttempt
 from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.lifecycle.outcome import Stop, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex

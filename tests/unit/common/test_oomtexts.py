@@ -20,7 +20,7 @@ import pytest
 from support import ROOT
 
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.distributed.errorfiles import RankScanner
+from oomguard.supervisor.distributed.launcher import RankScanner
 from oomguard.supervisor.observe.output import OutputScanner
 
 CORPUS = ROOT / "tests" / "data" / "oom_corpus.jsonl"

@@ -24,7 +24,7 @@ from oomguard.supervisor.decide.classify import (
     seen,
 )
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.distributed.errorfiles import RootCause
+from oomguard.supervisor.distributed.launcher import RootCause
 from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner

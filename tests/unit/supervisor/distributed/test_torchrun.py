@@ -11,7 +11,7 @@ import pytest
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
-from oomguard.supervisor.distributed.errorfiles import RankScanner, read_error_files, root_cause
+from oomguard.supervisor.distributed.launcher import RankScanner, read_error_files, root_cause
 from oomguard.supervisor.distributed.launcher import attempt_argv as launch_attempt_argv
 from oomguard.supervisor.distributed.torchrun import Shape, attempt_argv, parse, shape_of, wrap
 from oomguard.supervisor.errors import UsageError

@@ -1,4 +1,4 @@
-"""web/models.py: /api/status is validated by the status document's one schema (record/status.StatusDoc)."""
+"""web/app.py: /api/status is validated by the status document's one schema (record/status.StatusDoc)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.status import status_document
-from oomguard.web import models
+from oomguard.web.app import STATUS
 
 PLAN = {"micro_batch": 8, "grad_accum": 2, "global_batch": 16, "world_size": 1}
 
@@ -28,14 +28,14 @@ def test_the_status_document_is_what_the_status_model_describes(tmp_path: Path) 
     journal.record_sample(2, {"worker_rss_bytes": 2**20}, time.time(), 2**20, None, 10, {"step": 10})
     doc = status_document(journal)
     journal.close()
-    valid = models.STATUS.validate_python(doc)  # what /api/status does before it answers
-    assert json.loads(models.STATUS.dump_json(valid)) == json.loads(json.dumps(doc))
+    valid = STATUS.validate_python(doc)  # what /api/status does before it answers
+    assert json.loads(STATUS.dump_json(valid)) == json.loads(json.dumps(doc))
     assert valid.failures[0].cause == {"summary": "per-sample", "figures": {"slope": 0.0}}
     assert valid.newest_checkpoint is not None and valid.newest_checkpoint["step"] == 10
-    schema = models.STATUS.json_schema()  # the OpenAPI schema /api/status is documented with
+    schema = STATUS.json_schema()  # the OpenAPI schema /api/status is documented with
     assert {"state", "failures", "newest_checkpoint", "progress"} <= set(schema["properties"])
 
 
 def test_a_document_that_breaks_the_schema_is_refused() -> None:
     with pytest.raises(pydantic.ValidationError):
-        models.STATUS.validate_python({"state": "running"})
+        STATUS.validate_python({"state": "running"})
