@@ -33,10 +33,9 @@ from oomguard.supervisor.decide.classify import (
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.sizing import tuning as extrapolate
-from oomguard.supervisor.sizing.memmodel import OomFigures, Point, fit
+from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point, SizeTuner, figures_at_oom, fit
 from oomguard.supervisor.sizing.trend import Reading
-from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,21 @@
-"""Finding the newest valid checkpoint among the files or directories the worker writes.
+"""Checkpoints and their steps: finding the newest valid one among what the worker writes.
 
 Tested in tests/unit/supervisor/observe/test_checkpoints.py; the look-alikes in
 tests/unit/supervisor/run/test_preflight.py.
 
-The newest is the one holding the highest step, where its step is known (``resolve`` below:
-the probe's save record, learned from the loop; HF's ``trainer_state.json``; a number its name labels
-as a step, ``read_name``); else the highest epoch or save count its name gives; else the
-newest modification time. A number the name does not label as a step (a batch size, a version, a
-rank) never orders them. A checkpoint still being written is never
-chosen: temp names are skipped, and while the worker runs a candidate must keep the same size and
-mtime for ``settle`` seconds. The ``watchdog`` package tells us when something changed, so the
-directory is rescanned only then (with a polling observer where inotify is unavailable).
-
-Also here:
-
-- What a checkpoint's name says about its step: only a number the name labels as a step.
-- The step a checkpoint holds, from the best evidence there is, and which evidence that was.
-- Did the attempt start where it was told to? Its first step against the checkpoint's step.
-- Files the worker writes that look like checkpoints: what a ``--checkpoint`` glob that matches nothing missed.
-- Which files the worker's processes hold open for writing: the kernel's word that the worker wrote one.
+The newest is the one holding the highest step where its step is known (``resolve``), else the
+highest epoch or save count its name gives, else the newest mtime. One still being written is never
+chosen: temp names are skipped, and while the worker runs a candidate must keep its size and mtime
+for ``settle`` seconds; ``watchdog`` says when to rescan. Also here: did an attempt resume where it
+was told to (``ResumeCheck``), and the files the worker writes that look like checkpoints but no
+``--checkpoint`` glob matches (``LookalikeWatcher``).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import glob
+import itertools
 import json
 import logging
 import os
@@ -37,6 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeVar
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -85,10 +77,9 @@ _EPOCH_SCHEMES = (
     re.compile(r"^checkpoint(?P<n>\d+)\.pt$"),         # fairseq: checkpoint{epoch}.pt (checkpoint_utils.py)
     re.compile(r"^checkpoint-(?P<n>\d+)\.pth\.tar$"),  # timm CheckpointSaver: checkpoint-{epoch}.pth.tar
     re.compile(r"^model_(?P<n>[1-9]\d*|0)\.pth$"),     # torchvision references: model_{epoch}.pth (unpadded)
+    re.compile(r"^checkpoint_(?P<n>\d+)$"),  # accelerate automatic_checkpoint_naming: its save count
 )
-_SAVE_COUNT = re.compile(r"^checkpoint_(?P<n>\d+)$")  # accelerate automatic_checkpoint_naming: its save count
 _FAIRSEQ_UPDATES = re.compile(r"^checkpoint_(?P<epoch>\d+)_(?P<updates>\d+)\.pt$")  # checkpoint_{epoch}_{updates}.pt
-
 
 @dataclass(frozen=True)
 class NameReading:
@@ -131,8 +122,6 @@ def _known_scheme(name: str) -> NameReading | None:
     for scheme in _EPOCH_SCHEMES:
         if m := scheme.match(name):
             return NameReading(None, int(m["n"]))
-    if m := _SAVE_COUNT.match(name):
-        return NameReading(None, int(m["n"]))
     if m := _FAIRSEQ_UPDATES.match(name):
         return NameReading(int(m["updates"]), int(m["epoch"]))
     return None
@@ -344,12 +333,7 @@ def _watch_roots(patterns: Iterable[str], cwd: Path) -> set[str]:
     """The deepest existing directory above each glob's first wildcard."""
     roots = set()
     for pattern in patterns:
-        full = Path(pattern if os.path.isabs(pattern) else cwd / pattern)
-        parts = []
-        for part in full.parts:
-            if glob.has_magic(part):
-                break
-            parts.append(part)
+        parts = list(itertools.takewhile(lambda part: not glob.has_magic(part), (cwd / pattern).parts))
         root = Path(*parts) if parts else Path("/")
         while not root.is_dir() and root != root.parent:
             root = root.parent
@@ -379,7 +363,7 @@ class CheckpointIndex:
         one above it (a glob like ``ckpt-*`` in the working directory names no directory of its own)."""
         roots = []
         for pattern in self.patterns:
-            full = Path(pattern if os.path.isabs(pattern) else self.cwd / pattern)
+            full = self.cwd / pattern
             magic = next((i for i, part in enumerate(full.parts) if glob.has_magic(part)), len(full.parts) - 1)
             root = Path(*full.parts[:magic])
             if root != self.cwd and root not in self.cwd.parents:
@@ -689,7 +673,7 @@ def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
             value = words[i + 1] if i + 1 < len(words) else ""
         if not value or value.startswith("-") or "{" in value:
             continue
-        path = Path(value) if os.path.isabs(value) else cwd / value
+        path = cwd / value
         found.append(path.parent if path.suffix.lower() in SUFFIXES else path)
     return found
 
@@ -697,15 +681,17 @@ def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
 def matched(path: str, globs: Sequence[str], cwd: Path) -> bool:
     """Does one of the ``--checkpoint`` globs match ``path`` (a look-alike), or a directory above it?
     fnmatch's ``*`` also crosses ``/``: a doubt is read as a match, never as a false alarm."""
-    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
     candidates = [path, *(str(p) for p in Path(path).parents)]
-    return any(fnmatch.fnmatchcase(c, os.path.normpath(p)) for p in patterns for c in candidates)
+    return any(fnmatch.fnmatchcase(c, p) for p in _absolute(globs, cwd) for c in candidates)
 
 
 def beside(path: str, globs: Sequence[str], cwd: Path) -> bool:
     """Is ``path`` in a directory one of the globs looks in?"""
-    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
-    return any(fnmatch.fnmatchcase(os.path.dirname(path), os.path.dirname(os.path.normpath(p))) for p in patterns)
+    return any(fnmatch.fnmatchcase(os.path.dirname(path), os.path.dirname(p)) for p in _absolute(globs, cwd))
+
+
+def _absolute(globs: Iterable[str], cwd: Path) -> list[str]:
+    return [os.path.normpath(cwd / g) for g in globs]
 
 
 def missed(found: Sequence[Lookalike], globs: Sequence[str], cwd: Path, any_matched: bool,
@@ -781,21 +767,10 @@ class _Writes(FileSystemEventHandler):
 
 
 class LookalikeWatcher:
-    """Look-alikes the worker writes in ``cwd`` and its output directories.
-
-    Each watched path costs an inotify instance and a thread (watchdog's emitter), and a recursive
-    watch one kernel watch per directory below it, so the working tree (a virtualenv, a dataset of
-    many directories) is not watched whole: ``cwd`` itself without recursion, and recursively the
-    output directories the command names, the directories in ``cwd`` named like outputs (``out``,
-    ``checkpoints``, ``runs``...) and every directory the worker creates in ``cwd`` while it runs
-    (new, so watched; whose files they hold is still proven file by file). Where inotify cannot be had
-    nothing is watched, and the notice waits for ``QUIET_LIMIT`` with no names: polling a whole tree
-    every second would cost more than it is worth.
-
-    ``pids`` gives the worker's processes (the loop's last sample of its tree): a write reported
-    while one of them holds the file open for writing is the worker's; ``saved`` takes the paths
-    of the probe's ``save`` records. Each look-alike found says whether it is the worker's.
-    """
+    """Look-alikes the worker writes in ``cwd`` (not recursively: a virtualenv or a dataset would cost
+    a kernel watch per directory) and, recursively, in the output directories the command names, those
+    in ``cwd`` named like outputs, and those the worker creates there. Without inotify nothing is
+    watched (polling a tree would cost more than it is worth). ``pids``: the worker's processes."""
 
     def __init__(self, cwd: Path, outputs: Iterable[Path], ignore: Iterable[Path],
                  pids: Callable[[], Sequence[int]] = tuple) -> None:
@@ -872,10 +847,7 @@ class LookalikeWatcher:
         if found is None:
             return
         with self._lock:
-            self._found.pop(found, None)
-            self._found[found] = time.time()
-            if len(self._found) > MAX_FOUND:
-                del self._found[next(iter(self._found))]
+            _newest(self._found, found, time.time())
 
     def found(self) -> list[Lookalike]:
         """The look-alikes written so far, each saying whether the worker wrote it (the loop's
@@ -909,10 +881,7 @@ class LookalikeWatcher:
         with self._lock:
             if path in self._own or now - self._looked.get(path, -RECHECK) < RECHECK:
                 return
-            self._looked.pop(path, None)
-            self._looked[path] = now
-            if len(self._looked) > MAX_FOUND:
-                del self._looked[next(iter(self._looked))]
+            _newest(self._looked, path, now)
         pids = tuple(self.pids())
         if pids and held_for_writing(pids, {os.path.realpath(path)}):
             self._wrote(path, root)
@@ -924,10 +893,7 @@ class LookalikeWatcher:
         if root is None or any(_under(dest, ignored) for ignored in self.ignore):
             return
         with self._lock:
-            self._moves.pop(src, None)
-            self._moves[src] = dest
-            if len(self._moves) > MAX_FOUND:
-                del self._moves[next(iter(self._moves))]
+            _newest(self._moves, src, dest)
             if src in self._own:
                 self._mark(dest, root)
 
@@ -976,6 +942,17 @@ class LookalikeWatcher:
                     self.saw(os.path.join(dirpath, name), True)
                 for name in filenames:
                     self.saw(os.path.join(dirpath, name), False)
+
+
+_V = TypeVar("_V")
+
+
+def _newest(kept: dict[str, _V], key: str, value: _V) -> None:
+    """Keep ``key`` as the newest entry of ``kept``, the oldest dropped past ``MAX_FOUND``."""
+    kept.pop(key, None)
+    kept[key] = value
+    if len(kept) > MAX_FOUND:
+        del kept[next(iter(kept))]
 
 
 def _output_like(cwd: Path) -> list[Path]:
