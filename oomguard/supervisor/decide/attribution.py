@@ -1,43 +1,13 @@
 """Blame the batch only for what the batch did: the cause of one memory failure, from the record.
 
-``attribute`` names the cause of an attempt's memory failure from what oomguard recorded about it:
-its memory readings with the steps (the journal's samples), the readings of the memory counted
-against the limit that applied (``Limit``), the evidence in its output (the traceback's function
-names, the last lines, a DataLoader worker's death) and the memory model's view of the batch. The
-causes, most specific first:
-
-- *data loader*: a DataLoader worker process died (the OOM killer's favourite victim: the biggest
-  process in the cgroup); the remedy starts with the workers, not the batch;
-- *leak*: memory kept rising in a straight line while training went on at one size, AND that line
-  explains the failure: extended to the moment of the failure it reaches the limit that applied
-  (within the readings' noise, ``trend.Headroom``), and the last readings lie on it. The batch is
-  not to blame; a restart from the newest checkpoint at the same size is the remedy;
-- *phase spike*: the traceback or the last output names evaluation, checkpoint saving or loading;
-- *per-sample*: none of the above; memory rose to a plateau that scales with the micro-batch, or
-  jumped above its trend in one step, today's remedy (halve) is right. The summary says "memory
-  follows the micro-batch" only where the figures show it: the memory model's line through two sizes
-  or more, or this run's plateaus at two sizes or more, higher at the larger one (by
-  ``FOLLOW_MARGIN``), and it says memory does not follow only from plateaus that were measured.
-
-A reading taken at or just before a memory failure is a lower bound, never a plateau: at a CUDA OOM
-the device was full by definition, and a failure between two samples leaves the last reading below
-what the step needed. Such a plateau is *censored* (``Plateau.censored``); plateaus of failed
-attempts are listed as "at least", and no line infers from them how memory scales with the batch
-(81014 MiB at 512 and 80132 MiB at 256 were both the ceiling, not what the batches needed).
-Readings that saw none of the worker's memory (NVML's per-process figure is 0 where it cannot see
-the processes) are no readings at all. With the in-process probe, a CUDA OOM is told in the
-allocator's words and figures (``Evidence.allocator``): how much it asked for, how much was
-allocated of the limit, and the memory per sample its step peaks measured at other micro-batches.
-
-A steady line that was still far below the limit when the worker died did not kill it: something
-jumped above the line (a spike), and the spike is the cause, whatever the line's R². Where both
-are present, the figures pick the remedy: when the rise added at least as much memory in the
-attempt as the jump needed beyond the line, restarting fresh at the same size gives that room
-back (a leak that also spiked); when it added less, the batch's memory is what must shrink (and
-the rise is not called a leak). A leak's trend is checked before the phase: a run that crept for
-an hour and died in evaluation died of the creep; the phase is kept in the summary. Every summary
-carries its figures, the distance between the trend at the failure and the limit included. Pure:
-the tests feed it scripted series.
+``attribute`` names the cause from the attempt's memory readings with its steps, the readings counted
+against the limit that applied (``Limit``), the evidence in its output and the memory model's view
+of the batch, most specific first: data loader, leak, phase spike, per-sample (the causes, their
+evidence and remedies: docs/failures.md, "Causes of a memory failure"). A rise is a leak only when
+its line, extended to the failure, reaches the limit; a line far below it did not kill the worker,
+a spike above it did. A reading at or just before a failure is a lower bound, never a plateau
+(``Plateau.censored``): no line infers from it how memory scales with the batch. Pure: the tests
+feed it scripted series.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """What ended an attempt: a ``FailureKind`` and the evidence that decided it.
 
-``classify`` turns the exit status, the evidence ``observe.output.OutputScanner`` kept from the
-worker's output, the OOM-kill counters and, under torchrun, the root-cause rank into a kind. It is
-pure, so the tests feed it text and numbers.
-
-Also here:
-
-- Is a CUDA OOM fragmentation? Judged from the allocator's own figures in the OOM message.
-- Errors no restart can fix: the rule that stops a run at once instead of retrying them.
-- Whether an attempt died of oomguard's own code: the probe in the worker, or a spare's handover.
+``classify`` turns the exit status, what ``observe.output.OutputScanner`` kept, the OOM-kill counters
+and, under torchrun, the root-cause rank into a kind; pure, so the tests feed it text and numbers.
+Also here: whether a CUDA OOM is fragmentation, the errors no restart can fix, and whether an
+attempt died of oomguard's own code (the probe, a spare's handover).
 """
 
 from __future__ import annotations

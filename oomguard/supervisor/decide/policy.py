@@ -1,14 +1,9 @@
 """The recovery policy: one pure function from what happened to what to do next.
 
-``decide`` does no I/O and reads no clock; the event loop carries out its ``Decision``. The tests
-feed it scripted histories.
-
-Also here:
-
-- Every change of the run's plan other than a failure's (``PlanChange``): a saved plan continued, the
-  fit store's start, ``--grow``, a planned restart, allocator settings, node 0's plan.
-- How many spare interpreters to keep (run/spare.py): a reserve, so that back-to-back OOMs do not
-  outrun them, that never stands between the worker and the memory it needs (docs/restart.md).
+``decide`` does no I/O and reads no clock; the event loop carries out its ``Decision``. Also here:
+every change of the run's plan other than a failure's (``PlanChange``), and how many spare
+interpreters to keep (run/spare.py): a reserve, so that back-to-back OOMs do not outrun them, that
+never stands between the worker and the memory it needs (docs/restart.md).
 """
 
 from __future__ import annotations

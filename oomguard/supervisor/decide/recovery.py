@@ -1,15 +1,10 @@
 """What follows a failed attempt, as one pure function: ``recover``.
 
-From the attempt's facts (read before the call: its watch, its memory readings, the journal's earlier
-figures), the earlier failures of this run, the memory knowledge (``decide.tuning.SizeTuner``) and
-the configuration, to the ``Decision`` with everything learned on the way and the events to record,
-in order. It does no I/O and reads no clock: the loop journals the notes and stores what was learned
-(the fit store) after the call, and the tests feed it scripted histories.
-
-The steps, in order: whose fault (``ownfault``: oomguard's own code is never the script's), was it
-fragmentation (``fragmentation``), what caused a memory failure (``attribution``), what the memory
-model learns from it (``tuning``), the proven path (``policy.decide``) and, under ``--predict-shrink``,
-the size the OOM's figures predict (``extrapolate``).
+From the attempt's facts, the run's earlier failures, the memory knowledge (``SizeTuner``) and the
+configuration to the ``Decision`` and the events to record, in order: whose fault, fragmentation,
+the cause (``attribution``), what the memory model learns, the proven path (``policy.decide``) and,
+under ``--predict-shrink``, the size the OOM's figures predict. No I/O and no clock: the loop
+journals the notes and stores what was learned after the call.
 """
 
 from __future__ import annotations

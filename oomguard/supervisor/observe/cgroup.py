@@ -3,11 +3,9 @@ OOM-kill counters) and any other oomguard reads (the figures of ``MemoryCgroup.r
 
 Tested in tests/unit/supervisor/observe/test_sampler.py and tests/e2e/test_spare_budget.py (real cgroups).
 
-The supervisor makes a child cgroup of its own for each attempt's worker. The kernel's oom_kill
-counter in it proves a SIGKILL was the OOM killer's; whether the cgroup's own limit was hit tells
-oomguard's budget (``memory_limit``) from the machine or a parent cgroup running out (``host_oom``).
-Where no cgroup can be made (not root, no memory controller), ``/proc/vmstat`` still counts
-OOM kills machine-wide.
+The kernel's oom_kill counter in the worker's own cgroup proves a SIGKILL was the OOM killer's, and
+whether its own limit was hit tells ``memory_limit`` from ``host_oom``; without a cgroup,
+``/proc/vmstat`` still counts OOM kills machine-wide.
 """
 
 from __future__ import annotations

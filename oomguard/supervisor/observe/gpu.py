@@ -1,15 +1,9 @@
 """GPU memory through NVML: the one seam between oomguard and ``pynvml`` (nvidia-ml-py).
 
-``Nvml`` is the handful of NVML calls oomguard makes; ``PyNvml`` implements it over the
-``pynvml`` module (tests hand it a fake module with the same function names and the real
-``pynvml`` error classes). ``GpuMonitor`` turns those calls into ``GpuReading`` figures for the
-devices the worker can see (``CUDA_VISIBLE_DEVICES``), with the memory of the worker's own
-processes picked out of ``nvmlDeviceGetComputeRunningProcesses``.
-
-Nothing here raises for a missing GPU: without the library, the driver or per-process figures,
-the monitor says why in one line (``GpuSnapshot.unavailable`` / ``GpuReading.worker_note``) and
-keeps returning what it can. The reason is decided once, so a machine without a GPU costs one
-failed ``nvmlInit`` per supervisor, not one per sample and no log flood.
+``GpuMonitor`` turns the few NVML calls of ``Nvml`` (``PyNvml`` over the real module; the tests hand
+it a fake one) into ``GpuReading`` figures for the devices the worker can see, the worker's own
+processes' memory picked out. Nothing here raises for a missing GPU: why there are no figures is
+decided once and said in one line (``GpuSnapshot.unavailable``), not once per sample.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """What the loop learns about one attempt while it runs: progress, checkpoints, hangs, peaks.
 
-``AttemptWatch`` folds the worker's structured records (``common.protocol``) and the output
-scanner's evidence into facts the loop and the policy read: the last step, whether a checkpoint
-landed, whether the worker reported its own failure, how long it has been quiet and, with what its
-processes did (``Liveness`` below), whether that quiet is a hang. It does no I/O; the loop feeds it
-records and readings and carries out what follows from them.
-
-Steps come first from the in-process probe (``observe.allocator``): real optimizer steps, counted
-where they happen. The worker library's progress records and the steps read from the output are the
-fallback for a worker without the probe; once the probe has reported a step in an attempt, a step
-read from the output no longer moves the count (a progress bar's total still gives the ETA).
-
-Also here:
-
-- Training progress read from the worker's output, for scripts that do not use the worker library.
-- Reading the structured records a worker appends to its events file (see common/protocol.py).
-- Is a silent worker hung, or busy? Liveness from what the process does, not only from what it says.
+``AttemptWatch`` folds the worker's records (``common.protocol``) and the output's evidence into the
+facts the loop and the policy read; it does no I/O. Steps come first from the probe (real optimizer
+steps); the worker library's progress records and the steps read from the output (``StepMatcher``)
+are the fallback for a worker without it. Also here: is a silent worker hung or busy (``Liveness``,
+from what its processes do), and reading the records a worker appends to its events file.
 """
 
 from __future__ import annotations

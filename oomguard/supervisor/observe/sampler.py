@@ -1,21 +1,10 @@
 """The memory sampler: one ``MemorySample`` of the worker, its cgroup, the host and the GPUs.
 
-``Sampler.sample(worker_pid)`` is what the event loop calls once per interval. It reads:
-
-- the RSS of the worker's whole process tree (dataloader workers included) through psutil;
-- the host's total and available memory (``/proc/meminfo`` through psutil);
-- the worker's memory cgroup, v1 or v2, through ``observe.cgroup.MemoryCgroup`` (a seam over one directory);
-- memory pressure (PSI ``some``/``full`` avg10) where the kernel has ``/proc/pressure/memory``;
-- the visible GPUs through ``supervisor.gpu.GpuMonitor``.
-
-Every read is a few small procfs/sysfs files, so a sample costs well under a millisecond of CPU
-plus one psutil process-table walk; ``bench/watch_cost.py`` measures it. ``AttemptPeak`` and
-``fold_peak`` keep the per-attempt peaks that the memory model and the journal keep for ever.
-
-Also here:
-
-- Which rank a process is: torchrun gives every rank ``RANK`` (and ``LOCAL_RANK``) in its environment.
-- Acting before the crash: a pure function from one memory sample to what the loop should do.
+``Sampler.sample(worker_pid)``, once per interval, reads the RSS (and CPU time and I/O) of the
+worker's whole process tree, the host's memory, the worker's memory cgroup, PSI memory pressure and
+the visible GPUs: a few small procfs files and one process-table walk (``bench/watch_cost.py``).
+Also here: which rank a process is, the per-attempt peaks (``fold_peak``), and acting before the
+crash (``evaluate``: from one sample to what the loop should do).
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
-"""What memory a micro-batch needs: a pure memory model over a run's attempts, and the bookkeeping
-that learns sizes within a run and across runs (the fit store's SQLite is record/fitstore.py).
+"""What memory a micro-batch needs: a pure model over a run's attempts, and the bookkeeping that
+learns sizes within a run and across runs (the fit store's SQLite is record/fitstore.py).
 
-Each attempt contributes a ``Point``: its micro-batch, the peak memory it reached and whether it
-ran (``succeeded``: it trained for a while without a memory failure) or failed with an OOM. The
-model fits ``peak ~= fixed + per_sample * micro`` to the successful points and answers two
-questions, both restricted to divisors of the per-process batch so the global batch stays exact:
-
-- ``shrink_after_oom``: after an OOM at ``failed``, the largest micro-batch predicted to fit under
-  ``capacity * (1 - margin)``. It never goes above half the failed size unless at least two
-  successful points back the line (one point cannot tell fixed memory from per-sample memory).
-- ``propose_growth`` (``--grow``): a larger micro-batch predicted to fit, below every size that
-  ever failed.
-
-With a single successful point the model assumes no fixed memory (peak scales with the
-micro-batch), or, where the probe measured what the process held before its first forward or right
-after its first optimizer step (``fixed_bytes``), that much. Neither over-states the real fixed memory
-(the one before the first forward lacks the gradients and the optimizer state a first step allocates),
-so the per-sample cost is not under-estimated and predictions from one point err on the safe side.
-
-The budget is ``capacity * (1 - margin)``; where a ``floor`` is given (under ``RLIMIT_AS``: the address
-space mapped before the first forward, libraries mostly, which no margin needs to protect) the
-margin is taken of the room above it (``budget``).
-
-Where the in-process probe reports the allocator's per-step peaks, a point's peak is the highest of
-them (what the model allocated at that micro-batch), not NVML's reserved view (which adds the CUDA
-context and the allocator's cache, and misses peaks between two samples); and the limit the probe
-reports (a per-process memory fraction's cap, else the device) is the capacity the model fits under.
+Each attempt is a ``Point`` (its micro-batch, its peak, whether it ran or failed with an OOM); the
+model fits ``peak ~= fixed + per_sample * micro`` to the successes, and answers on divisors of the
+per-process batch only: ``shrink_after_oom`` (never above half the failed size unless two successes
+back the line) and ``propose_growth`` (``--grow``: never at or above a size that failed). From one
+point it assumes no fixed memory, or what the probe measured before the first forward or after the
+first step: a floor of the real one, so predictions from one point err on the safe side. A peak is
+the probe's allocator peak where it reports one (not NVML's view), under the limit it reports.
 """
 
 from __future__ import annotations

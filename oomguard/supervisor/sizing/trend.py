@@ -1,18 +1,11 @@
 """How memory moves over one attempt: a straight-line fit over the readings after warm-up.
 
-Both the attribution of a memory failure (``attribution.py``) and the forecast while an attempt
-runs (``forecast.py``) ask the same questions of this one model: does memory rise steadily while
-training goes on, and how fast? ``steady_rise`` answers from the samples the loop journals, with
-the slope (bytes per second, and per step when the worker reports steps), the fit quality (R²)
-and the readings' noise about the line. Readings at the end that jump above the line of those
-before them are a ``Jump``, kept apart from the line: a spike is not the trend. ``Headroom``
-extends the line to a limit at one moment: how long until it reaches the limit (the forecast), or
-how far from the limit the line was when the worker failed (the attribution). A single reading can
-never tell a leak from a spike; a line through many readings can. Pure: no I/O, no clock.
-
-Also here:
-
-- When a steady rise will reach the limit, and whether to restart at the next checkpoint before it does.
+``steady_rise`` answers, for the attribution of a failure and the forecast while an attempt runs,
+whether memory rises steadily while training goes on and how fast (slope, R², the readings' noise);
+readings at the end that jump above the line are a ``Jump``, kept apart (a spike is not the trend).
+``Headroom`` extends the line to a limit: how long until it reaches it, or how far from it the line
+was at a failure. Also here: when a steady rise will reach the limit, and whether to restart at the
+next checkpoint before it does. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
