@@ -21,11 +21,7 @@ _NOT_AVAILABLE = 2**64 - 1
 
 
 class NvmlError(Exception):
-    """An NVML failure, reduced to a short kind and one line for a person.
-
-    ``kind`` is one of: ``library_not_found``, ``driver_not_loaded``, ``not_supported``,
-    ``no_permission``, ``gpu_lost``, ``not_found``, ``other``.
-    """
+    """An NVML failure, reduced to a short kind (a value of ``_KINDS``, or ``other``) and one line for a person."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -246,12 +242,8 @@ class GpuMonitor:
 
     _UNSET: Any = object()
 
-    def __init__(
-        self,
-        nvml: Nvml | None = None,
-        visible_devices: str | None = _UNSET,
-        pid_exists: Callable[[int], bool] = psutil.pid_exists,
-    ) -> None:
+    def __init__(self, nvml: Nvml | None = None, visible_devices: str | None = _UNSET,
+                 pid_exists: Callable[[int], bool] = psutil.pid_exists) -> None:
         self._nvml = nvml
         inherited = visible_devices is self._UNSET
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited else visible_devices
@@ -302,46 +294,26 @@ class GpuMonitor:
         except NvmlError as exc:
             self._unavailable = _reason(exc)
             return
-        if devices:
-            self._devices = devices
-        else:
-            self._devices = []
+        self._devices = devices
+        if not devices:
             self.close()  # nothing to watch: release NVML now rather than at exit
-            self._unavailable = (
-                f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
-            )
+            self._unavailable = f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
 
     def _enumerate(self, nvml: Nvml) -> list[tuple[VisibleDevice, Any, str, str]]:
         handles = [nvml.handle(i) for i in range(nvml.device_count())]
         uuids = [nvml.uuid(h) for h in handles]
         chosen = parse_visible_devices(self._visible, uuids)
-        return [
-            (VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
-            for cuda, index in enumerate(chosen)
-        ]
+        return [(VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
+                for cuda, index in enumerate(chosen)]
 
-    def _read_one(
-        self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]
-    ) -> GpuReading:
+    def _read_one(self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]) -> GpuReading:
         assert self._nvml is not None
         total, used, free = self._nvml.memory(handle)
         worker_bytes, worker_pids, note = self._worker_usage(handle, pids)
         per_process = self._per_process(handle, pids) if worker_pids else ()
-        return GpuReading(
-            cuda_index=device.cuda_index,
-            nvml_index=device.nvml_index,
-            uuid=uuid,
-            name=name,
-            total_bytes=total,
-            used_bytes=used,
-            free_bytes=free,
-            utilization_pct=self._optional(self._nvml.utilization, handle),
-            worker_bytes=worker_bytes,
-            worker_pids=worker_pids,
-            worker_note=note,
-            worker_processes=per_process,
-            worker_sm_pct=self._worker_sm(device.nvml_index, handle, pids),
-        )
+        return GpuReading(device.cuda_index, device.nvml_index, uuid, name, total, used, free,
+                          self._optional(self._nvml.utilization, handle), worker_bytes, worker_pids, note,
+                          per_process, self._worker_sm(device.nvml_index, handle, pids))
 
     def _worker_sm(self, index: int, handle: Any, pids: frozenset[int]) -> int | None:
         """The highest SM share of a worker process sampled since the last call; None where NVML
@@ -371,9 +343,7 @@ class GpuMonitor:
                 return None
             raise
 
-    def _worker_usage(
-        self, handle: Any, pids: frozenset[int]
-    ) -> tuple[int | None, tuple[int, ...], str | None]:
+    def _worker_usage(self, handle: Any, pids: frozenset[int]) -> tuple[int | None, tuple[int, ...], str | None]:
         """(bytes used by the worker's processes, their pids, why bytes is None)."""
         assert self._nvml is not None
         if self._nvml.mig_enabled(handle):
@@ -395,10 +365,7 @@ class GpuMonitor:
 
 
 def _reason(exc: NvmlError) -> str:
-    if exc.kind == "library_not_found":
-        return "GPU figures unavailable: NVML library not found (no NVIDIA driver installed)"
-    if exc.kind == "driver_not_loaded":
-        return "GPU figures unavailable: the NVIDIA driver is not loaded"
-    if exc.kind == "no_permission":
-        return f"GPU figures unavailable: no permission to query NVML ({exc})"
-    return f"GPU figures unavailable: {exc}"
+    why = {"library_not_found": "NVML library not found (no NVIDIA driver installed)",
+           "driver_not_loaded": "the NVIDIA driver is not loaded",
+           "no_permission": f"no permission to query NVML ({exc})"}.get(exc.kind, str(exc))
+    return f"GPU figures unavailable: {why}"

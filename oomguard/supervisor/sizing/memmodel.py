@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from oomguard.common.batch import divisors
-from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
+from oomguard.supervisor.observe.allocator import MEMORY_KINDS, AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample
 
 if TYPE_CHECKING:  # decide/policy imports decide/attribution, which imports this module
@@ -160,17 +160,9 @@ def _candidates(per_process_batch: int, low: int, high: int, points: Sequence[Po
     return [d for d in reversed(divisors(per_process_batch)) if low <= d <= ceiling]
 
 
-def shrink_after_oom(
-    points: Sequence[Point],
-    failed_micro: int,
-    per_process_batch: int,
-    capacity_bytes: int,
-    margin: float = 0.1,
-    min_micro: int = 1,
-    oom: OomFigures | None = None,
-    fixed_bytes: float = 0.0,
-    floor: float = 0.0,
-) -> Prediction | None:
+def shrink_after_oom(points: Sequence[Point], failed_micro: int, per_process_batch: int, capacity_bytes: int,
+                     margin: float = 0.1, min_micro: int = 1, oom: OomFigures | None = None,
+                     fixed_bytes: float = 0.0, floor: float = 0.0) -> Prediction | None:
     """The micro-batch to try after an OOM at ``failed_micro`` (which ``points`` should include),
     never one the evidence proves cannot fit (``unfit``; ``oom``: the allocator's figures at it).
 
@@ -200,16 +192,9 @@ def shrink_after_oom(
     return Prediction(smallest, model.predict(smallest), why)
 
 
-def propose_growth(
-    points: Sequence[Point],
-    current_micro: int,
-    per_process_batch: int,
-    capacity_bytes: int,
-    margin: float = 0.1,
-    min_factor: float = 1.0,
-    fixed_bytes: float = 0.0,
-    floor: float = 0.0,
-) -> Prediction | None:
+def propose_growth(points: Sequence[Point], current_micro: int, per_process_batch: int, capacity_bytes: int,
+                   margin: float = 0.1, min_factor: float = 1.0, fixed_bytes: float = 0.0,
+                   floor: float = 0.0) -> Prediction | None:
     """A larger micro-batch to restart with (``--grow``), or None to stay.
 
     The target is the largest divisor at least ``min_factor`` x ``current_micro`` (and strictly
@@ -230,11 +215,8 @@ def propose_growth(
 def _why(model: Fit, room: float, trusted: bool, failed_micro: int | None) -> str:
     fixed = (f"fixed {model.fixed_bytes:.3g} B measured by the probe" if model.fixed_bytes
              else "no fixed memory assumed")
-    shape = (
-        f"fixed {model.fixed_bytes:.3g} B + {model.per_sample_bytes:.3g} B/sample from {model.points} sizes"
-        if trusted
-        else f"{model.per_sample_bytes:.3g} B/sample from one size, {fixed}"
-    )
+    shape = (f"fixed {model.fixed_bytes:.3g} B + {model.per_sample_bytes:.3g} B/sample from {model.points} sizes"
+             if trusted else f"{model.per_sample_bytes:.3g} B/sample from one size, {fixed}")
     cap = "" if trusted or failed_micro is None else f", at most {failed_micro}/2"
     return f"model: {shape}; budget {room:.3g} B{cap}"
 
@@ -246,9 +228,6 @@ def _check(per_process_batch: int, capacity_bytes: int, margin: float) -> None:
         raise ValueError(f"capacity must be positive, got {capacity_bytes}")
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
-
-
-MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
 
 
 # ----- what a job has learned, and where it is kept across runs (record/fitstore.py does the I/O)
@@ -334,13 +313,8 @@ def merge_point(record: FitRecord, point: Point, now: float) -> FitRecord:
     points = tuple(sorted(by_micro.values(), key=lambda p: p.micro_batch))
     good = [p.micro_batch for p in points if p.succeeded]
     bad = [p.micro_batch for p in points if not p.succeeded]
-    return replace(
-        record,
-        points=points,
-        micro_batch=max(good) if good else None,
-        failed_micro=min(bad) if bad else None,
-        updated_wall=now,
-    )
+    return replace(record, points=points, micro_batch=max(good) if good else None,
+                   failed_micro=min(bad) if bad else None, updated_wall=now)
 
 
 def _merge(old: Point, new: Point) -> Point:
