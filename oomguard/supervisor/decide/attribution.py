@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 from oomguard.supervisor.observe.allocator import AllocatorOom, OomProgress
 from oomguard.supervisor.observe.output import Phase, phase_of
 from oomguard.supervisor.sizing.memmodel import Fit, Point, fit
-from oomguard.supervisor.sizing.trend import MIB, Headroom, Reading, Trend, steady_rise
-from oomguard.supervisor.units import format_size
+from oomguard.supervisor.sizing.trend import Headroom, Reading, Trend, steady_rise
+from oomguard.supervisor.units import MIB, format_size
 
 
 class Cause(enum.Enum):
