@@ -70,11 +70,7 @@ _OOM_KINDS = {"cuda_oom": FailureKind.CUDA_OOM, "host_oom": FailureKind.HOST_OOM
 
 def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = None, gpus: bool = False) -> Verdict:
     """Decide the kind of an attempt's end; the first rule that matches wins, most specific first.
-
-    Under torchrun the supervised process is the agent, which exits 1 whatever killed a rank, so
-    with a root-cause rank (``dist.errorfiles.root_cause``) the rules read that rank's exit and the
-    evidence names it; collective timeouts on the surviving ranks are consequences and never decide.
-    """
+    Under torchrun (whose agent exits 1 whatever killed a rank) the rules read the root-cause rank's exit."""
     if facts.returncode == 0:
         return Verdict(None, "exit code 0", None, 0)
     code, sig = _split_status(facts.returncode)
@@ -352,10 +348,8 @@ class OwnFault:
 
 def own_fault(kind: FailureKind | None, scan: OutputScanner, in_use: Collection[Addition],
               code: OwnCode, handover_lost: str | None = None) -> OwnFault | None:
-    """The addition of ours (among ``in_use``, those the attempt ran with) whose code raised the
-    exception the worker died with, or None: the failure is the script's. ``handover_lost``: the
-    spare the attempt was handed to had exited before the handover (why): the script never ran, so
-    whatever ended the attempt (the kernel's OOM killer choosing the spare first) is the spare's."""
+    """The addition of ours (among ``in_use``) whose code raised the exception the worker died with, or
+    None: the script's. ``handover_lost``: why the spare exited before the handover (the script never ran)."""
     if handover_lost is not None and Addition.SPARE in in_use:
         return OwnFault(Addition.SPARE, handover_lost)
     sites = scan.sites

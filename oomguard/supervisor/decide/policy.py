@@ -101,12 +101,9 @@ class Decision:
 
 def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: PolicyConfig,
            fit_hint: int | None = None) -> Decision:
-    """What to do after ``failure``, given the earlier failures of this run (oldest first).
-
-    ``fit_hint`` is the memory model's largest micro-batch predicted to fit, if it has one. A failure
-    of oomguard's own code restarts at once without it, and neither it nor any earlier one of ours is
-    counted against the script: not its batch, its restarts, its backoff or a crash loop.
-    """
+    """What to do after ``failure``, given the run's earlier failures (oldest first) and the memory
+    model's largest micro-batch predicted to fit. A failure of oomguard's own code restarts without
+    the addition that failed, and no failure of ours is counted against the script."""
     own = failure.own
     # Once per addition: it is off after its failure, so a second one would mean it was not (a bug of
     # ours), and the run must not restart for ever uncounted: that one counts as the script's would.
@@ -330,11 +327,8 @@ def continue_saved(plan: Plan, saved: Mapping[str, Any] | None) -> PlanChange | 
 
 
 def start_at_fitted(plan: Plan, micro_batch: int | None, job: str, gpu: bool = False) -> PlanChange | None:
-    """A fresh run starts where an earlier run of the same job settled (``decide.fitstore``).
-
-    On a GPU it also starts with ``expandable_segments:True``: the store only lowers the start
-    after a failure, and after a CUDA OOM the policy always turns it on, so the size was measured
-    to fit with it (without it the same size can fragment and fail once more)."""
+    """A fresh run starts where an earlier run of the same job settled (the fit store); on a GPU with
+    ``expandable_segments:True``, which the size was measured with (the policy sets it at a CUDA OOM)."""
     if micro_batch is None or micro_batch == plan.batch.micro_batch:
         return None
     new = replace(plan, batch=plan.batch.with_micro_batch(micro_batch),

@@ -170,14 +170,9 @@ class VisibleDevice:
 
 
 def parse_visible_devices(value: str | None, uuids: Sequence[str]) -> list[int]:
-    """NVML indices named by ``CUDA_VISIBLE_DEVICES``, in CUDA order.
-
-    ``uuids`` lists every device's UUID by NVML index. Follows CUDA's rules: unset means all
-    devices; entries are indices or (prefixes of) UUIDs; the list stops at the first entry that
-    names no device, so ``""`` and ``"-1"`` hide every device. NVML numbers devices by PCI bus,
-    CUDA by speed unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on the usual machines with identical
-    GPUs the two orders agree.
-    """
+    """NVML indices named by ``CUDA_VISIBLE_DEVICES``, in CUDA order, by CUDA's rules: unset is all;
+    indices or UUID prefixes; the list stops at the first entry that names no device (``""``, ``-1``).
+    ``uuids``: every device's, by NVML index (NVML's PCI order is CUDA's on machines of identical GPUs)."""
     if value is None:
         return list(range(len(uuids)))
     chosen: list[int] = []
@@ -201,11 +196,8 @@ def _match_device(entry: str, uuids: Sequence[str]) -> int | None:
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One visible device at one moment.
-
-    ``worker_bytes`` is the memory NVML attributes to the worker's process tree, or None with
-    ``worker_note`` saying why (MIG, no per-process figures, PIDs from another namespace).
-    """
+    """One visible device at one moment; ``worker_bytes``: what NVML attributes to the worker's process
+    tree, or None with ``worker_note`` saying why (MIG, no per-process figures, another PID namespace)."""
 
     cuda_index: int
     nvml_index: int
@@ -234,11 +226,8 @@ class GpuSnapshot:
 
 
 class GpuMonitor:
-    """Reads the worker's visible GPUs; initialises NVML lazily and at most once.
-
-    ``nvml`` defaults to the real binding; ``visible_devices`` is the worker's
-    ``CUDA_VISIBLE_DEVICES`` (default: this process's, which the worker inherits).
-    """
+    """Reads the worker's visible GPUs (``visible_devices``: its CUDA_VISIBLE_DEVICES, by default the one
+    it inherits from us); initialises NVML lazily and at most once."""
 
     _UNSET: Any = object()
 

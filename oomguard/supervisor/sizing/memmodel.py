@@ -65,13 +65,9 @@ def budget(capacity: float, margin: float, floor: float = 0.0) -> float:
 
 
 def fit(points: Iterable[Point], fixed_bytes: float = 0.0) -> Fit | None:
-    """The line through the successful points, or None with no successful measured point.
-
-    Several successes at one size keep the highest peak (peaks vary step to step; the worst one
-    is what must fit). A line whose intercept comes out negative or whose slope is not positive
-    (noise between close sizes) is replaced by the safe line through ``fixed_bytes`` (a measured
-    lower bound of the fixed memory, 0 when unknown), as is a single point.
-    """
+    """The line through the successful points (the worst peak of each size: that is what must fit), or
+    None without one. A single point, or a line that noise between close sizes bent below 0 or flat,
+    gives the safe line through ``fixed_bytes`` (a measured floor of the fixed memory, else 0)."""
     worst: dict[int, int] = {}
     for p in points:
         if p.succeeded and p.peak_bytes is not None:
@@ -104,10 +100,8 @@ def _least_squares(worst: dict[int, int]) -> Fit | None:
 
 @dataclass(frozen=True)
 class OomFigures:
-    """The allocator's figures at an OOM (the in-process probe's ``oom`` record): the attempt at
-    ``micro_batch`` held ``allocated_bytes`` and asked for ``requested_bytes`` more under
-    ``limit_bytes``; ``fixed_bytes`` is what it held before its first forward (weights, optimizer
-    state: memory that does not follow the micro-batch; 0 when unknown, which only weakens the bound)."""
+    """The allocator's figures at an OOM (the probe's ``oom`` record); ``fixed_bytes``: what the process
+    held before its first forward (memory that does not follow the micro-batch; 0 when unknown)."""
 
     micro_batch: int
     requested_bytes: int
@@ -151,10 +145,7 @@ def _smallest_failure(points: Iterable[Point]) -> int | None:
 
 
 def _candidates(per_process_batch: int, low: int, high: int, points: Sequence[Point]) -> list[int]:
-    """Divisors in [low, high] below the smallest failed size, largest first.
-
-    A size at or above one that failed is out: memory only grows with the micro-batch.
-    """
+    """Divisors in [low, high] below the smallest failed size (memory only grows with it), largest first."""
     failed = _smallest_failure(points)
     ceiling = min(high, failed - 1) if failed is not None else high
     return [d for d in reversed(divisors(per_process_batch)) if low <= d <= ceiling]
@@ -163,12 +154,8 @@ def _candidates(per_process_batch: int, low: int, high: int, points: Sequence[Po
 def shrink_after_oom(points: Sequence[Point], failed_micro: int, per_process_batch: int, capacity_bytes: int,
                      margin: float = 0.1, min_micro: int = 1, oom: OomFigures | None = None,
                      fixed_bytes: float = 0.0, floor: float = 0.0) -> Prediction | None:
-    """The micro-batch to try after an OOM at ``failed_micro`` (which ``points`` should include),
-    never one the evidence proves cannot fit (``unfit``; ``oom``: the allocator's figures at it).
-
-    None when no divisor at or above ``min_micro`` is left below the failed size: the caller is
-    at the floor (fallbacks, then give up).
-    """
+    """The micro-batch to try after an OOM at ``failed_micro``, never one the evidence proves cannot
+    fit (``unfit``); None at the floor (no divisor from ``min_micro`` up is left below the failed size)."""
     _check(per_process_batch, capacity_bytes, margin)
     known = [*points, Point(failed_micro, None, False)]
     model = fit(known, fixed_bytes)
@@ -195,11 +182,8 @@ def shrink_after_oom(points: Sequence[Point], failed_micro: int, per_process_bat
 def propose_growth(points: Sequence[Point], current_micro: int, per_process_batch: int, capacity_bytes: int,
                    margin: float = 0.1, min_factor: float = 1.0, fixed_bytes: float = 0.0,
                    floor: float = 0.0) -> Prediction | None:
-    """A larger micro-batch to restart with (``--grow``), or None to stay.
-
-    The target is the largest divisor at least ``min_factor`` x ``current_micro`` (and strictly
-    larger), never at or above a size that failed, and predicted to fit under the margin.
-    """
+    """A larger micro-batch to restart with (``--grow``: the largest divisor of at least ``min_factor``
+    × ``current_micro`` predicted to fit, below any size that failed), or None to stay."""
     _check(per_process_batch, capacity_bytes, margin)
     model = fit(points, fixed_bytes)
     if model is None:
@@ -269,11 +253,8 @@ def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[
 
 @dataclass(frozen=True)
 class FitRecord:
-    """What one job has learned: the largest size that worked, the smallest that failed, points.
-
-    ``points`` keeps one point per micro-batch (the worst peak seen), so it stays as short as the
-    list of divisors tried.
-    """
+    """What one job has learned: the largest size that worked, the smallest that failed, and one point
+    per micro-batch tried (the worst peak seen)."""
 
     fingerprint: str
     description: str
@@ -290,10 +271,8 @@ class FitRecord:
         return any(m.digest == model.digest for m in self.models)
 
     def starting_micro(self, per_process_batch: int, requested: int) -> int | None:
-        """The micro-batch a new run should start at, or None to start at ``requested``.
-
-        Never above what the user asked; never at or above a size that failed.
-        """
+        """The micro-batch a new run should start at (never above what was asked, nor at or above a size
+        that failed), or None to start at ``requested``."""
         ceiling = requested
         if self.failed_micro is not None:
             # Sizes between the largest that worked and the smallest that failed are untested:
@@ -435,16 +414,10 @@ class SizeTuner:
                 self.store = None
 
     def model_seen(self, model: ModelPrint, micro: int) -> ModelChange | None:
-        """A process reported the model it trains (at its first optimizer step, at size ``micro``).
-        The first report of the run is checked against the record that steers it; a ModelChange
-        when that record was measured with another model (said once per run).
-
-        Another model is another job: its record's sizes and failures stop steering (the failures
-        no longer bar sizes after an OOM) and this run's own measurements replace it. If the record
-        made this run start below the size asked for, and nothing was measured yet, it restarts at
-        once at the size asked for, as a job never measured would have started: this first step
-        is the cheapest moment (a step lost), and running on would cost throughput for the whole
-        run (without --grow it never climbs back), for a size measured on a model it is not."""
+        """A process reported the model it trains (at its first step, at ``micro``): a ModelChange, once
+        per run, when the record that steers the run was measured with another model. Another model is
+        another job: its record stops steering, and a run it started below the size asked for restarts
+        there at once, before anything was measured (a step lost, not the whole run's throughput)."""
         self.models = merge_models(self.models, [model])
         if self.model_checked:
             return None
