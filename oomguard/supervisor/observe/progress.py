@@ -377,11 +377,8 @@ def compile_pattern(text: str) -> re.Pattern[str]:
 
 
 class StepMatcher:
-    """Line -> StepSeen or None. A custom pattern is tried before the built-ins.
-
-    ``batches_per_step`` is the gradient accumulation the worker was given: Lightning's bars count
-    batches, its checkpoints (``step=S``) and everyone else count optimizer steps.
-    """
+    """Line -> StepSeen or None; a custom pattern first. ``batches_per_step``: the worker's gradient
+    accumulation (Lightning's bars count batches; everyone else counts optimizer steps)."""
 
     def __init__(self, custom: str | None = None, batches_per_step: int = 1) -> None:
         self.custom = compile_pattern(custom) if custom else None
@@ -534,16 +531,23 @@ class AttemptWatch:
         self.output_steps += 1
         self.last_step = seen.step
         self.last_progress = now
-        self.liveness.steps.sign(now)
-        if self.first_progress is None:
-            self.first_progress, self.first_step = now, seen.step
+        first = self._stepped(seen.step, now)
         self.steps_at = (self.steps_at + [(wall, seen.step)])[-256:]
         eta = None
-        if total and now > self.first_progress and seen.step > self.first_step:
-            rate = (seen.step - self.first_step) / (now - self.first_progress)
-            eta = max(0.0, (total - seen.step) / rate)
-        self.progress = {"type": protocol.PROGRESS, "step": seen.step, "total_steps": total, "eta_s": eta,
-                         "t": wall, "source": "output"}
+        if total and now > first and seen.step > self.first_step:
+            eta = max(0.0, (total - seen.step) / ((seen.step - self.first_step) / (now - first)))
+        self._progress(seen.step, wall, "output", eta)
+
+    def _stepped(self, step: int, now: float) -> float:
+        """A step seen (the learned cadence counts real steps); when the first was seen."""
+        self.liveness.steps.sign(now)
+        if self.first_progress is None:
+            self.first_progress, self.first_step = now, step
+        return self.first_progress
+
+    def _progress(self, step: int, wall: float, source: str, eta: float | None = None, **figures: Any) -> None:
+        self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": self.total_steps, "eta_s": eta,
+                         "t": wall, "source": source, **figures}
 
     def step_at(self, wall: float) -> int | None:
         """The step of a checkpoint whose name carries none (nanoGPT's ``ckpt.pt``) written at
@@ -561,11 +565,9 @@ class AttemptWatch:
         return before[-1] if before else None
 
     def saved_step(self, path: str, mtime: float, directory: bool) -> int | None:
-        """The step of the probe's save of ``path`` (of a file inside it, for a directory), measured
-        where the save ran. A file's mtime lies inside the save that wrote it (a coarse clock's tick
-        either side), so a rewrite of the same name takes its own save's step; a directory's mtime is
-        its last file's, which may be no save of torch's (HF writes ``trainer_state.json`` after
-        ``optimizer.pt``): the newest save into it that began by then."""
+        """The step of the probe's save of ``path`` (of a file inside it, for a directory): the save whose
+        run holds the file's mtime; for a directory (whose last file may be no save of torch's, HF's
+        ``trainer_state.json``) the newest save into it that began by then."""
         real = os.path.realpath(path)
         mine = [s for s in self.saves if s.wrote(real, directory) and s.began <= mtime + MTIME_SLACK]
         if not directory:
@@ -594,8 +596,7 @@ class AttemptWatch:
         self.last_progress = now
         if step is not None and (self.last_step is None or step > self.last_step):
             self.last_step = step
-            self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": self.total_steps,
-                             "eta_s": None, "t": wall, "source": "checkpoint"}
+            self._progress(step, wall, "checkpoint")
 
     @property
     def peak_rss(self) -> int:
@@ -653,19 +654,15 @@ class AttemptWatch:
         assert step is not None
         if self.resume is not None:
             self.resume.see(step, self.total_steps)
-        self.liveness.steps.sign(now)  # the learned cadence: from real steps
-        if self.first_progress is None:
-            self.first_progress, self.first_step = now, step
+        self._stepped(step, now)
         stamp = record.get("t")
         wall = float(stamp) if isinstance(stamp, (int, float)) else time.time()
         if self.last_step is None or step > self.last_step or not self.steps_at:
             self.steps_at = (self.steps_at + [(wall, step)])[-256:]
         self.last_step = step
-        rate = self.allocator.steps_per_s
-        total = self.total_steps
-        eta = max(0.0, (total - step) / rate) if total and rate else None
-        self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": total, "eta_s": eta, "t": wall,
-                         "source": "probe", **self.allocator.figures()}
+        rate, total = self.allocator.steps_per_s, self.total_steps
+        self._progress(step, wall, "probe", max(0.0, (total - step) / rate) if total and rate else None,
+                       **self.allocator.figures())
         return self._progress_event_due(now)
 
     def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
