@@ -104,12 +104,9 @@ class Attribution:
 def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
               what: str = "worker RSS", model: Fit | None = None, limit: Limit | None = None,
               earlier: Sequence[Plateau] = (), failed: bool = True) -> Attribution:
-    """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are
-    of; ``model`` is the memory model's line through this job's successful sizes, if it has one;
-    ``limit`` is the limit that applied at the failure (None: no failure to explain, as at a
-    planned restart, or no limit known): a rise is a leak only if its line reaches that limit;
-    ``earlier`` the plateaus of this run's earlier per-sample failures; ``failed``: a memory failure
-    ended the attempt, so its readings are lower bounds (False for a planned restart)."""
+    """The cause of a memory failure at ``micro_batch`` (``what``: the memory the readings count). A rise
+    is a leak only if its line reaches ``limit`` (None: none known, or no failure to explain);
+    ``failed``: a memory failure ended the attempt, so its readings are lower bounds."""
     blind = bool(readings) and not any(r.used for r in readings)
     readings, limit = _seen(readings, limit)
     trend = steady_rise(readings)
@@ -289,9 +286,7 @@ def step_peaks(attempts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
 
 def _allocator_line(alloc: AllocatorOom, micro_batch: int, figures: Mapping[str, Any]) -> str:
     """``micro-batch 256 needed at least 78.7 GiB: it asked for 1.1 GiB more with 77.6 GiB allocated;
-    the limit was 79.2 GiB; at most 290.0 MiB a sample, measured at 128``: the allocator's figures at
-    the OOM (what was allocated plus the request that failed is a lower bound of the need), and what
-    its step peaks at other micro-batches measured per sample."""
+    the limit was 79.2 GiB; at most 290.0 MiB a sample, measured at 128``."""
     micro = alloc.micro_batch or micro_batch
     if alloc.requested is not None and alloc.allocated is not None:
         text = (f"micro-batch {micro} needed at least {format_size(alloc.allocated + alloc.requested)}: it asked "

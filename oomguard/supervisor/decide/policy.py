@@ -261,11 +261,9 @@ def _repeated_without_progress(failure: Failure, history: Sequence[Failure], cau
 
 def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str,
                 spiked: bool = False) -> Decision:
-    """A leak grows with time, not with the batch: restart at the same size from the newest
-    checkpoint. If it brings the worker down before it writes one, restarts cannot finish the run.
-    A leak that also spiked (``spiked``) restarts the same way: the attribution found the leak's
-    growth gives the spike its room back; should the spike fail the fresh attempt, that failure's
-    own figures (little growth yet) blame the batch."""
+    """A leak grows with time, not with the batch: restart at the same size from the newest checkpoint
+    (a leak that also ``spiked`` too: the leak's growth gives the spike its room back), unless it
+    brings the worker down before it writes one."""
     if _repeated_without_progress(failure, history, Cause.LEAK):
         return Decision(Action.GIVE_UP, plan, f"{summary}: it brings the worker down before it writes a "
                         "checkpoint (no progress between restarts), so restarting cannot finish the run; "

@@ -28,7 +28,7 @@ from oomguard.supervisor.decide.classify import (
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.sizing import memmodel as extrapolate
+from oomguard.supervisor.sizing import memmodel
 from oomguard.supervisor.sizing.memmodel import OomFigures, Point, SizeTuner, figures_at_oom, fit
 from oomguard.supervisor.sizing.trend import Reading
 
@@ -190,10 +190,10 @@ def _predicted(decision: Decision, failed_micro: int, plan: Plan, memory: SizeTu
                config: RecoveryConfig, notes: list[Note]) -> Decision:
     """--predict-shrink: the decision taken down to the size the OOM's figures predict to fit, when
     that is below what the proven path chose; journaled with the prediction's reason."""
-    prediction = extrapolate.predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
-                                               memory.margin, config.policy.min_micro_batch,
-                                               [*memory.stored_failures, *memory.points])
-    jumped = extrapolate.jump(decision, failed_micro, prediction)
+    prediction = memmodel.predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
+                                            memory.margin, config.policy.min_micro_batch,
+                                            [*memory.stored_failures, *memory.points])
+    jumped = memmodel.jump(decision, failed_micro, prediction)
     if jumped is not decision and prediction is not None:
         notes.append(Note("memory_prediction", {
             "micro_batch": prediction.micro_batch, "from_micro_batch": failed_micro,

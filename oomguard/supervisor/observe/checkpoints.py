@@ -133,10 +133,9 @@ def _numbers(stem: str) -> list[_Number]:
 
 
 def _the_checkpoints_own(number: _Number) -> bool:
-    """A name's only number counts as its step when nothing but the checkpoint's noun names it (a
-    ``-``, ``_`` or nothing before it), or a word of the user's own set apart by ``-`` or ``_``
-    (``ck-100``); a number glued to another word (``r16``, ``gpt2``), given with ``=`` (a metric's
-    form) or after a word that names something else (``bs-32``, ``rank_0``) is that word's."""
+    """A name's only number is its step when unlabelled, named by the checkpoint's noun, or by a word of
+    the user's own set apart by ``-`` or ``_`` (``ck-100``); not glued to a word (``gpt2``), after ``=``
+    (a metric's form) or after a word that names something else (``bs-32``, ``rank_0``)."""
     if number.whole is None:
         return False
     if not number.label:
@@ -252,10 +251,8 @@ def renamed_name(name: str) -> str | None:
 
 
 class _StopRace(logging.Filter):
-    """watchdog 7's inotify emitter logs an error when an event arrives while it is being stopped
-    (``InotifyEmitter.queue_events() called when the thread is inactive``): a race inside its
-    ``stop()`` that loses nothing we read (the line was added in watchdog's PR #963), printed on the
-    user's terminal after the run ended."""
+    """watchdog 7's inotify emitter logs an error for an event that races its ``stop()`` (PR #963): it
+    loses nothing we read, but would print on the user's terminal after the run ended."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "called when the thread is inactive" not in record.getMessage()
@@ -640,11 +637,8 @@ def candidate(path: str, root: str, is_dir: bool) -> str | None:
 
 
 def final_path(rel: str) -> str:
-    """``rel`` (relative to a watched directory) as an atomic writer renames it into place: a temp
-    name of the file or of its directory replaced by the name without its temp marks
-    (``out/.step-4.pt.tmp`` -> ``out/step-4.pt``, ``out/.step_4.tmp/model.pt`` -> ``out/step_4/model.pt``),
-    as ``observe/progress.py``'s ``Save`` maps a save record to the checkpoint the index finds. A name
-    only hidden (``.cache``) is no temp name here: its file is not renamed to another's."""
+    """``rel`` as an atomic writer renames it into place (``out/.step-4.pt.tmp`` -> ``out/step-4.pt``,
+    ``out/.step_4.tmp/model.pt`` -> ``out/step_4/model.pt``); a name only hidden (``.cache``) stays."""
     parts = rel.split(os.sep)
     tail = [(renamed_name(part) if is_temp_name(part.lstrip(".")) else None) or part for part in parts[-2:]]
     return os.sep.join([*parts[:-2], *tail])
@@ -828,10 +822,8 @@ class LookalikeWatcher:
             self._observer = None
 
     def saw(self, path: str, is_dir: bool, created: bool = False, writing: bool = False) -> None:
-        """A write (on watchdog's thread): kept when it belongs to a look-alike; with ``writing`` (the
-        write itself, not a rename or a walk of what was there) the worker's when one of its
-        processes holds the file open for writing. A directory created in ``cwd`` is watched from
-        the next look on."""
+        """A write (on watchdog's thread): kept when it belongs to a look-alike, and with ``writing`` (not
+        a rename or a walk) the worker's when one of its processes holds the file open for writing."""
         if any(_under(path, ignored) for ignored in self.ignore):
             return
         root = self._root_of(path)
