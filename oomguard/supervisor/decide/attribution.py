@@ -63,8 +63,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Limit:
-    """The limit that applied when the worker failed: which one, its bytes, the readings of the
-    memory counted against it, and when the failure happened (None: at the last reading)."""
+    """The limit that applied at the failure, the readings counted against it, and when (None: the last reading)."""
 
     budget: str
     bytes: int
@@ -136,9 +135,8 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
 
 
 def _probe_words(evidence: Evidence, micro_batch: int, figures: dict[str, Any], spike: str) -> str:
-    """The probe's figures where it caught the failure (the address space under RLIMIT_AS, the CUDA
-    allocator's), added to ``figures``; its words replace the readings' (``spike``): the allocator's
-    own figures say more than any reading from outside."""
+    """The probe's figures where it caught the failure, added to ``figures``; its words replace the
+    readings' (``spike``): the allocator's own figures say more than any reading from outside."""
     if (rlimit := evidence.address_space) is not None:
         figures.update(_address_space_figures(rlimit))
         spike = f"; {_address_space_line(rlimit)}"
@@ -265,18 +263,16 @@ def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Seque
 
 def earlier_plateaus(attributions: Mapping[int, Mapping[str, Any]],
                      attempts: Sequence[Mapping[str, Any]]) -> list[Plateau]:
-    """The plateau of each earlier attempt whose failure was attributed with one, from the journal's
-    ``attribution`` events and attempts; a later one at the same size wins. A plateau recorded
-    before plateaus were marked is a failure's, so censored."""
+    """The plateau of each earlier attempt attributed with one (the journal's ``attribution`` events);
+    one recorded before plateaus were marked is a failure's, so censored."""
     micro = {a["attempt"]: a["micro_batch"] for a in attempts}
     return [Plateau(micro[n], int(data["plateau_bytes"]), bool(data.get("plateau_censored", True)))
             for n, data in sorted(attributions.items()) if data.get("plateau_bytes") and n in micro]
 
 
 def step_peaks(attempts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
-    """micro-batch -> the highest allocator step peak the probe measured there, over the journal's
-    attempts (each completed step at a size measures what that size needs, even in an attempt that
-    failed later)."""
+    """micro-batch -> the highest allocator step peak the probe measured there (each completed step
+    measures what its size needs, even in an attempt that failed later)."""
     peaks: dict[int, int] = {}
     for row in attempts:
         if row.get("peak_allocated"):
@@ -329,8 +325,7 @@ def _address_space_figures(oom: OomProgress | None) -> dict[str, Any]:
 
 def _allocator_figures(alloc: AllocatorOom, micro_batch: int, step_peaks: Mapping[int, int]) -> dict[str, Any]:
     """The allocator's figures at the OOM, and the per-sample memory its step peaks at the other
-    micro-batches measured: the slope of the line through two sizes or more, else the peak of one
-    size over its samples (which counts fixed memory per sample, so errs high)."""
+    micro-batches measured (from one size, the peak over its samples: errs high)."""
     figures: dict[str, Any] = {"source": "allocator", "requested_bytes": alloc.requested,
                                "allocated_bytes": alloc.allocated, "reserved_bytes": alloc.reserved,
                                "limit_bytes": alloc.limit, "fraction": alloc.fraction}

@@ -168,8 +168,7 @@ class Judgement:
 
 def judge(tried: int | None, reserved_unallocated: int | None, capacity: int | None,
           predicted_peak: float | None = None) -> Judgement:
-    """Fragmentation or not, and why. ``predicted_peak`` is the memory model's peak for the failed
-    micro-batch (from measured peaks per sample), where it has one."""
+    """Fragmentation or not, and why (``predicted_peak``: the memory model's peak at the failed size)."""
     if tried is None or reserved_unallocated is None:
         return Judgement(False, "the OOM message has no allocator figures")
     if reserved_unallocated <= tried:
@@ -192,8 +191,7 @@ def judge(tried: int | None, reserved_unallocated: int | None, capacity: int | N
 
 def at_oom(allocator: AllocatorOom | None, tried: int | None, reserved_unallocated: int | None,
            capacity: int | None, predicted_peak: float | None = None) -> Judgement:
-    """Fragmentation judged from the probe's figures at the OOM where it has them (reserved minus
-    allocated, the request, the allocator's limit), else from the OOM message's."""
+    """Fragmentation judged from the probe's figures at the OOM where it has them, else from the message's."""
     if allocator is None or allocator.requested is None or allocator.reserved_unallocated is None:
         return judge(tried, reserved_unallocated, capacity, predicted_peak)
     found = judge(allocator.requested, allocator.reserved_unallocated, allocator.limit or capacity, predicted_peak)
@@ -310,9 +308,7 @@ class OwnCode:
         return None
 
     def addition_of(self, file: str) -> Addition | None:
-        relative = self.relative(file)
-        if relative is None:
-            return None
+        relative = self.relative(file) or ""
         if relative.startswith(PROBE_DIR):
             return Addition.PROBE
         return Addition.SPARE if relative == SPARE_FILE else None

@@ -40,8 +40,7 @@ class Plan:
                 "num_workers": self.num_workers}
 
     def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
-        """The plan an earlier supervisor saved for this run, if it is for the same job (same
-        global batch asked for, same world size); None when there is none to continue."""
+        """The plan an earlier supervisor saved for this run, when it is for the same job; else None."""
         b = self.batch
         if not saved or saved["world_size"] != b.world_size:
             return None
@@ -341,8 +340,7 @@ def after_failure(decision: Decision) -> PlanChange:
 
 
 def grow(plan: Plan, micro_batch: int, why: str = "grow") -> PlanChange:
-    """--grow (or a fit measured for another model): a larger micro-batch, the global batch kept
-    (accumulation follows)."""
+    """--grow (or a fit measured for another model): a larger micro-batch, the global batch kept."""
     bigger = replace(plan, batch=plan.batch.with_micro_batch(micro_batch))
     return PlanChange(bigger, Source.GROW, f"{why}: micro-batch {plan.batch.micro_batch} -> {micro_batch} × "
                       f"accumulation {bigger.batch.grad_accum}")

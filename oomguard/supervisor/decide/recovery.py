@@ -188,8 +188,7 @@ def _hint(facts: Facts, failure: Failure, memory: SizeTuner, oom: OomFigures | N
 
 def _predicted(decision: Decision, failed_micro: int, plan: Plan, memory: SizeTuner, oom: OomFigures | None,
                config: RecoveryConfig, notes: list[Note]) -> Decision:
-    """--predict-shrink: the decision taken down to the size the OOM's figures predict to fit, when
-    that is below what the proven path chose; journaled with the prediction's reason."""
+    """--predict-shrink: the decision taken down to the size the OOM's figures predict, when below the proven path's."""
     prediction = memmodel.predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
                                             memory.margin, config.policy.min_micro_batch,
                                             [*memory.stored_failures, *memory.points])

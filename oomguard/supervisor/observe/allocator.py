@@ -81,8 +81,7 @@ def _fraction_done(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class OomProgress:
-    """How far the step had got at an OOM, on any device, and what the process held, in one measure
-    (``memory``): the figures ``sizing.tuning`` predicts a smaller size from."""
+    """How far the step had got at an OOM, on any device, and what the process held, in one measure (``memory``)."""
 
     memory: str
     micro_batch: int | None
@@ -108,8 +107,7 @@ class OomProgress:
 
 @dataclass
 class AllocatorReport:
-    """One attempt's ``step`` and ``oom`` records, folded (whether the probe loaded at all is
-    ``ProbeReport``'s, below)."""
+    """One attempt's ``step`` and ``oom`` records, folded."""
 
     step: int | None = None  # the optimizer step reached (resumed count included), highest over ranks
     records: int = 0  # step records taken
@@ -377,9 +375,8 @@ class BreakdownWatch:
 
     def ended(self, kind: str | None, attempt: int, micro_batch: int | None,
               journal: Callable[..., None]) -> list[dict[str, Any]]:
-        """Journal the attempt's breakdowns: the OOM's at a memory failure (the last reading where the
-        probe said nothing: a kernel kill), the peak's otherwise. ``kind``: how it failed (FailureKind's
-        value), None when it did not. Returns what it journaled."""
+        """Journal (and return) the attempt's breakdowns: the OOM's at a memory failure (``kind``), the
+        last reading where the probe said nothing (a kernel kill), the peak's otherwise."""
         self._for(attempt)
         events = self._events(kind)
         for data in events:

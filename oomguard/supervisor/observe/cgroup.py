@@ -69,9 +69,8 @@ def own_memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path 
 
 @dataclass
 class MemoryCgroup:
-    """One memory cgroup directory (v1 or v2): the worker's own, which oomguard makes, limits and
-    removes, or any other it only reads (the one a process is in, a parent that sets a limit).
-    ``limit`` is the limit oomguard set on it, if it set one."""
+    """One memory cgroup directory (v1 or v2): the worker's own, which oomguard makes, limits (``limit``)
+    and removes, or any other it only reads (the one a process is in, a parent that sets a limit)."""
 
     path: Path
     version: int

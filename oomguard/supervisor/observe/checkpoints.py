@@ -83,8 +83,7 @@ _FAIRSEQ_UPDATES = re.compile(r"^checkpoint_(?P<epoch>\d+)_(?P<updates>\d+)\.pt$
 
 @dataclass(frozen=True)
 class NameReading:
-    """What a name says: the step (None when it says none) and a number that orders the checkpoints
-    of its scheme without being a step (an epoch, a save count)."""
+    """What a name says: the step, and a number that orders its scheme's checkpoints without being one."""
 
     step: int | None
     ordinal: int | None = None
@@ -241,9 +240,8 @@ def is_temp_name(name: str) -> bool:
 
 
 def renamed_name(name: str) -> str | None:
-    """The name a writer renames the temp ``name`` to once it is complete (``ckpt.pt.tmp``,
-    ``.step_2.pt.tmp``, ``.step_4.tmp``, ``tmp-checkpoint-6``: the name without its temp marks), or
-    None where ``name`` is no temp name or nothing is left of it."""
+    """The name a writer renames the temp ``name`` to once complete (``.step_2.pt.tmp``, ``tmp-ckpt-6``:
+    without its temp marks), or None where it is no temp name or nothing is left of it."""
     if not is_temp_name(name):
         return None
     final = _TEMP_TAIL.sub("", _TEMP_HEAD.sub("", name, count=1), count=1)
@@ -355,9 +353,8 @@ class CheckpointIndex:
         self._learned: dict[str, tuple[float, StepEvidence]] = {}  # path -> (mtime, step the loop resolved)
 
     def directories(self) -> list[Path]:
-        """The directories the checkpoints are written in: each glob's path above its first
-        wildcard (its parent when the last part is the wildcard's), never the working directory or
-        one above it (a glob like ``ckpt-*`` in the working directory names no directory of its own)."""
+        """The directories the checkpoints are written in: each glob's path above its first wildcard,
+        never the working directory or one above it (``ckpt-*`` there names no directory of its own)."""
         roots = []
         for pattern in self.patterns:
             full = self.cwd / pattern
@@ -425,10 +422,8 @@ class CheckpointIndex:
     def newest(self, exclude: set[str], worker_alive: bool) -> Checkpoint | None:
         """The checkpoint to resume from. With the worker dead nothing is still being written, so
         every candidate counts (a truncated one is caught when the worker fails to load it)."""
-        if worker_alive:
-            candidates = self.settled(exclude)
-        else:
-            candidates = [c for c in self.refresh(force=True) if c.path not in exclude]
+        candidates = self.settled(exclude) if worker_alive else [
+            c for c in self.refresh(force=True) if c.path not in exclude]
         return candidates[0] if candidates else None
 
     def still_there(self, checkpoint: Checkpoint | None, exclude: set[str]) -> Checkpoint | None:
@@ -484,8 +479,7 @@ class ResumeVerdict:
 
 
 class ResumeCheck:
-    """Fed every step an attempt shows (the output thread and the loop both feed it); the verdict
-    is taken from the first one that counts."""
+    """Fed every step an attempt shows (from two threads); the verdict is the first one that counts."""
 
     def __init__(self, path: str, step: int) -> None:
         self.path = path
@@ -645,8 +639,7 @@ def final_path(rel: str) -> str:
 
 
 def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
-    """The glob most of ``paths`` fit, digits made ``*``: ``out/step-2.pt`` -> ``out/step-*.pt``;
-    relative to ``cwd`` where they lie under it."""
+    """The glob most of ``paths`` fit, digits made ``*`` (``out/step-2.pt`` -> ``out/step-*.pt``)."""
     patterns: Counter[str] = Counter()
     for path in paths:
         head, name = os.path.split(_shown(path, cwd))
@@ -655,8 +648,7 @@ def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
 
 
 def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
-    """The directories the command's output options name (``--output_dir out``, ``--save-dir=x``),
-    absolute, whether or not they exist yet."""
+    """The directories the command's output options name (``--output_dir out``, ``--save-dir=x``), absolute."""
     found: list[Path] = []
     words = list(command)
     for i, word in enumerate(words):
@@ -719,8 +711,7 @@ def missed_notice(globs: Sequence[str], missed: Sequence[Lookalike], any_matched
 def unmatched_notice(globs: Sequence[str], first_step_wall: float | None, last_step: int | None, now: float,
                      cwd: Path, watched: Sequence[Path], others: bool = False) -> str | None:
     """What to say about globs that have matched nothing while the script wrote nothing like a
-    checkpoint, or None while it is too early (see the module). With ``others``, files that look like
-    one were written there, but not seen written by the script."""
+    checkpoint (``others``: nothing it was seen writing), or None while it is too early."""
     shown = " ".join(repr(g) for g in globs)
     if first_step_wall is None or now - first_step_wall < QUIET_LIMIT:
         return None
@@ -786,8 +777,7 @@ class LookalikeWatcher:
         self._handler = _Writes(self)
 
     def _add(self, path: Path, later: bool = False) -> None:
-        """Watch ``path`` recursively: from the start when it exists, else (or ``later``) once the
-        loop's next look finds it."""
+        """Watch ``path`` recursively: now when it exists, else (or ``later``) from the loop's next look on."""
         known = [*self.roots, *self.pending]
         if path == self.cwd or any(path.is_relative_to(r) for r in known) or len(known) >= MAX_ROOTS:
             return
@@ -842,9 +832,8 @@ class LookalikeWatcher:
             _newest(self._found, found, time.time())
 
     def found(self) -> list[Lookalike]:
-        """The look-alikes written so far, each saying whether the worker wrote it (the loop's
-        thread; pending directories that now exist are watched from here on, and what they
-        already hold is looked at once)."""
+        """The look-alikes written so far, each saying whether the worker wrote it (the loop's thread:
+        pending directories that now exist are watched from here on)."""
         self._watch_pending()
         with self._lock:
             return [Lookalike(p, t, p in self._own) for p, t in self._found.items()]
@@ -890,9 +879,8 @@ class LookalikeWatcher:
                 self._mark(dest, root)
 
     def _wrote(self, path: str, root: str) -> None:
-        """The worker wrote ``path`` (under ``root``): it, under the name a rename seen gave it or
-        its directory (else the name an atomic writer's temp name is renamed to), and each
-        directory between it and ``root`` are the worker's (a look-alike may be a directory)."""
+        """The worker wrote ``path``: it, under the name a rename gave it (or an atomic writer will), and
+        each directory between it and ``root`` are the worker's (a look-alike may be a directory)."""
         with self._lock:
             renamed = self._moved_to(path, root)
             final = renamed or os.path.join(root, final_path(os.path.relpath(path, root)))

@@ -64,8 +64,7 @@ class Nvml(Protocol):
     def processes(self, handle: Any) -> list[NvmlProcess]: ...
 
     def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
-        """(pid, SM busy percent, sample time in µs) of each process NVML sampled after ``since_us``;
-        empty when none was (no kernel of any process ran since then)."""
+        """(pid, SM %, µs) of each process NVML sampled after ``since_us``; empty when no kernel ran since."""
         ...
 
 
@@ -226,8 +225,7 @@ class GpuSnapshot:
 
 
 class GpuMonitor:
-    """Reads the worker's visible GPUs (``visible_devices``: its CUDA_VISIBLE_DEVICES, by default the one
-    it inherits from us); initialises NVML lazily and at most once."""
+    """Reads the worker's visible GPUs (default: the CUDA_VISIBLE_DEVICES it inherits); NVML opened once, lazily."""
 
     _UNSET: Any = object()
 

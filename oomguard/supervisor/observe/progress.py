@@ -263,9 +263,8 @@ class Liveness:
                 f"(floor {100 * CPU_FLOOR:g}%), {format_size(idle.io_bytes)} of I/O, {gpu}")
 
     def news(self, judgement: Judgement, now: float) -> str | None:
-        """Whether the held-alive note is to be published now: "held" (a silent stretch began to be
-        held), "still held" (its figures moved on), "released", or None (nothing new). Said when it
-        starts, when it ends and every ``PUBLISH_EVERY`` seconds between, not with every tick."""
+        """Whether to publish the held-alive note now: "held", "still held" (every ``PUBLISH_EVERY``
+        seconds, not with every tick), "released", or None (nothing new)."""
         held = judgement.held is not None
         was_held, when = self.published
         if held == was_held and (not held or now - when < PUBLISH_EVERY):
@@ -438,9 +437,8 @@ _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.B
 
 @dataclass(frozen=True)
 class Save:
-    """One ``torch.save`` the probe saw: when it began and returned, the optimizer step at its start,
-    and the file it wrote, made real (a symlinked run directory compares equal; None for a file
-    object or a buffer)."""
+    """One ``torch.save`` the probe saw: when it ran, the optimizer step at its start, and the file it
+    wrote, made real (None for a file object or a buffer)."""
 
     began: float
     returned: float
@@ -448,8 +446,7 @@ class Save:
     path: str | None = None
 
     def wrote(self, real: str, directory: bool) -> bool:
-        """It wrote the file at the real path ``real``, or with ``directory`` a file inside it;
-        either under the temp name an atomic writer renamed to ``real`` once complete."""
+        """It wrote ``real`` (with ``directory``, a file inside it), maybe under a temp name renamed to it."""
         if self.path is None:
             return False
         if self.path == real or (directory and self.path.startswith(real + os.sep)):
@@ -550,9 +547,8 @@ class AttemptWatch:
                          "t": wall, "source": source, **figures}
 
     def step_at(self, wall: float) -> int | None:
-        """The step of a checkpoint whose name carries none (nanoGPT's ``ckpt.pt``) written at
-        ``wall`` (its mtime): the step of the probe's ``torch.save`` that was writing then; else
-        the last step the output (or the probe's step records) showed at or before it."""
+        """The step of a checkpoint written at ``wall`` (its mtime): the probe's ``torch.save`` that was
+        writing then, else the last step shown at or before it."""
         # The save whose run is nearest the mtime (inside it, or a coarse clock's tick before it).
         nearest = min(((max(s.began - wall, wall - s.returned, 0.0), -i, s.step)
                        for i, s in enumerate(self.saves)), default=None)
@@ -580,8 +576,7 @@ class AttemptWatch:
         return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0 or self.new_checkpoint
 
     def running_since(self) -> float:
-        """When stable running began, for --grow-after: the first step where steps are seen (loading
-        a model is not running), else the attempt's start."""
+        """When stable running began (for --grow-after): the first step seen, else the attempt's start."""
         return self.first_progress if self.first_progress is not None else self.started
 
     def observe(self, sample: MemorySample) -> None:
@@ -666,8 +661,7 @@ class AttemptWatch:
         return self._progress_event_due(now)
 
     def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
-        """Whether the worker is hung (no output or progress for the timeout, and its processes and
-        GPUs idle as long) or held alive despite its silence; None with hangs off."""
+        """Hung (silent and idle for the timeout), held alive despite its silence, or neither; None with hangs off."""
         if timeout <= 0:
             return None
         # Where steps are known (records or output), output without a new step is not progress:

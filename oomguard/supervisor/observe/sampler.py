@@ -109,8 +109,7 @@ def _io(proc: psutil.Process) -> int | None:
 
 @dataclass(frozen=True)
 class MemorySample:
-    """Everything the supervisor knows about memory at one moment (``wall`` for people and the journal;
-    ``worker_rss_bytes`` None without a worker)."""
+    """Everything the supervisor knows about memory at one moment."""
 
     monotonic: float
     wall: float

@@ -228,8 +228,7 @@ class Key(Protocol):
 
 @dataclass(frozen=True)
 class ModelPrint:
-    """One model as the probe saw it at a process's first optimizer step (a ``model`` record): the
-    digest tells two models apart, the parameter count names them to the user."""
+    """One model as the probe saw it at a first step: its digest tells models apart, its size names them."""
 
     digest: str
     params: int
@@ -244,8 +243,7 @@ class ModelPrint:
 
 
 def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
-    """Both lists' models, each digest once, by digest (ranks of one job may train different
-    stages, each a model of its own)."""
+    """Both lists' models, each digest once (ranks of one job may train different stages)."""
     seen = {m.digest: m for m in new}
     seen.update({m.digest: m for m in old})
     return tuple(sorted(seen.values(), key=lambda m: m.digest))
@@ -253,8 +251,7 @@ def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[
 
 @dataclass(frozen=True)
 class FitRecord:
-    """What one job has learned: the largest size that worked, the smallest that failed, and one point
-    per micro-batch tried (the worst peak seen)."""
+    """What one job has learned: the largest size that worked, the smallest that failed, one point per size."""
 
     fingerprint: str
     description: str
@@ -271,8 +268,7 @@ class FitRecord:
         return any(m.digest == model.digest for m in self.models)
 
     def starting_micro(self, per_process_batch: int, requested: int) -> int | None:
-        """The micro-batch a new run should start at (never above what was asked, nor at or above a size
-        that failed), or None to start at ``requested``."""
+        """Where a new run starts: below any size that failed, never above ``requested``; None: at ``requested``."""
         ceiling = requested
         if self.failed_micro is not None:
             # Sizes between the largest that worked and the smallest that failed are untested:
@@ -368,8 +364,7 @@ class SizeTuner:
         return points
 
     def capacity(self, sample: MemorySample | None) -> int | None:
-        """The budget the model fits under: the allocator's limit where the probe reported one, else the
-        GPU when there is one, else the host's limit."""
+        """The budget the model fits under: the probe's allocator limit, else the GPU, else the host's limit."""
         if self.allocator_limit:
             return self.allocator_limit
         if sample is None:
@@ -442,8 +437,7 @@ class SizeTuner:
             self.fixed_bytes = held
 
     def learn(self, oom: OomFigures | None) -> None:
-        """What an OOM's figures tell about the memory beyond the attempt: the fixed memory, and the
-        address-space limit a CPU worker runs under."""
+        """What an OOM's figures tell beyond the attempt: the fixed memory, and a CPU worker's RLIMIT_AS."""
         if oom is None:
             return
         if oom.address_space:
@@ -483,7 +477,7 @@ class SizeTuner:
         return model.predict(micro) if model is not None else None
 
     def starting_micro(self, requested: int) -> int | None:
-        """Where a fresh run of this job should start, from what earlier runs learned."""
+        """Where a new run starts: below any size that failed, never above ``requested``; None: at ``requested``."""
         if self.store is None or self.key is None:
             return None
         try:
@@ -500,9 +494,8 @@ class SizeTuner:
 
 def figures_at_oom(oom: AllocatorOom | None, micro_batch: int, progress: OomProgress | None = None
                    ) -> OomFigures | None:
-    """The probe's figures at an OOM as the memory model's bound takes them: a CUDA OOM's allocator
-    figures, or a host OOM's address space under RLIMIT_AS, with the fixed memory and the forward's
-    progress where the probe saw them; None where it did not see the request, the holding or the limit."""
+    """The probe's figures at an OOM (a CUDA OOM's allocator, a host OOM's address space under
+    RLIMIT_AS) as the model's bound takes them; None where it did not see them all."""
     if progress is not None and progress.requested is not None and progress.held is not None and progress.limit:
         return OomFigures(progress.micro_batch or micro_batch, progress.requested, progress.held, progress.limit,
                           progress.fixed or 0, progress.forward_fraction, progress.memory == "address_space")
@@ -581,9 +574,8 @@ def predict_after_oom(oom: OomFigures | None, proven: int, per_process_batch: in
 
 
 def jump(decision: Decision, failed_micro: int, prediction: Prediction | None) -> Decision:
-    """The policy's decision after a memory failure at ``failed_micro``, taken further down to the
-    predicted size when the decision shrinks the micro-batch (not a retry at the same size: a leak's,
-    fragmentation's, a fallback's) and the prediction is smaller still; the reason says both."""
+    """The policy's decision after a memory failure at ``failed_micro``, taken down to the predicted
+    size when it shrinks the micro-batch (not a retry at the same size) and the prediction is smaller."""
     if prediction is None or not decision.restart:
         return decision
     batch = decision.plan.batch

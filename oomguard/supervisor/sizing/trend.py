@@ -382,8 +382,7 @@ class Forecast:
 
 def forecast(readings: Sequence[Reading], budget: Budget, next_checkpoint_in: float | None,
              checkpoint_period: float | None, prior_per_s: float | None = None) -> Forecast | None:
-    """The forecast for one budget, or None when memory is not rising steadily (the checkpoint's
-    timing in seconds; None: unknown)."""
+    """The forecast for one budget, or None when memory is not rising steadily."""
     trend = steady_rise(readings)
     if trend is not None and trend.steady():
         measured, rate = True, trend.per_s
