@@ -461,9 +461,9 @@ def test_a_reserve_fits_while_a_quarter_of_the_host_and_four_spares_stay_availab
 
 
 # --- merged from tests/test_sparepool_pins.py ---------------------------------------------------------------
-# Pins for decide/sparepool.py's constants, which mutmut 3 never mutates (docs/mutation.md).
+# Pins for the spare pool's constants (decide/policy.py), which mutmut 3 never mutates (docs/mutation.md).
 #
-# test_sparepool.py reads the host's share from ``FREE_SHARE`` itself, so any share passed it (those
+# The tests above read the host's share from ``FREE_SHARE`` itself, so any share passed it (those
 # whose floor is not a whole byte failed only by ``int()`` truncating it): the quarter that
 # docs/restart.md promises is pinned here in bytes.
 
