@@ -296,11 +296,11 @@ class GpuMonitor:
     def _read_one(self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]) -> GpuReading:
         assert self._nvml is not None
         total, used, free = self._nvml.memory(handle)
-        worker_bytes, worker_pids, note = self._worker_usage(handle, pids)
-        per_process = self._per_process(handle, pids) if worker_pids else ()
+        worker_bytes, mine, note = self._worker_usage(handle, pids)
         return GpuReading(device.cuda_index, device.nvml_index, uuid, name, total, used, free,
-                          self._optional(self._nvml.utilization, handle), worker_bytes, worker_pids, note,
-                          per_process, self._worker_sm(device.nvml_index, handle, pids))
+                          self._optional(self._nvml.utilization, handle), worker_bytes, tuple(p.pid for p in mine),
+                          note, tuple((p.pid, p.used_bytes) for p in mine),
+                          self._worker_sm(device.nvml_index, handle, pids))
 
     def _worker_sm(self, index: int, handle: Any, pids: frozenset[int]) -> int | None:
         """The highest SM share of a worker process sampled since the last call; None where NVML
@@ -318,10 +318,6 @@ class GpuMonitor:
             self._sm_seen[index] = max(t for _, _, t in samples)
         return max((sm for pid, sm, _ in samples if pid in pids), default=0)
 
-    def _per_process(self, handle: Any, pids: frozenset[int]) -> tuple[tuple[int, int | None], ...]:
-        assert self._nvml is not None
-        return tuple((p.pid, p.used_bytes) for p in self._nvml.processes(handle) if p.pid in pids)
-
     def _optional(self, call: Callable[[Any], int], handle: Any) -> int | None:
         try:
             return call(handle)
@@ -330,25 +326,25 @@ class GpuMonitor:
                 return None
             raise
 
-    def _worker_usage(self, handle: Any, pids: frozenset[int]) -> tuple[int | None, tuple[int, ...], str | None]:
-        """(bytes used by the worker's processes, their pids, why bytes is None)."""
+    def _worker_usage(self, handle: Any, pids: frozenset[int]) -> tuple[int | None, list[NvmlProcess], str | None]:
+        """(bytes used by the worker's processes, those processes, why bytes is None)."""
         assert self._nvml is not None
         if self._nvml.mig_enabled(handle):
             # On a MIG parent NVML lists no per-process memory to unprivileged callers.
-            return None, (), "MIG mode: no per-process GPU memory; using the device's figures"
+            return None, [], "MIG mode: no per-process GPU memory; using the device's figures"
         try:
             procs = self._nvml.processes(handle)
         except NvmlError as exc:
             if exc.kind in ("not_supported", "no_permission"):
-                return None, (), f"per-process GPU memory unavailable ({exc}); using the device's figures"
+                return None, [], f"per-process GPU memory unavailable ({exc}); using the device's figures"
             raise
         mine = [p for p in procs if p.pid in pids]
         if mine and any(p.used_bytes is None for p in mine):
-            return None, tuple(p.pid for p in mine), "NVML reports no per-process memory on this driver"
+            return None, mine, "NVML reports no per-process memory on this driver"
         if not mine and pids and any(not self._pid_exists(p.pid) for p in procs):
             # NVML speaks host PIDs; inside a container without the host PID namespace they match nothing.
-            return None, (), "GPU processes carry PIDs from another namespace (container without host PIDs)"
-        return sum(p.used_bytes or 0 for p in mine), tuple(p.pid for p in mine), None
+            return None, [], "GPU processes carry PIDs from another namespace (container without host PIDs)"
+        return sum(p.used_bytes or 0 for p in mine), mine, None
 
 
 def _reason(exc: NvmlError) -> str:
