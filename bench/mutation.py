@@ -40,8 +40,8 @@ PACKAGE = "oomguard.supervisor"
 # common/batch.py (the batch arithmetic) is outside PACKAGE: mutmut run "oomguard.common.batch.*"
 MODULES = (
     "decide.policy", "decide.classify", "observe.output", "observe.progress",
-    "decide.attribution", "observe.checkpoints", "sizing.tuning", "sizing.trend",
-    "sizing.memmodel", "record.fitstore", "decide.sparepool",
+    "decide.attribution", "observe.checkpoints", "sizing.trend",
+    "sizing.memmodel", "record.fitstore",
 )
 # mutmut's exit codes of a mutant's test run (mutmut/stats.py), folded into what the table shows
 KILLED = {1: "killed", 3: "killed", 36: "killed", -24: "killed", 24: "killed", 152: "killed", 255: "killed",

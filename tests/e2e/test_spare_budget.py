@@ -1,5 +1,5 @@
 """Spares use only memory the run can spare (issue 35 part 3): the policy on scripted figures
-(decide/sparepool.py), the limit above the worker and its spares read from cgroup trees
+(decide/policy.py), the limit above the worker and its spares read from cgroup trees
 (observe/cgroup.py, v1 real and v2 fake), the keeper (run/spare.py) holding a spare back and saying
 why once, and what the kernel's OOM killer really does in a memory cgroup that holds a worker and
 an idle spare."""
@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from oomguard.supervisor.decide.sparepool import (
+from oomguard.supervisor.decide.policy import (
     MARGIN_MIN,
     SPARE_GUESS,
     Limit,

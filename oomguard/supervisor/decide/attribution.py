@@ -1,43 +1,13 @@
 """Blame the batch only for what the batch did: the cause of one memory failure, from the record.
 
-``attribute`` names the cause of an attempt's memory failure from what oomguard recorded about it:
-its memory readings with the steps (the journal's samples), the readings of the memory counted
-against the limit that applied (``Limit``), the evidence in its output (the traceback's function
-names, the last lines, a DataLoader worker's death) and the memory model's view of the batch. The
-causes, most specific first:
-
-- *data loader*: a DataLoader worker process died (the OOM killer's favourite victim: the biggest
-  process in the cgroup); the remedy starts with the workers, not the batch;
-- *leak*: memory kept rising in a straight line while training went on at one size, AND that line
-  explains the failure: extended to the moment of the failure it reaches the limit that applied
-  (within the readings' noise, ``trend.Headroom``), and the last readings lie on it. The batch is
-  not to blame; a restart from the newest checkpoint at the same size is the remedy;
-- *phase spike*: the traceback or the last output names evaluation, checkpoint saving or loading;
-- *per-sample*: none of the above; memory rose to a plateau that scales with the micro-batch, or
-  jumped above its trend in one step, today's remedy (halve) is right. The summary says "memory
-  follows the micro-batch" only where the figures show it: the memory model's line through two sizes
-  or more, or this run's plateaus at two sizes or more, higher at the larger one (by
-  ``FOLLOW_MARGIN``), and it says memory does not follow only from plateaus that were measured.
-
-A reading taken at or just before a memory failure is a lower bound, never a plateau: at a CUDA OOM
-the device was full by definition, and a failure between two samples leaves the last reading below
-what the step needed. Such a plateau is *censored* (``Plateau.censored``); plateaus of failed
-attempts are listed as "at least", and no line infers from them how memory scales with the batch
-(81014 MiB at 512 and 80132 MiB at 256 were both the ceiling, not what the batches needed).
-Readings that saw none of the worker's memory (NVML's per-process figure is 0 where it cannot see
-the processes) are no readings at all. With the in-process probe, a CUDA OOM is told in the
-allocator's words and figures (``Evidence.allocator``): how much it asked for, how much was
-allocated of the limit, and the memory per sample its step peaks measured at other micro-batches.
-
-A steady line that was still far below the limit when the worker died did not kill it: something
-jumped above the line (a spike), and the spike is the cause, whatever the line's R². Where both
-are present, the figures pick the remedy: when the rise added at least as much memory in the
-attempt as the jump needed beyond the line, restarting fresh at the same size gives that room
-back (a leak that also spiked); when it added less, the batch's memory is what must shrink (and
-the rise is not called a leak). A leak's trend is checked before the phase: a run that crept for
-an hour and died in evaluation died of the creep; the phase is kept in the summary. Every summary
-carries its figures, the distance between the trend at the failure and the limit included. Pure:
-the tests feed it scripted series.
+``attribute`` names the cause from the attempt's memory readings with its steps, the readings counted
+against the limit that applied (``Limit``), the evidence in its output and the memory model's view
+of the batch, most specific first: data loader, leak, phase spike, per-sample (the causes, their
+evidence and remedies: docs/failures.md, "Causes of a memory failure"). A rise is a leak only when
+its line, extended to the failure, reaches the limit; a line far below it did not kill the worker,
+a spike above it did. A reading at or just before a failure is a lower bound, never a plateau
+(``Plateau.censored``): no line infers from it how memory scales with the batch. Pure: the tests
+feed it scripted series.
 """
 
 from __future__ import annotations
@@ -50,8 +20,8 @@ from typing import Any, NamedTuple
 from oomguard.supervisor.observe.allocator import AllocatorOom, OomProgress
 from oomguard.supervisor.observe.output import Phase, phase_of
 from oomguard.supervisor.sizing.memmodel import Fit, Point, fit
-from oomguard.supervisor.sizing.trend import MIB, Headroom, Reading, Trend, steady_rise
-from oomguard.supervisor.units import format_size
+from oomguard.supervisor.sizing.trend import Headroom, Reading, Trend, steady_rise
+from oomguard.supervisor.units import MIB, format_size
 
 
 class Cause(enum.Enum):
@@ -93,8 +63,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Limit:
-    """The limit that applied when the worker failed: which one, its bytes, the readings of the
-    memory counted against it, and when the failure happened (None: at the last reading)."""
+    """The limit that applied at the failure, the readings counted against it, and when (None: the last reading)."""
 
     budget: str
     bytes: int
@@ -134,12 +103,9 @@ class Attribution:
 def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
               what: str = "worker RSS", model: Fit | None = None, limit: Limit | None = None,
               earlier: Sequence[Plateau] = (), failed: bool = True) -> Attribution:
-    """The cause of a memory failure at ``micro_batch``; ``what`` names the memory the readings are
-    of; ``model`` is the memory model's line through this job's successful sizes, if it has one;
-    ``limit`` is the limit that applied at the failure (None: no failure to explain, as at a
-    planned restart, or no limit known): a rise is a leak only if its line reaches that limit;
-    ``earlier`` the plateaus of this run's earlier per-sample failures; ``failed``: a memory failure
-    ended the attempt, so its readings are lower bounds (False for a planned restart)."""
+    """The cause of a memory failure at ``micro_batch`` (``what``: the memory the readings count). A rise
+    is a leak only if its line reaches ``limit`` (None: none known, or no failure to explain);
+    ``failed``: a memory failure ended the attempt, so its readings are lower bounds."""
     blind = bool(readings) and not any(r.used for r in readings)
     readings, limit = _seen(readings, limit)
     trend = steady_rise(readings)
@@ -169,9 +135,8 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
 
 
 def _probe_words(evidence: Evidence, micro_batch: int, figures: dict[str, Any], spike: str) -> str:
-    """The probe's figures where it caught the failure (the address space under RLIMIT_AS, the CUDA
-    allocator's), added to ``figures``; its words replace the readings' (``spike``): the allocator's
-    own figures say more than any reading from outside."""
+    """The probe's figures where it caught the failure, added to ``figures``; its words replace the
+    readings' (``spike``): the allocator's own figures say more than any reading from outside."""
     if (rlimit := evidence.address_space) is not None:
         figures.update(_address_space_figures(rlimit))
         spike = f"; {_address_space_line(rlimit)}"
@@ -298,18 +263,16 @@ def _scaling(why: str, micro_batch: int, figures: dict[str, Any], earlier: Seque
 
 def earlier_plateaus(attributions: Mapping[int, Mapping[str, Any]],
                      attempts: Sequence[Mapping[str, Any]]) -> list[Plateau]:
-    """The plateau of each earlier attempt whose failure was attributed with one, from the journal's
-    ``attribution`` events and attempts; a later one at the same size wins. A plateau recorded
-    before plateaus were marked is a failure's, so censored."""
+    """The plateau of each earlier attempt attributed with one (the journal's ``attribution`` events);
+    one recorded before plateaus were marked is a failure's, so censored."""
     micro = {a["attempt"]: a["micro_batch"] for a in attempts}
     return [Plateau(micro[n], int(data["plateau_bytes"]), bool(data.get("plateau_censored", True)))
             for n, data in sorted(attributions.items()) if data.get("plateau_bytes") and n in micro]
 
 
 def step_peaks(attempts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
-    """micro-batch -> the highest allocator step peak the probe measured there, over the journal's
-    attempts (each completed step at a size measures what that size needs, even in an attempt that
-    failed later)."""
+    """micro-batch -> the highest allocator step peak the probe measured there (each completed step
+    measures what its size needs, even in an attempt that failed later)."""
     peaks: dict[int, int] = {}
     for row in attempts:
         if row.get("peak_allocated"):
@@ -319,9 +282,7 @@ def step_peaks(attempts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
 
 def _allocator_line(alloc: AllocatorOom, micro_batch: int, figures: Mapping[str, Any]) -> str:
     """``micro-batch 256 needed at least 78.7 GiB: it asked for 1.1 GiB more with 77.6 GiB allocated;
-    the limit was 79.2 GiB; at most 290.0 MiB a sample, measured at 128``: the allocator's figures at
-    the OOM (what was allocated plus the request that failed is a lower bound of the need), and what
-    its step peaks at other micro-batches measured per sample."""
+    the limit was 79.2 GiB; at most 290.0 MiB a sample, measured at 128``."""
     micro = alloc.micro_batch or micro_batch
     if alloc.requested is not None and alloc.allocated is not None:
         text = (f"micro-batch {micro} needed at least {format_size(alloc.allocated + alloc.requested)}: it asked "
@@ -364,8 +325,7 @@ def _address_space_figures(oom: OomProgress | None) -> dict[str, Any]:
 
 def _allocator_figures(alloc: AllocatorOom, micro_batch: int, step_peaks: Mapping[int, int]) -> dict[str, Any]:
     """The allocator's figures at the OOM, and the per-sample memory its step peaks at the other
-    micro-batches measured: the slope of the line through two sizes or more, else the peak of one
-    size over its samples (which counts fixed memory per sample, so errs high)."""
+    micro-batches measured (from one size, the peak over its samples: errs high)."""
     figures: dict[str, Any] = {"source": "allocator", "requested_bytes": alloc.requested,
                                "allocated_bytes": alloc.allocated, "reserved_bytes": alloc.reserved,
                                "limit_bytes": alloc.limit, "fraction": alloc.fraction}

@@ -1,14 +1,9 @@
 """What ended an attempt: a ``FailureKind`` and the evidence that decided it.
 
-``classify`` turns the exit status, the evidence ``observe.output.OutputScanner`` kept from the
-worker's output, the OOM-kill counters and, under torchrun, the root-cause rank into a kind. It is
-pure, so the tests feed it text and numbers.
-
-Also here:
-
-- Is a CUDA OOM fragmentation? Judged from the allocator's own figures in the OOM message.
-- Errors no restart can fix: the rule that stops a run at once instead of retrying them.
-- Whether an attempt died of oomguard's own code: the probe in the worker, or a spare's handover.
+``classify`` turns the exit status, what ``observe.output.OutputScanner`` kept, the OOM-kill counters
+and, under torchrun, the root-cause rank into a kind; pure, so the tests feed it text and numbers.
+Also here: whether a CUDA OOM is fragmentation, the errors no restart can fix, and whether an
+attempt died of oomguard's own code (the probe, a spare's handover).
 """
 
 from __future__ import annotations
@@ -75,11 +70,8 @@ _OOM_KINDS = {"cuda_oom": FailureKind.CUDA_OOM, "host_oom": FailureKind.HOST_OOM
 
 def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = None, gpus: bool = False) -> Verdict:
     """Decide the kind of an attempt's end; the first rule that matches wins, most specific first.
-
-    Under torchrun the supervised process is the agent, which exits 1 whatever killed a rank, so
-    with a root-cause rank (``dist.launcher.root_cause``) the rules read that rank's exit and the
-    evidence names it; collective timeouts on the surviving ranks are consequences and never decide.
-    """
+    Under torchrun (whose agent exits 1 whatever killed a rank) the rules read the root-cause rank's exit
+    (``dist.launcher.root_cause``)."""
     if facts.returncode == 0:
         return Verdict(None, "exit code 0", None, 0)
     code, sig = _split_status(facts.returncode)
@@ -177,8 +169,7 @@ class Judgement:
 
 def judge(tried: int | None, reserved_unallocated: int | None, capacity: int | None,
           predicted_peak: float | None = None) -> Judgement:
-    """Fragmentation or not, and why. ``predicted_peak`` is the memory model's peak for the failed
-    micro-batch (from measured peaks per sample), where it has one."""
+    """Fragmentation or not, and why (``predicted_peak``: the memory model's peak at the failed size)."""
     if tried is None or reserved_unallocated is None:
         return Judgement(False, "the OOM message has no allocator figures")
     if reserved_unallocated <= tried:
@@ -201,8 +192,7 @@ def judge(tried: int | None, reserved_unallocated: int | None, capacity: int | N
 
 def at_oom(allocator: AllocatorOom | None, tried: int | None, reserved_unallocated: int | None,
            capacity: int | None, predicted_peak: float | None = None) -> Judgement:
-    """Fragmentation judged from the probe's figures at the OOM where it has them (reserved minus
-    allocated, the request, the allocator's limit), else from the OOM message's."""
+    """Fragmentation judged from the probe's figures at the OOM where it has them, else from the message's."""
     if allocator is None or allocator.requested is None or allocator.reserved_unallocated is None:
         return judge(tried, reserved_unallocated, capacity, predicted_peak)
     found = judge(allocator.requested, allocator.reserved_unallocated, allocator.limit or capacity, predicted_peak)
@@ -319,9 +309,7 @@ class OwnCode:
         return None
 
     def addition_of(self, file: str) -> Addition | None:
-        relative = self.relative(file)
-        if relative is None:
-            return None
+        relative = self.relative(file) or ""
         if relative.startswith(PROBE_DIR):
             return Addition.PROBE
         return Addition.SPARE if relative == SPARE_FILE else None
@@ -357,10 +345,8 @@ class OwnFault:
 
 def own_fault(kind: FailureKind | None, scan: OutputScanner, in_use: Collection[Addition],
               code: OwnCode, handover_lost: str | None = None) -> OwnFault | None:
-    """The addition of ours (among ``in_use``, those the attempt ran with) whose code raised the
-    exception the worker died with, or None: the failure is the script's. ``handover_lost``: the
-    spare the attempt was handed to had exited before the handover (why): the script never ran, so
-    whatever ended the attempt (the kernel's OOM killer choosing the spare first) is the spare's."""
+    """The addition of ours (among ``in_use``) whose code raised the exception the worker died with, or
+    None: the script's. ``handover_lost``: why the spare exited before the handover (the script never ran)."""
     if handover_lost is not None and Addition.SPARE in in_use:
         return OwnFault(Addition.SPARE, handover_lost)
     sites = scan.sites

@@ -1,12 +1,9 @@
 """The recovery policy: one pure function from what happened to what to do next.
 
-``decide`` does no I/O and reads no clock; the event loop carries out its ``Decision``. The tests
-feed it scripted histories.
-
-Also here:
-
-- Every change of the run's plan other than a failure's (``PlanChange``): a saved plan continued, the
-  fit store's start, ``--grow``, a planned restart, allocator settings, node 0's plan.
+``decide`` does no I/O and reads no clock; the event loop carries out its ``Decision``. Also here:
+every change of the run's plan other than a failure's (``PlanChange``), and how many spare
+interpreters to keep (run/spare.py): a reserve, so that back-to-back OOMs do not outrun them, that
+never stands between the worker and the memory it needs (docs/restart.md).
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ class Plan:
                 "num_workers": self.num_workers}
 
     def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
-        """The plan an earlier supervisor saved for this run, if it is for the same job (same
-        global batch asked for, same world size); None when there is none to continue."""
+        """The plan an earlier supervisor saved for this run, when it is for the same job; else None."""
         b = self.batch
         if not saved or saved["world_size"] != b.world_size:
             return None
@@ -104,12 +100,9 @@ class Decision:
 
 def decide(failure: Failure, history: Sequence[Failure], plan: Plan, config: PolicyConfig,
            fit_hint: int | None = None) -> Decision:
-    """What to do after ``failure``, given the earlier failures of this run (oldest first).
-
-    ``fit_hint`` is the memory model's largest micro-batch predicted to fit, if it has one. A failure
-    of oomguard's own code restarts at once without it, and neither it nor any earlier one of ours is
-    counted against the script: not its batch, its restarts, its backoff or a crash loop.
-    """
+    """What to do after ``failure``, given the run's earlier failures (oldest first) and the memory
+    model's largest micro-batch predicted to fit. A failure of oomguard's own code restarts without
+    the addition that failed, and no failure of ours is counted against the script."""
     own = failure.own
     # Once per addition: it is off after its failure, so a second one would mean it was not (a bug of
     # ours), and the run must not restart for ever uncounted: that one counts as the script's would.
@@ -267,11 +260,9 @@ def _repeated_without_progress(failure: Failure, history: Sequence[Failure], cau
 
 def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str,
                 spiked: bool = False) -> Decision:
-    """A leak grows with time, not with the batch: restart at the same size from the newest
-    checkpoint. If it brings the worker down before it writes one, restarts cannot finish the run.
-    A leak that also spiked (``spiked``) restarts the same way: the attribution found the leak's
-    growth gives the spike its room back; should the spike fail the fresh attempt, that failure's
-    own figures (little growth yet) blame the batch."""
+    """A leak grows with time, not with the batch: restart at the same size from the newest checkpoint
+    (a leak that also ``spiked`` too: the leak's growth gives the spike its room back), unless it
+    brings the worker down before it writes one."""
     if _repeated_without_progress(failure, history, Cause.LEAK):
         return Decision(Action.GIVE_UP, plan, f"{summary}: it brings the worker down before it writes a "
                         "checkpoint (no progress between restarts), so restarting cannot finish the run; "
@@ -333,11 +324,8 @@ def continue_saved(plan: Plan, saved: Mapping[str, Any] | None) -> PlanChange | 
 
 
 def start_at_fitted(plan: Plan, micro_batch: int | None, job: str, gpu: bool = False) -> PlanChange | None:
-    """A fresh run starts where an earlier run of the same job settled (``decide.fitstore``).
-
-    On a GPU it also starts with ``expandable_segments:True``: the store only lowers the start
-    after a failure, and after a CUDA OOM the policy always turns it on, so the size was measured
-    to fit with it (without it the same size can fragment and fail once more)."""
+    """A fresh run starts where an earlier run of the same job settled (the fit store); on a GPU with
+    ``expandable_segments:True``, which the size was measured with (the policy sets it at a CUDA OOM)."""
     if micro_batch is None or micro_batch == plan.batch.micro_batch:
         return None
     new = replace(plan, batch=plan.batch.with_micro_batch(micro_batch),
@@ -352,8 +340,7 @@ def after_failure(decision: Decision) -> PlanChange:
 
 
 def grow(plan: Plan, micro_batch: int, why: str = "grow") -> PlanChange:
-    """--grow (or a fit measured for another model): a larger micro-batch, the global batch kept
-    (accumulation follows)."""
+    """--grow (or a fit measured for another model): a larger micro-batch, the global batch kept."""
     bigger = replace(plan, batch=plan.batch.with_micro_batch(micro_batch))
     return PlanChange(bigger, Source.GROW, f"{why}: micro-batch {plan.batch.micro_batch} -> {micro_batch} × "
                       f"accumulation {bigger.batch.grad_accum}")
@@ -378,3 +365,110 @@ def agreed(plan: Plan, node0: Plan) -> PlanChange | None:
     if node0 == plan:
         return None
     return PlanChange(node0, Source.AGREED, f"the nodes' shared plan for this round: {node0.batch.describe()}")
+
+
+# --- how many spare interpreters to keep (run/spare.py): the next attempt's, and a reserve for the one
+# after, each within the limit that holds the worker (the rules and the measurements: docs/restart.md).
+
+POOL = 2  # the next attempt's spare and a reserve for the attempt after it
+FREE_SHARE = 0.25  # of the host's memory, available after the reserve
+FREE_SPARES = 4  # and at least this many spares' worth
+
+
+def reserve_fits(available: int, total: int, spare_bytes: int) -> bool:
+    """Does the host keep enough memory available beside one more idle interpreter of ``spare_bytes``?
+    To ask whether to keep a reserve that already holds its memory, add its bytes to ``available``."""
+    return available - spare_bytes >= max(FREE_SHARE * total, FREE_SPARES * spare_bytes)
+
+
+def spares_to_start(waiting: int, importing: int, reserve: bool, behind: bool) -> int:
+    """How many spares to start now: ``waiting`` have imported, ``importing`` have not yet; a
+    ``reserve`` is allowed (the host has room, the run has not dropped it); ``behind``: a spare
+    can import behind another at a lower priority (its priority can be raised later); if not,
+    one imports at a time."""
+    room = (POOL if reserve else 1) - waiting - importing
+    if room <= 0:
+        return 0
+    return room if behind else (1 if importing == 0 else 0)
+
+
+# ----- the limit that holds the worker and its spares (docs/restart.md, "Spares and memory limits")
+
+MARGIN_SHARE = 0.10  # above the worker's measured peak: a later step (validation, a save) may reach higher
+MARGIN_MIN = 64 << 20  # and never less than this
+SPARE_GUESS = 512 << 20  # a spare's size before one has imported (torch and Lightning: 376 MB measured)
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The tightest memory limit that holds the worker and its spares (a cgroup above both, or the
+    host), and what is counted against it now: the worker, the spares, oomguard, anything else in it."""
+
+    limit: int
+    used: int
+    name: str  # "the cgroup limit" or "the host's memory", as status says it
+    cgroup: bool  # a job's limit (Slurm --mem, a pod's, docker --memory, MemoryMax), not the whole host
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """The worker's memory now, its peak once it has trained (None before: the first attempt's
+    first steps), and ``--memory-limit``, past which it cannot grow."""
+
+    now: int
+    peak: int | None = None
+    bound: int | None = None
+
+    def need(self) -> int | None:
+        """What to keep free for the worker: its peak plus the margin, else its own limit, else unknown."""
+        if self.peak is not None:
+            peak = max(self.peak, self.now)
+            return peak + max(int(peak * MARGIN_SHARE), MARGIN_MIN)
+        return self.bound
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def spare_room(limit: Limit, worker: WorkerMemory, held: int, spare: int, running: bool = False) -> str:
+    """"" when one more spare of ``spare`` bytes fits beside the worker and the ``held`` bytes of
+    the spares already running, under the limit that holds them all; else why not, in words.
+    ``running``: the spare is one of those held (is there still room for it?). Before the worker's
+    need is known, a cgroup limit keeps the reserve's rule (docs/restart.md, "Spares and memory limits")."""
+    others = max(0, limit.used - worker.now - held)  # oomguard itself, and anything else in the limit
+    beside = held - spare if running else held
+    need = worker.need()
+    if need is not None:
+        room = limit.limit - others - beside - need
+        if room >= spare:
+            return ""
+        what = f"its peak {gib(worker.peak)} and a margin" if worker.peak is not None else f"--memory-limit {gib(need)}"
+        return (f"{limit.name} {gib(limit.limit)} leaves {gib(max(0, room))} above {what}"
+                + (f" and the spares held ({gib(beside)})" if beside else "") + f"; a spare needs {gib(spare)}")
+    if not limit.cgroup:
+        return ""
+    free = limit.limit - limit.used + (spare if running else 0)
+    if reserve_fits(free, limit.limit, spare):
+        return ""
+    return (f"the worker's peak is not known yet and {limit.name} {gib(limit.limit)} has {gib(max(0, free))} free; "
+            f"a spare ({gib(spare)}) starts before then only where a quarter of the limit and four spares' worth "
+            "stay free after it")
+
+
+# ----- the worker's OOM score beside spares
+
+SPARE_SCORE = 1000  # a spare's oom_score_adj: the kernel's first choice, as far as a score can make it
+WORKER_ABOVE = 500  # a worker's usual oom_score_adj above oomguard's own (run/process.py)
+
+
+def worker_score(own: int, spares: list[int], limit: int) -> int:
+    """The worker's oom_score_adj beside spares of ``spares`` bytes each (resident), at SPARE_SCORE,
+    under ``limit``: half the bound under which the largest spare outscores the worker at the limit
+    (the other half is slack; docs/restart.md, "What the kernel does at the limit"), within
+    (own + 1, own + WORKER_ABOVE)."""
+    if not spares or limit <= 0:
+        return min(1000, own + WORKER_ABOVE)
+    bound = 500 * (max(spares) + sum(spares)) // limit
+    return min(1000, max(own + 1, min(own + WORKER_ABOVE, bound)))

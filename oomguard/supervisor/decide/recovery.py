@@ -1,15 +1,10 @@
 """What follows a failed attempt, as one pure function: ``recover``.
 
-From the attempt's facts (read before the call: its watch, its memory readings, the journal's earlier
-figures), the earlier failures of this run, the memory knowledge (``decide.tuning.SizeTuner``) and
-the configuration, to the ``Decision`` with everything learned on the way and the events to record,
-in order. It does no I/O and reads no clock: the loop journals the notes and stores what was learned
-(the fit store) after the call, and the tests feed it scripted histories.
-
-The steps, in order: whose fault (``ownfault``: oomguard's own code is never the script's), was it
-fragmentation (``fragmentation``), what caused a memory failure (``attribution``), what the memory
-model learns from it (``tuning``), the proven path (``policy.decide``) and, under ``--predict-shrink``,
-the size the OOM's figures predict (``extrapolate``).
+From the attempt's facts, the run's earlier failures, the memory knowledge (``SizeTuner``) and the
+configuration to the ``Decision`` and the events to record, in order: whose fault, fragmentation,
+the cause (``attribution``), what the memory model learns, the proven path (``policy.decide``) and,
+under ``--predict-shrink``, the size the OOM's figures predict. No I/O and no clock: the loop
+journals the notes and stores what was learned after the call.
 """
 
 from __future__ import annotations
@@ -33,10 +28,9 @@ from oomguard.supervisor.decide.classify import (
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.sizing import tuning as extrapolate
-from oomguard.supervisor.sizing.memmodel import OomFigures, Point, fit
+from oomguard.supervisor.sizing import memmodel
+from oomguard.supervisor.sizing.memmodel import OomFigures, Point, SizeTuner, figures_at_oom, fit
 from oomguard.supervisor.sizing.trend import Reading
-from oomguard.supervisor.sizing.tuning import SizeTuner, figures_at_oom
 
 
 @dataclass(frozen=True)
@@ -194,12 +188,11 @@ def _hint(facts: Facts, failure: Failure, memory: SizeTuner, oom: OomFigures | N
 
 def _predicted(decision: Decision, failed_micro: int, plan: Plan, memory: SizeTuner, oom: OomFigures | None,
                config: RecoveryConfig, notes: list[Note]) -> Decision:
-    """--predict-shrink: the decision taken down to the size the OOM's figures predict to fit, when
-    that is below what the proven path chose; journaled with the prediction's reason."""
-    prediction = extrapolate.predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
-                                               memory.margin, config.policy.min_micro_batch,
-                                               [*memory.stored_failures, *memory.points])
-    jumped = extrapolate.jump(decision, failed_micro, prediction)
+    """--predict-shrink: the decision taken down to the size the OOM's figures predict, when below the proven path's."""
+    prediction = memmodel.predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
+                                            memory.margin, config.policy.min_micro_batch,
+                                            [*memory.stored_failures, *memory.points])
+    jumped = memmodel.jump(decision, failed_micro, prediction)
     if jumped is not decision and prediction is not None:
         notes.append(Note("memory_prediction", {
             "micro_batch": prediction.micro_batch, "from_micro_batch": failed_micro,

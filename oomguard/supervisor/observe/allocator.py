@@ -3,20 +3,12 @@
 Tested in tests/unit/supervisor/observe/test_progress.py (the probe's figures), tests/unit/probe/test_steps.py,
 tests/unit/supervisor/record/test_memorylines.py (the breakdowns).
 
-The probe (``oomguard/probe/``) runs inside every Python process of the worker and appends ``step``
-and ``oom`` records to the channel (``common.protocol``). ``AllocatorReport`` folds them: the step
-training reached (the same on every rank: the highest one seen), how fast steps go (timed by one
-process, the lowest rank, from the seconds each record says its steps took), the CUDA caching
-allocator's peaks since the attempt began (what the model allocated, not the driver's view NVML
-gives, which adds the CUDA context and the allocator's cache and misses peaks shorter than a
-sampling period), the limit the allocator may reach (a per-process memory fraction's cap, else the
-device), and the allocator's figures at a CUDA OOM (``AllocatorOom``). Pure: the loop hands it
-records.
-
-Also here:
-
-- Whether the probe (oomguard/probe/) is in the worker, and if not, why: for the journal and status.
-- What filled memory at an attempt's end: the journal's ``memory_breakdown`` events, one per rank.
+``AllocatorReport`` folds the probe's ``step`` and ``oom`` records: the step reached (the highest
+over ranks), the step rate (timed by the lowest rank alone: ranks step together), the allocator's
+peaks (what the model allocated, not NVML's view, which adds the context and the cache and misses
+short peaks), its limit and its figures at a CUDA OOM. Pure: the loop hands it records. Also here:
+whether the probe is in the worker (``ProbeReport``), and what filled memory at an attempt's end
+(the journal's ``memory_breakdown`` events).
 """
 
 from __future__ import annotations
@@ -89,8 +81,7 @@ def _fraction_done(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class OomProgress:
-    """How far the step had got at an OOM, on any device, and what the process held, in one measure
-    (``memory``): the figures ``sizing.tuning`` predicts a smaller size from."""
+    """How far the step had got at an OOM, on any device, and what the process held, in one measure (``memory``)."""
 
     memory: str
     micro_batch: int | None
@@ -116,8 +107,7 @@ class OomProgress:
 
 @dataclass
 class AllocatorReport:
-    """One attempt's ``step`` and ``oom`` records, folded (whether the probe loaded at all is
-    ``ProbeReport``'s, below)."""
+    """One attempt's ``step`` and ``oom`` records, folded."""
 
     step: int | None = None  # the optimizer step reached (resumed count included), highest over ranks
     records: int = 0  # step records taken
@@ -385,9 +375,8 @@ class BreakdownWatch:
 
     def ended(self, kind: str | None, attempt: int, micro_batch: int | None,
               journal: Callable[..., None]) -> list[dict[str, Any]]:
-        """Journal the attempt's breakdowns: the OOM's at a memory failure (the last reading where the
-        probe said nothing: a kernel kill), the peak's otherwise. ``kind``: how it failed (FailureKind's
-        value), None when it did not. Returns what it journaled."""
+        """Journal (and return) the attempt's breakdowns: the OOM's at a memory failure (``kind``), the
+        last reading where the probe said nothing (a kernel kill), the peak's otherwise."""
         self._for(attempt)
         events = self._events(kind)
         for data in events:

@@ -3,11 +3,9 @@ OOM-kill counters) and any other oomguard reads (the figures of ``MemoryCgroup.r
 
 Tested in tests/unit/supervisor/observe/test_sampler.py and tests/e2e/test_spare_budget.py (real cgroups).
 
-The supervisor makes a child cgroup of its own for each attempt's worker. The kernel's oom_kill
-counter in it proves a SIGKILL was the OOM killer's; whether the cgroup's own limit was hit tells
-oomguard's budget (``memory_limit``) from the machine or a parent cgroup running out (``host_oom``).
-Where no cgroup can be made (not root, no memory controller), ``/proc/vmstat`` still counts
-OOM kills machine-wide.
+The kernel's oom_kill counter in the worker's own cgroup proves a SIGKILL was the OOM killer's, and
+whether its own limit was hit tells ``memory_limit`` from ``host_oom``; without a cgroup,
+``/proc/vmstat`` still counts OOM kills machine-wide.
 """
 
 from __future__ import annotations
@@ -27,22 +25,16 @@ _V1_UNLIMITED = 2**62
 
 @dataclass(frozen=True)
 class CgroupMemory:
-    """A memory cgroup's figures. ``working_set_bytes`` = usage minus inactive file cache.
-
-    Usage counts page cache that the kernel reclaims before any OOM kill, so budgets compare the
-    working set (as Kubernetes and Docker do), not raw usage. ``limit_bytes`` is the tightest
-    limit on the way up to the hierarchy's root; None when unlimited. ``limit_working_set_bytes``
-    is the working set of the cgroup that sets that limit: what the kernel counts against it, the
-    worker's and whatever shares that cgroup with it (oomguard itself, when it runs inside it).
-    """
+    """A memory cgroup's figures. Budgets compare the working set (usage less inactive file cache, which
+    the kernel reclaims before any OOM kill), as Kubernetes and Docker do."""
 
     path: str
     version: int
     usage_bytes: int
     working_set_bytes: int
-    limit_bytes: int | None
+    limit_bytes: int | None  # the tightest limit up to the hierarchy's root; None when unlimited
     oom_kills: int | None
-    limit_working_set_bytes: int | None = None
+    limit_working_set_bytes: int | None = None  # of the cgroup that sets that limit: what counts against it
 
     @property
     def counted_bytes(self) -> int:
@@ -77,9 +69,8 @@ def own_memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path 
 
 @dataclass
 class MemoryCgroup:
-    """One memory cgroup directory (v1 or v2): the worker's own, which oomguard makes, limits and
-    removes, or any other it only reads (the one a process is in, a parent that sets a limit).
-    ``limit`` is the limit oomguard set on it, if it set one."""
+    """One memory cgroup directory (v1 or v2): the worker's own, which oomguard makes, limits (``limit``)
+    and removes, or any other it only reads (the one a process is in, a parent that sets a limit)."""
 
     path: Path
     version: int
@@ -145,12 +136,8 @@ class MemoryCgroup:
         return usage, max(0, usage - (inactive or 0))
 
     def _limit(self) -> tuple[int | None, Path | None]:
-        """The tightest limit from this cgroup upwards (a parent's limit binds its children too),
-        and the cgroup that sets it.
-
-        The walk ends where the control file does (the hierarchy's root has none in v2; the
-        mount point's parent is not a cgroup in v1).
-        """
+        """The tightest limit from this cgroup upwards (a parent's binds its children too), and the
+        cgroup that sets it; up to where the control file ends (v2's root, v1's mount point)."""
         name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
         tightest: tuple[int | None, Path | None] = (None, None)
         node = self.path
@@ -200,11 +187,8 @@ class MemoryCgroup:
 
 
 def locate_cgroup(membership: str, mountinfo: str) -> MemoryCgroup | None:
-    """A reader for the memory cgroup named in ``/proc/PID/cgroup``, found via ``mountinfo``.
-
-    Prefers the v1 ``memory`` controller when mounted (hybrid hosts mount a v2 tree that has no
-    memory controller); else the v2 tree if its directory has ``memory.current``.
-    """
+    """A reader for the memory cgroup named in ``/proc/PID/cgroup``, found via ``mountinfo``: v1's
+    ``memory`` controller where mounted (a hybrid host's v2 tree has none), else v2's."""
     v1_mount, v2_mount = _memory_mounts(mountinfo)
     for line in membership.splitlines():
         hierarchy, _, rest = line.partition(":")
@@ -304,10 +288,8 @@ class SharedLimit:
 
 
 def shared_limit(own: MemoryCgroup | None = None) -> SharedLimit | None:
-    """The limit that holds the worker and its spares together: ``memory.limit_in_bytes`` (v1) or
-    ``memory.max`` (v2) of oomguard's own cgroup and each ancestor, the tightest; None when none
-    is set or there is no memory cgroup to read. ``--memory-limit`` is not here: it is set on the
-    worker's own cgroup, which the spares are not in."""
+    """The limit that holds the worker and its spares together: the tightest of oomguard's own cgroup
+    and its ancestors (not ``--memory-limit``, which is the worker's own); None when there is none."""
     own = own if own is not None else MemoryCgroup.for_pid("self")
     if own is None:
         return None

@@ -1,30 +1,21 @@
-"""Finding the newest valid checkpoint among the files or directories the worker writes.
+"""Checkpoints and their steps: finding the newest valid one among what the worker writes.
 
 Tested in tests/unit/supervisor/observe/test_checkpoints.py; the look-alikes in
 tests/unit/supervisor/run/test_preflight.py.
 
-The newest is the one holding the highest step, where its step is known (``resolve`` below:
-the probe's save record, learned from the loop; HF's ``trainer_state.json``; a number its name labels
-as a step, ``read_name``); else the highest epoch or save count its name gives; else the
-newest modification time. A number the name does not label as a step (a batch size, a version, a
-rank) never orders them. A checkpoint still being written is never
-chosen: temp names are skipped, and while the worker runs a candidate must keep the same size and
-mtime for ``settle`` seconds. The ``watchdog`` package tells us when something changed, so the
-directory is rescanned only then (with a polling observer where inotify is unavailable).
-
-Also here:
-
-- What a checkpoint's name says about its step: only a number the name labels as a step.
-- The step a checkpoint holds, from the best evidence there is, and which evidence that was.
-- Did the attempt start where it was told to? Its first step against the checkpoint's step.
-- Files the worker writes that look like checkpoints: what a ``--checkpoint`` glob that matches nothing missed.
-- Which files the worker's processes hold open for writing: the kernel's word that the worker wrote one.
+The newest is the one holding the highest step where its step is known (``resolve``), else the
+highest epoch or save count its name gives, else the newest mtime. One still being written is never
+chosen: temp names are skipped, and while the worker runs a candidate must keep its size and mtime
+for ``settle`` seconds; ``watchdog`` says when to rescan. Also here: did an attempt resume where it
+was told to (``ResumeCheck``), and the files the worker writes that look like checkpoints but no
+``--checkpoint`` glob matches (``LookalikeWatcher``).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import glob
+import itertools
 import json
 import logging
 import os
@@ -37,6 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeVar
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -85,15 +77,13 @@ _EPOCH_SCHEMES = (
     re.compile(r"^checkpoint(?P<n>\d+)\.pt$"),         # fairseq: checkpoint{epoch}.pt (checkpoint_utils.py)
     re.compile(r"^checkpoint-(?P<n>\d+)\.pth\.tar$"),  # timm CheckpointSaver: checkpoint-{epoch}.pth.tar
     re.compile(r"^model_(?P<n>[1-9]\d*|0)\.pth$"),     # torchvision references: model_{epoch}.pth (unpadded)
+    re.compile(r"^checkpoint_(?P<n>\d+)$"),  # accelerate automatic_checkpoint_naming: its save count
 )
-_SAVE_COUNT = re.compile(r"^checkpoint_(?P<n>\d+)$")  # accelerate automatic_checkpoint_naming: its save count
 _FAIRSEQ_UPDATES = re.compile(r"^checkpoint_(?P<epoch>\d+)_(?P<updates>\d+)\.pt$")  # checkpoint_{epoch}_{updates}.pt
-
 
 @dataclass(frozen=True)
 class NameReading:
-    """What a name says: the step (None when it says none) and a number that orders the checkpoints
-    of its scheme without being a step (an epoch, a save count)."""
+    """What a name says: the step, and a number that orders its scheme's checkpoints without being one."""
 
     step: int | None
     ordinal: int | None = None
@@ -131,8 +121,6 @@ def _known_scheme(name: str) -> NameReading | None:
     for scheme in _EPOCH_SCHEMES:
         if m := scheme.match(name):
             return NameReading(None, int(m["n"]))
-    if m := _SAVE_COUNT.match(name):
-        return NameReading(None, int(m["n"]))
     if m := _FAIRSEQ_UPDATES.match(name):
         return NameReading(int(m["updates"]), int(m["epoch"]))
     return None
@@ -144,10 +132,9 @@ def _numbers(stem: str) -> list[_Number]:
 
 
 def _the_checkpoints_own(number: _Number) -> bool:
-    """A name's only number counts as its step when nothing but the checkpoint's noun names it (a
-    ``-``, ``_`` or nothing before it), or a word of the user's own set apart by ``-`` or ``_``
-    (``ck-100``); a number glued to another word (``r16``, ``gpt2``), given with ``=`` (a metric's
-    form) or after a word that names something else (``bs-32``, ``rank_0``) is that word's."""
+    """A name's only number is its step when unlabelled, named by the checkpoint's noun, or by a word of
+    the user's own set apart by ``-`` or ``_`` (``ck-100``); not glued to a word (``gpt2``), after ``=``
+    (a metric's form) or after a word that names something else (``bs-32``, ``rank_0``)."""
     if number.whole is None:
         return False
     if not number.label:
@@ -253,9 +240,8 @@ def is_temp_name(name: str) -> bool:
 
 
 def renamed_name(name: str) -> str | None:
-    """The name a writer renames the temp ``name`` to once it is complete (``ckpt.pt.tmp``,
-    ``.step_2.pt.tmp``, ``.step_4.tmp``, ``tmp-checkpoint-6``: the name without its temp marks), or
-    None where ``name`` is no temp name or nothing is left of it."""
+    """The name a writer renames the temp ``name`` to once complete (``.step_2.pt.tmp``, ``tmp-ckpt-6``:
+    without its temp marks), or None where it is no temp name or nothing is left of it."""
     if not is_temp_name(name):
         return None
     final = _TEMP_TAIL.sub("", _TEMP_HEAD.sub("", name, count=1), count=1)
@@ -263,10 +249,8 @@ def renamed_name(name: str) -> str | None:
 
 
 class _StopRace(logging.Filter):
-    """watchdog 7's inotify emitter logs an error when an event arrives while it is being stopped
-    (``InotifyEmitter.queue_events() called when the thread is inactive``): a race inside its
-    ``stop()`` that loses nothing we read (the line was added in watchdog's PR #963), printed on the
-    user's terminal after the run ended."""
+    """watchdog 7's inotify emitter logs an error for an event that races its ``stop()`` (PR #963): it
+    loses nothing we read, but would print on the user's terminal after the run ended."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "called when the thread is inactive" not in record.getMessage()
@@ -344,12 +328,7 @@ def _watch_roots(patterns: Iterable[str], cwd: Path) -> set[str]:
     """The deepest existing directory above each glob's first wildcard."""
     roots = set()
     for pattern in patterns:
-        full = Path(pattern if os.path.isabs(pattern) else cwd / pattern)
-        parts = []
-        for part in full.parts:
-            if glob.has_magic(part):
-                break
-            parts.append(part)
+        parts = list(itertools.takewhile(lambda part: not glob.has_magic(part), (cwd / pattern).parts))
         root = Path(*parts) if parts else Path("/")
         while not root.is_dir() and root != root.parent:
             root = root.parent
@@ -374,12 +353,11 @@ class CheckpointIndex:
         self._learned: dict[str, tuple[float, StepEvidence]] = {}  # path -> (mtime, step the loop resolved)
 
     def directories(self) -> list[Path]:
-        """The directories the checkpoints are written in: each glob's path above its first
-        wildcard (its parent when the last part is the wildcard's), never the working directory or
-        one above it (a glob like ``ckpt-*`` in the working directory names no directory of its own)."""
+        """The directories the checkpoints are written in: each glob's path above its first wildcard,
+        never the working directory or one above it (``ckpt-*`` there names no directory of its own)."""
         roots = []
         for pattern in self.patterns:
-            full = Path(pattern if os.path.isabs(pattern) else self.cwd / pattern)
+            full = self.cwd / pattern
             magic = next((i for i, part in enumerate(full.parts) if glob.has_magic(part)), len(full.parts) - 1)
             root = Path(*full.parts[:magic])
             if root != self.cwd and root not in self.cwd.parents:
@@ -444,10 +422,8 @@ class CheckpointIndex:
     def newest(self, exclude: set[str], worker_alive: bool) -> Checkpoint | None:
         """The checkpoint to resume from. With the worker dead nothing is still being written, so
         every candidate counts (a truncated one is caught when the worker fails to load it)."""
-        if worker_alive:
-            candidates = self.settled(exclude)
-        else:
-            candidates = [c for c in self.refresh(force=True) if c.path not in exclude]
+        candidates = self.settled(exclude) if worker_alive else [
+            c for c in self.refresh(force=True) if c.path not in exclude]
         return candidates[0] if candidates else None
 
     def still_there(self, checkpoint: Checkpoint | None, exclude: set[str]) -> Checkpoint | None:
@@ -503,8 +479,7 @@ class ResumeVerdict:
 
 
 class ResumeCheck:
-    """Fed every step an attempt shows (the output thread and the loop both feed it); the verdict
-    is taken from the first one that counts."""
+    """Fed every step an attempt shows (from two threads); the verdict is the first one that counts."""
 
     def __init__(self, path: str, step: int) -> None:
         self.path = path
@@ -656,19 +631,15 @@ def candidate(path: str, root: str, is_dir: bool) -> str | None:
 
 
 def final_path(rel: str) -> str:
-    """``rel`` (relative to a watched directory) as an atomic writer renames it into place: a temp
-    name of the file or of its directory replaced by the name without its temp marks
-    (``out/.step-4.pt.tmp`` -> ``out/step-4.pt``, ``out/.step_4.tmp/model.pt`` -> ``out/step_4/model.pt``),
-    as ``observe/progress.py``'s ``Save`` maps a save record to the checkpoint the index finds. A name
-    only hidden (``.cache``) is no temp name here: its file is not renamed to another's."""
+    """``rel`` as an atomic writer renames it into place (``out/.step-4.pt.tmp`` -> ``out/step-4.pt``,
+    ``out/.step_4.tmp/model.pt`` -> ``out/step_4/model.pt``); a name only hidden (``.cache``) stays."""
     parts = rel.split(os.sep)
     tail = [(renamed_name(part) if is_temp_name(part.lstrip(".")) else None) or part for part in parts[-2:]]
     return os.sep.join([*parts[:-2], *tail])
 
 
 def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
-    """The glob most of ``paths`` fit, digits made ``*``: ``out/step-2.pt`` -> ``out/step-*.pt``;
-    relative to ``cwd`` where they lie under it."""
+    """The glob most of ``paths`` fit, digits made ``*`` (``out/step-2.pt`` -> ``out/step-*.pt``)."""
     patterns: Counter[str] = Counter()
     for path in paths:
         head, name = os.path.split(_shown(path, cwd))
@@ -677,8 +648,7 @@ def suggest_glob(paths: Sequence[str], cwd: Path) -> str:
 
 
 def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
-    """The directories the command's output options name (``--output_dir out``, ``--save-dir=x``),
-    absolute, whether or not they exist yet."""
+    """The directories the command's output options name (``--output_dir out``, ``--save-dir=x``), absolute."""
     found: list[Path] = []
     words = list(command)
     for i, word in enumerate(words):
@@ -689,7 +659,7 @@ def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
             value = words[i + 1] if i + 1 < len(words) else ""
         if not value or value.startswith("-") or "{" in value:
             continue
-        path = Path(value) if os.path.isabs(value) else cwd / value
+        path = cwd / value
         found.append(path.parent if path.suffix.lower() in SUFFIXES else path)
     return found
 
@@ -697,15 +667,17 @@ def output_dirs(command: Sequence[str], cwd: Path) -> list[Path]:
 def matched(path: str, globs: Sequence[str], cwd: Path) -> bool:
     """Does one of the ``--checkpoint`` globs match ``path`` (a look-alike), or a directory above it?
     fnmatch's ``*`` also crosses ``/``: a doubt is read as a match, never as a false alarm."""
-    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
     candidates = [path, *(str(p) for p in Path(path).parents)]
-    return any(fnmatch.fnmatchcase(c, os.path.normpath(p)) for p in patterns for c in candidates)
+    return any(fnmatch.fnmatchcase(c, p) for p in _absolute(globs, cwd) for c in candidates)
 
 
 def beside(path: str, globs: Sequence[str], cwd: Path) -> bool:
     """Is ``path`` in a directory one of the globs looks in?"""
-    patterns = [g if os.path.isabs(g) else str(cwd / g) for g in globs]
-    return any(fnmatch.fnmatchcase(os.path.dirname(path), os.path.dirname(os.path.normpath(p))) for p in patterns)
+    return any(fnmatch.fnmatchcase(os.path.dirname(path), os.path.dirname(p)) for p in _absolute(globs, cwd))
+
+
+def _absolute(globs: Iterable[str], cwd: Path) -> list[str]:
+    return [os.path.normpath(cwd / g) for g in globs]
 
 
 def missed(found: Sequence[Lookalike], globs: Sequence[str], cwd: Path, any_matched: bool,
@@ -739,8 +711,7 @@ def missed_notice(globs: Sequence[str], missed: Sequence[Lookalike], any_matched
 def unmatched_notice(globs: Sequence[str], first_step_wall: float | None, last_step: int | None, now: float,
                      cwd: Path, watched: Sequence[Path], others: bool = False) -> str | None:
     """What to say about globs that have matched nothing while the script wrote nothing like a
-    checkpoint, or None while it is too early (see the module). With ``others``, files that look like
-    one were written there, but not seen written by the script."""
+    checkpoint (``others``: nothing it was seen writing), or None while it is too early."""
     shown = " ".join(repr(g) for g in globs)
     if first_step_wall is None or now - first_step_wall < QUIET_LIMIT:
         return None
@@ -781,21 +752,10 @@ class _Writes(FileSystemEventHandler):
 
 
 class LookalikeWatcher:
-    """Look-alikes the worker writes in ``cwd`` and its output directories.
-
-    Each watched path costs an inotify instance and a thread (watchdog's emitter), and a recursive
-    watch one kernel watch per directory below it, so the working tree (a virtualenv, a dataset of
-    many directories) is not watched whole: ``cwd`` itself without recursion, and recursively the
-    output directories the command names, the directories in ``cwd`` named like outputs (``out``,
-    ``checkpoints``, ``runs``...) and every directory the worker creates in ``cwd`` while it runs
-    (new, so watched; whose files they hold is still proven file by file). Where inotify cannot be had
-    nothing is watched, and the notice waits for ``QUIET_LIMIT`` with no names: polling a whole tree
-    every second would cost more than it is worth.
-
-    ``pids`` gives the worker's processes (the loop's last sample of its tree): a write reported
-    while one of them holds the file open for writing is the worker's; ``saved`` takes the paths
-    of the probe's ``save`` records. Each look-alike found says whether it is the worker's.
-    """
+    """Look-alikes the worker writes in ``cwd`` (not recursively: a virtualenv or a dataset would cost
+    a kernel watch per directory) and, recursively, in the output directories the command names, those
+    in ``cwd`` named like outputs, and those the worker creates there. Without inotify nothing is
+    watched (polling a tree would cost more than it is worth). ``pids``: the worker's processes."""
 
     def __init__(self, cwd: Path, outputs: Iterable[Path], ignore: Iterable[Path],
                  pids: Callable[[], Sequence[int]] = tuple) -> None:
@@ -817,8 +777,7 @@ class LookalikeWatcher:
         self._handler = _Writes(self)
 
     def _add(self, path: Path, later: bool = False) -> None:
-        """Watch ``path`` recursively: from the start when it exists, else (or ``later``) once the
-        loop's next look finds it."""
+        """Watch ``path`` recursively: now when it exists, else (or ``later``) from the loop's next look on."""
         known = [*self.roots, *self.pending]
         if path == self.cwd or any(path.is_relative_to(r) for r in known) or len(known) >= MAX_ROOTS:
             return
@@ -853,10 +812,8 @@ class LookalikeWatcher:
             self._observer = None
 
     def saw(self, path: str, is_dir: bool, created: bool = False, writing: bool = False) -> None:
-        """A write (on watchdog's thread): kept when it belongs to a look-alike; with ``writing`` (the
-        write itself, not a rename or a walk of what was there) the worker's when one of its
-        processes holds the file open for writing. A directory created in ``cwd`` is watched from
-        the next look on."""
+        """A write (on watchdog's thread): kept when it belongs to a look-alike, and with ``writing`` (not
+        a rename or a walk) the worker's when one of its processes holds the file open for writing."""
         if any(_under(path, ignored) for ignored in self.ignore):
             return
         root = self._root_of(path)
@@ -872,15 +829,11 @@ class LookalikeWatcher:
         if found is None:
             return
         with self._lock:
-            self._found.pop(found, None)
-            self._found[found] = time.time()
-            if len(self._found) > MAX_FOUND:
-                del self._found[next(iter(self._found))]
+            _newest(self._found, found, time.time())
 
     def found(self) -> list[Lookalike]:
-        """The look-alikes written so far, each saying whether the worker wrote it (the loop's
-        thread; pending directories that now exist are watched from here on, and what they
-        already hold is looked at once)."""
+        """The look-alikes written so far, each saying whether the worker wrote it (the loop's thread:
+        pending directories that now exist are watched from here on)."""
         self._watch_pending()
         with self._lock:
             return [Lookalike(p, t, p in self._own) for p, t in self._found.items()]
@@ -909,10 +862,7 @@ class LookalikeWatcher:
         with self._lock:
             if path in self._own or now - self._looked.get(path, -RECHECK) < RECHECK:
                 return
-            self._looked.pop(path, None)
-            self._looked[path] = now
-            if len(self._looked) > MAX_FOUND:
-                del self._looked[next(iter(self._looked))]
+            _newest(self._looked, path, now)
         pids = tuple(self.pids())
         if pids and held_for_writing(pids, {os.path.realpath(path)}):
             self._wrote(path, root)
@@ -924,17 +874,13 @@ class LookalikeWatcher:
         if root is None or any(_under(dest, ignored) for ignored in self.ignore):
             return
         with self._lock:
-            self._moves.pop(src, None)
-            self._moves[src] = dest
-            if len(self._moves) > MAX_FOUND:
-                del self._moves[next(iter(self._moves))]
+            _newest(self._moves, src, dest)
             if src in self._own:
                 self._mark(dest, root)
 
     def _wrote(self, path: str, root: str) -> None:
-        """The worker wrote ``path`` (under ``root``): it, under the name a rename seen gave it or
-        its directory (else the name an atomic writer's temp name is renamed to), and each
-        directory between it and ``root`` are the worker's (a look-alike may be a directory)."""
+        """The worker wrote ``path``: it, under the name a rename gave it (or an atomic writer will), and
+        each directory between it and ``root`` are the worker's (a look-alike may be a directory)."""
         with self._lock:
             renamed = self._moved_to(path, root)
             final = renamed or os.path.join(root, final_path(os.path.relpath(path, root)))
@@ -976,6 +922,17 @@ class LookalikeWatcher:
                     self.saw(os.path.join(dirpath, name), True)
                 for name in filenames:
                     self.saw(os.path.join(dirpath, name), False)
+
+
+_V = TypeVar("_V")
+
+
+def _newest(kept: dict[str, _V], key: str, value: _V) -> None:
+    """Keep ``key`` as the newest entry of ``kept``, the oldest dropped past ``MAX_FOUND``."""
+    kept.pop(key, None)
+    kept[key] = value
+    if len(kept) > MAX_FOUND:
+        del kept[next(iter(kept))]
 
 
 def _output_like(cwd: Path) -> list[Path]:

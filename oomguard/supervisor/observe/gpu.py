@@ -1,15 +1,9 @@
 """GPU memory through NVML: the one seam between oomguard and ``pynvml`` (nvidia-ml-py).
 
-``Nvml`` is the handful of NVML calls oomguard makes; ``PyNvml`` implements it over the
-``pynvml`` module (tests hand it a fake module with the same function names and the real
-``pynvml`` error classes). ``GpuMonitor`` turns those calls into ``GpuReading`` figures for the
-devices the worker can see (``CUDA_VISIBLE_DEVICES``), with the memory of the worker's own
-processes picked out of ``nvmlDeviceGetComputeRunningProcesses``.
-
-Nothing here raises for a missing GPU: without the library, the driver or per-process figures,
-the monitor says why in one line (``GpuSnapshot.unavailable`` / ``GpuReading.worker_note``) and
-keeps returning what it can. The reason is decided once, so a machine without a GPU costs one
-failed ``nvmlInit`` per supervisor, not one per sample and no log flood.
+``GpuMonitor`` turns the few NVML calls of ``Nvml`` (``PyNvml`` over the real module; the tests hand
+it a fake one) into ``GpuReading`` figures for the devices the worker can see, the worker's own
+processes' memory picked out. Nothing here raises for a missing GPU: why there are no figures is
+decided once and said in one line (``GpuSnapshot.unavailable``), not once per sample.
 """
 
 from __future__ import annotations
@@ -27,11 +21,7 @@ _NOT_AVAILABLE = 2**64 - 1
 
 
 class NvmlError(Exception):
-    """An NVML failure, reduced to a short kind and one line for a person.
-
-    ``kind`` is one of: ``library_not_found``, ``driver_not_loaded``, ``not_supported``,
-    ``no_permission``, ``gpu_lost``, ``not_found``, ``other``.
-    """
+    """An NVML failure, reduced to a short kind (a value of ``_KINDS``, or ``other``) and one line for a person."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -74,8 +64,7 @@ class Nvml(Protocol):
     def processes(self, handle: Any) -> list[NvmlProcess]: ...
 
     def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
-        """(pid, SM busy percent, sample time in µs) of each process NVML sampled after ``since_us``;
-        empty when none was (no kernel of any process ran since then)."""
+        """(pid, SM %, µs) of each process NVML sampled after ``since_us``; empty when no kernel ran since."""
         ...
 
 
@@ -180,14 +169,9 @@ class VisibleDevice:
 
 
 def parse_visible_devices(value: str | None, uuids: Sequence[str]) -> list[int]:
-    """NVML indices named by ``CUDA_VISIBLE_DEVICES``, in CUDA order.
-
-    ``uuids`` lists every device's UUID by NVML index. Follows CUDA's rules: unset means all
-    devices; entries are indices or (prefixes of) UUIDs; the list stops at the first entry that
-    names no device, so ``""`` and ``"-1"`` hide every device. NVML numbers devices by PCI bus,
-    CUDA by speed unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on the usual machines with identical
-    GPUs the two orders agree.
-    """
+    """NVML indices named by ``CUDA_VISIBLE_DEVICES``, in CUDA order, by CUDA's rules: unset is all;
+    indices or UUID prefixes; the list stops at the first entry that names no device (``""``, ``-1``).
+    ``uuids``: every device's, by NVML index (NVML's PCI order is CUDA's on machines of identical GPUs)."""
     if value is None:
         return list(range(len(uuids)))
     chosen: list[int] = []
@@ -211,11 +195,8 @@ def _match_device(entry: str, uuids: Sequence[str]) -> int | None:
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One visible device at one moment.
-
-    ``worker_bytes`` is the memory NVML attributes to the worker's process tree, or None with
-    ``worker_note`` saying why (MIG, no per-process figures, PIDs from another namespace).
-    """
+    """One visible device at one moment; ``worker_bytes``: what NVML attributes to the worker's process
+    tree, or None with ``worker_note`` saying why (MIG, no per-process figures, another PID namespace)."""
 
     cuda_index: int
     nvml_index: int
@@ -244,20 +225,12 @@ class GpuSnapshot:
 
 
 class GpuMonitor:
-    """Reads the worker's visible GPUs; initialises NVML lazily and at most once.
-
-    ``nvml`` defaults to the real binding; ``visible_devices`` is the worker's
-    ``CUDA_VISIBLE_DEVICES`` (default: this process's, which the worker inherits).
-    """
+    """Reads the worker's visible GPUs (default: the CUDA_VISIBLE_DEVICES it inherits); NVML opened once, lazily."""
 
     _UNSET: Any = object()
 
-    def __init__(
-        self,
-        nvml: Nvml | None = None,
-        visible_devices: str | None = _UNSET,
-        pid_exists: Callable[[int], bool] = psutil.pid_exists,
-    ) -> None:
+    def __init__(self, nvml: Nvml | None = None, visible_devices: str | None = _UNSET,
+                 pid_exists: Callable[[int], bool] = psutil.pid_exists) -> None:
         self._nvml = nvml
         inherited = visible_devices is self._UNSET
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited else visible_devices
@@ -308,46 +281,26 @@ class GpuMonitor:
         except NvmlError as exc:
             self._unavailable = _reason(exc)
             return
-        if devices:
-            self._devices = devices
-        else:
-            self._devices = []
+        self._devices = devices
+        if not devices:
             self.close()  # nothing to watch: release NVML now rather than at exit
-            self._unavailable = (
-                f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
-            )
+            self._unavailable = f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
 
     def _enumerate(self, nvml: Nvml) -> list[tuple[VisibleDevice, Any, str, str]]:
         handles = [nvml.handle(i) for i in range(nvml.device_count())]
         uuids = [nvml.uuid(h) for h in handles]
         chosen = parse_visible_devices(self._visible, uuids)
-        return [
-            (VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
-            for cuda, index in enumerate(chosen)
-        ]
+        return [(VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
+                for cuda, index in enumerate(chosen)]
 
-    def _read_one(
-        self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]
-    ) -> GpuReading:
+    def _read_one(self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]) -> GpuReading:
         assert self._nvml is not None
         total, used, free = self._nvml.memory(handle)
-        worker_bytes, worker_pids, note = self._worker_usage(handle, pids)
-        per_process = self._per_process(handle, pids) if worker_pids else ()
-        return GpuReading(
-            cuda_index=device.cuda_index,
-            nvml_index=device.nvml_index,
-            uuid=uuid,
-            name=name,
-            total_bytes=total,
-            used_bytes=used,
-            free_bytes=free,
-            utilization_pct=self._optional(self._nvml.utilization, handle),
-            worker_bytes=worker_bytes,
-            worker_pids=worker_pids,
-            worker_note=note,
-            worker_processes=per_process,
-            worker_sm_pct=self._worker_sm(device.nvml_index, handle, pids),
-        )
+        worker_bytes, mine, note = self._worker_usage(handle, pids)
+        return GpuReading(device.cuda_index, device.nvml_index, uuid, name, total, used, free,
+                          self._optional(self._nvml.utilization, handle), worker_bytes, tuple(p.pid for p in mine),
+                          note, tuple((p.pid, p.used_bytes) for p in mine),
+                          self._worker_sm(device.nvml_index, handle, pids))
 
     def _worker_sm(self, index: int, handle: Any, pids: frozenset[int]) -> int | None:
         """The highest SM share of a worker process sampled since the last call; None where NVML
@@ -365,10 +318,6 @@ class GpuMonitor:
             self._sm_seen[index] = max(t for _, _, t in samples)
         return max((sm for pid, sm, _ in samples if pid in pids), default=0)
 
-    def _per_process(self, handle: Any, pids: frozenset[int]) -> tuple[tuple[int, int | None], ...]:
-        assert self._nvml is not None
-        return tuple((p.pid, p.used_bytes) for p in self._nvml.processes(handle) if p.pid in pids)
-
     def _optional(self, call: Callable[[Any], int], handle: Any) -> int | None:
         try:
             return call(handle)
@@ -377,34 +326,29 @@ class GpuMonitor:
                 return None
             raise
 
-    def _worker_usage(
-        self, handle: Any, pids: frozenset[int]
-    ) -> tuple[int | None, tuple[int, ...], str | None]:
-        """(bytes used by the worker's processes, their pids, why bytes is None)."""
+    def _worker_usage(self, handle: Any, pids: frozenset[int]) -> tuple[int | None, list[NvmlProcess], str | None]:
+        """(bytes used by the worker's processes, those processes, why bytes is None)."""
         assert self._nvml is not None
         if self._nvml.mig_enabled(handle):
             # On a MIG parent NVML lists no per-process memory to unprivileged callers.
-            return None, (), "MIG mode: no per-process GPU memory; using the device's figures"
+            return None, [], "MIG mode: no per-process GPU memory; using the device's figures"
         try:
             procs = self._nvml.processes(handle)
         except NvmlError as exc:
             if exc.kind in ("not_supported", "no_permission"):
-                return None, (), f"per-process GPU memory unavailable ({exc}); using the device's figures"
+                return None, [], f"per-process GPU memory unavailable ({exc}); using the device's figures"
             raise
         mine = [p for p in procs if p.pid in pids]
         if mine and any(p.used_bytes is None for p in mine):
-            return None, tuple(p.pid for p in mine), "NVML reports no per-process memory on this driver"
+            return None, mine, "NVML reports no per-process memory on this driver"
         if not mine and pids and any(not self._pid_exists(p.pid) for p in procs):
             # NVML speaks host PIDs; inside a container without the host PID namespace they match nothing.
-            return None, (), "GPU processes carry PIDs from another namespace (container without host PIDs)"
-        return sum(p.used_bytes or 0 for p in mine), tuple(p.pid for p in mine), None
+            return None, [], "GPU processes carry PIDs from another namespace (container without host PIDs)"
+        return sum(p.used_bytes or 0 for p in mine), mine, None
 
 
 def _reason(exc: NvmlError) -> str:
-    if exc.kind == "library_not_found":
-        return "GPU figures unavailable: NVML library not found (no NVIDIA driver installed)"
-    if exc.kind == "driver_not_loaded":
-        return "GPU figures unavailable: the NVIDIA driver is not loaded"
-    if exc.kind == "no_permission":
-        return f"GPU figures unavailable: no permission to query NVML ({exc})"
-    return f"GPU figures unavailable: {exc}"
+    why = {"library_not_found": "NVML library not found (no NVIDIA driver installed)",
+           "driver_not_loaded": "the NVIDIA driver is not loaded",
+           "no_permission": f"no permission to query NVML ({exc})"}.get(exc.kind, str(exc))
+    return f"GPU figures unavailable: {why}"

@@ -1,12 +1,8 @@
 """The worker's output, read as it streams: the lines that are evidence of how an attempt ends.
 
-``OutputScanner`` keeps the first line of each kind of evidence (a device OOM, a host allocator
-failure, a checkpoint that would not load) and the allocator's own figures, so ``decide.classify``
-can name the failure without re-reading the log. It is fed one line at a time by the output thread.
-
-Also here:
-
-- Which phase of training an attempt was in when it failed: evaluation, saving or loading a checkpoint.
+``OutputScanner`` keeps the first line of each kind of evidence and the allocator's figures, so
+``decide.classify`` names the failure without re-reading the log. Also here: which phase of
+training (evaluation, saving or loading a checkpoint) an attempt was in when it failed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """What the loop learns about one attempt while it runs: progress, checkpoints, hangs, peaks.
 
-``AttemptWatch`` folds the worker's structured records (``common.protocol``) and the output
-scanner's evidence into facts the loop and the policy read: the last step, whether a checkpoint
-landed, whether the worker reported its own failure, how long it has been quiet and, with what its
-processes did (``Liveness`` below), whether that quiet is a hang. It does no I/O; the loop feeds it
-records and readings and carries out what follows from them.
-
-Steps come first from the in-process probe (``observe.allocator``): real optimizer steps, counted
-where they happen. The worker library's progress records and the steps read from the output are the
-fallback for a worker without the probe; once the probe has reported a step in an attempt, a step
-read from the output no longer moves the count (a progress bar's total still gives the ETA).
-
-Also here:
-
-- Training progress read from the worker's output, for scripts that do not use the worker library.
-- Reading the structured records a worker appends to its events file (see common/protocol.py).
-- Is a silent worker hung, or busy? Liveness from what the process does, not only from what it says.
+``AttemptWatch`` folds the worker's records (``common.protocol``) and the output's evidence into the
+facts the loop and the policy read; it does no I/O. Steps come first from the probe (real optimizer
+steps); the worker library's progress records and the steps read from the output (``StepMatcher``)
+are the fallback for a worker without it. Also here: is a silent worker hung or busy (``Liveness``,
+from what its processes do), and reading the records a worker appends to its events file.
 """
 
 from __future__ import annotations
@@ -274,9 +263,8 @@ class Liveness:
                 f"(floor {100 * CPU_FLOOR:g}%), {format_size(idle.io_bytes)} of I/O, {gpu}")
 
     def news(self, judgement: Judgement, now: float) -> str | None:
-        """Whether the held-alive note is to be published now: "held" (a silent stretch began to be
-        held), "still held" (its figures moved on), "released", or None (nothing new). Said when it
-        starts, when it ends and every ``PUBLISH_EVERY`` seconds between, not with every tick."""
+        """Whether to publish the held-alive note now: "held", "still held" (every ``PUBLISH_EVERY``
+        seconds, not with every tick), "released", or None (nothing new)."""
         held = judgement.held is not None
         was_held, when = self.published
         if held == was_held and (not held or now - when < PUBLISH_EVERY):
@@ -388,11 +376,8 @@ def compile_pattern(text: str) -> re.Pattern[str]:
 
 
 class StepMatcher:
-    """Line -> StepSeen or None. A custom pattern is tried before the built-ins.
-
-    ``batches_per_step`` is the gradient accumulation the worker was given: Lightning's bars count
-    batches, its checkpoints (``step=S``) and everyone else count optimizer steps.
-    """
+    """Line -> StepSeen or None; a custom pattern first. ``batches_per_step``: the worker's gradient
+    accumulation (Lightning's bars count batches; everyone else counts optimizer steps)."""
 
     def __init__(self, custom: str | None = None, batches_per_step: int = 1) -> None:
         self.custom = compile_pattern(custom) if custom else None
@@ -452,9 +437,8 @@ _ALIVE = (protocol.PROGRESS, protocol.HEARTBEAT, protocol.CHECKPOINT, protocol.B
 
 @dataclass(frozen=True)
 class Save:
-    """One ``torch.save`` the probe saw: when it began and returned, the optimizer step at its start,
-    and the file it wrote, made real (a symlinked run directory compares equal; None for a file
-    object or a buffer)."""
+    """One ``torch.save`` the probe saw: when it ran, the optimizer step at its start, and the file it
+    wrote, made real (None for a file object or a buffer)."""
 
     began: float
     returned: float
@@ -462,8 +446,7 @@ class Save:
     path: str | None = None
 
     def wrote(self, real: str, directory: bool) -> bool:
-        """It wrote the file at the real path ``real``, or with ``directory`` a file inside it;
-        either under the temp name an atomic writer renamed to ``real`` once complete."""
+        """It wrote ``real`` (with ``directory``, a file inside it), maybe under a temp name renamed to it."""
         if self.path is None:
             return False
         if self.path == real or (directory and self.path.startswith(real + os.sep)):
@@ -545,21 +528,27 @@ class AttemptWatch:
         self.output_steps += 1
         self.last_step = seen.step
         self.last_progress = now
-        self.liveness.steps.sign(now)
-        if self.first_progress is None:
-            self.first_progress, self.first_step = now, seen.step
+        first = self._stepped(seen.step, now)
         self.steps_at = (self.steps_at + [(wall, seen.step)])[-256:]
         eta = None
-        if total and now > self.first_progress and seen.step > self.first_step:
-            rate = (seen.step - self.first_step) / (now - self.first_progress)
-            eta = max(0.0, (total - seen.step) / rate)
-        self.progress = {"type": protocol.PROGRESS, "step": seen.step, "total_steps": total, "eta_s": eta,
-                         "t": wall, "source": "output"}
+        if total and now > first and seen.step > self.first_step:
+            eta = max(0.0, (total - seen.step) / ((seen.step - self.first_step) / (now - first)))
+        self._progress(seen.step, wall, "output", eta)
+
+    def _stepped(self, step: int, now: float) -> float:
+        """A step seen (the learned cadence counts real steps); when the first was seen."""
+        self.liveness.steps.sign(now)
+        if self.first_progress is None:
+            self.first_progress, self.first_step = now, step
+        return self.first_progress
+
+    def _progress(self, step: int, wall: float, source: str, eta: float | None = None, **figures: Any) -> None:
+        self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": self.total_steps, "eta_s": eta,
+                         "t": wall, "source": source, **figures}
 
     def step_at(self, wall: float) -> int | None:
-        """The step of a checkpoint whose name carries none (nanoGPT's ``ckpt.pt``) written at
-        ``wall`` (its mtime): the step of the probe's ``torch.save`` that was writing then; else
-        the last step the output (or the probe's step records) showed at or before it."""
+        """The step of a checkpoint written at ``wall`` (its mtime): the probe's ``torch.save`` that was
+        writing then, else the last step shown at or before it."""
         # The save whose run is nearest the mtime (inside it, or a coarse clock's tick before it).
         nearest = min(((max(s.began - wall, wall - s.returned, 0.0), -i, s.step)
                        for i, s in enumerate(self.saves)), default=None)
@@ -572,11 +561,9 @@ class AttemptWatch:
         return before[-1] if before else None
 
     def saved_step(self, path: str, mtime: float, directory: bool) -> int | None:
-        """The step of the probe's save of ``path`` (of a file inside it, for a directory), measured
-        where the save ran. A file's mtime lies inside the save that wrote it (a coarse clock's tick
-        either side), so a rewrite of the same name takes its own save's step; a directory's mtime is
-        its last file's, which may be no save of torch's (HF writes ``trainer_state.json`` after
-        ``optimizer.pt``): the newest save into it that began by then."""
+        """The step of the probe's save of ``path`` (of a file inside it, for a directory): the save whose
+        run holds the file's mtime; for a directory (whose last file may be no save of torch's, HF's
+        ``trainer_state.json``) the newest save into it that began by then."""
         real = os.path.realpath(path)
         mine = [s for s in self.saves if s.wrote(real, directory) and s.began <= mtime + MTIME_SLACK]
         if not directory:
@@ -589,8 +576,7 @@ class AttemptWatch:
         return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0 or self.new_checkpoint
 
     def running_since(self) -> float:
-        """When stable running began, for --grow-after: the first step where steps are seen (loading
-        a model is not running), else the attempt's start."""
+        """When stable running began (for --grow-after): the first step seen, else the attempt's start."""
         return self.first_progress if self.first_progress is not None else self.started
 
     def observe(self, sample: MemorySample) -> None:
@@ -605,8 +591,7 @@ class AttemptWatch:
         self.last_progress = now
         if step is not None and (self.last_step is None or step > self.last_step):
             self.last_step = step
-            self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": self.total_steps,
-                             "eta_s": None, "t": wall, "source": "checkpoint"}
+            self._progress(step, wall, "checkpoint")
 
     @property
     def peak_rss(self) -> int:
@@ -664,24 +649,19 @@ class AttemptWatch:
         assert step is not None
         if self.resume is not None:
             self.resume.see(step, self.total_steps)
-        self.liveness.steps.sign(now)  # the learned cadence: from real steps
-        if self.first_progress is None:
-            self.first_progress, self.first_step = now, step
+        self._stepped(step, now)
         stamp = record.get("t")
         wall = float(stamp) if isinstance(stamp, (int, float)) else time.time()
         if self.last_step is None or step > self.last_step or not self.steps_at:
             self.steps_at = (self.steps_at + [(wall, step)])[-256:]
         self.last_step = step
-        rate = self.allocator.steps_per_s
-        total = self.total_steps
-        eta = max(0.0, (total - step) / rate) if total and rate else None
-        self.progress = {"type": protocol.PROGRESS, "step": step, "total_steps": total, "eta_s": eta, "t": wall,
-                         "source": "probe", **self.allocator.figures()}
+        rate, total = self.allocator.steps_per_s, self.total_steps
+        self._progress(step, wall, "probe", max(0.0, (total - step) / rate) if total and rate else None,
+                       **self.allocator.figures())
         return self._progress_event_due(now)
 
     def check_hang(self, last_output: float, timeout: float, now: float) -> Judgement | None:
-        """Whether the worker is hung (no output or progress for the timeout, and its processes and
-        GPUs idle as long) or held alive despite its silence; None with hangs off."""
+        """Hung (silent and idle for the timeout), held alive despite its silence, or neither; None with hangs off."""
         if timeout <= 0:
             return None
         # Where steps are known (records or output), output without a new step is not progress:

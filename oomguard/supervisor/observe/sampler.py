@@ -1,21 +1,10 @@
 """The memory sampler: one ``MemorySample`` of the worker, its cgroup, the host and the GPUs.
 
-``Sampler.sample(worker_pid)`` is what the event loop calls once per interval. It reads:
-
-- the RSS of the worker's whole process tree (dataloader workers included) through psutil;
-- the host's total and available memory (``/proc/meminfo`` through psutil);
-- the worker's memory cgroup, v1 or v2, through ``observe.cgroup.MemoryCgroup`` (a seam over one directory);
-- memory pressure (PSI ``some``/``full`` avg10) where the kernel has ``/proc/pressure/memory``;
-- the visible GPUs through ``supervisor.gpu.GpuMonitor``.
-
-Every read is a few small procfs/sysfs files, so a sample costs well under a millisecond of CPU
-plus one psutil process-table walk; ``bench/watch_cost.py`` measures it. ``AttemptPeak`` and
-``fold_peak`` keep the per-attempt peaks that the memory model and the journal keep for ever.
-
-Also here:
-
-- Which rank a process is: torchrun gives every rank ``RANK`` (and ``LOCAL_RANK``) in its environment.
-- Acting before the crash: a pure function from one memory sample to what the loop should do.
+``Sampler.sample(worker_pid)``, once per interval, reads the RSS (and CPU time and I/O) of the
+worker's whole process tree, the host's memory, the worker's memory cgroup, PSI memory pressure and
+the visible GPUs: a few small procfs files and one process-table walk (``bench/watch_cost.py``).
+Also here: which rank a process is, the per-attempt peaks (``fold_peak``), and acting before the
+crash (``evaluate``: from one sample to what the loop should do).
 """
 
 from __future__ import annotations
@@ -74,14 +63,9 @@ def read_pressure(path: Path = Path("/proc/pressure/memory")) -> Pressure | None
 
 @dataclass(frozen=True)
 class TreeMemory:
-    """RSS summed over a process and all its descendants, and what the same walk reads of their work.
-
-    Summed RSS counts pages shared between a parent and its forked dataloader workers more than
-    once; PSS would not, but reading smaps costs ~100x more, and an over-estimate errs safe.
-    ``cpu_seconds`` (user + system, children already reaped included, so a DataLoader worker that
-    exits keeps its time in its parent's) and ``io_bytes`` (bytes read and written through syscalls)
-    are running totals; ``observe.progress.activity_between`` turns two samples into what the tree did between them.
-    """
+    """RSS summed over a process and all its descendants (shared pages counted more than once: PSS
+    costs ~100x more to read, and an over-estimate errs safe), and the running totals of their CPU
+    time (reaped children's included) and syscall I/O."""
 
     rss_bytes: int
     pids: tuple[int, ...]
@@ -125,11 +109,7 @@ def _io(proc: psutil.Process) -> int | None:
 
 @dataclass(frozen=True)
 class MemorySample:
-    """Everything the supervisor knows about memory at one moment.
-
-    ``monotonic`` orders samples and measures intervals; ``wall`` is for people and the journal.
-    ``worker_rss_bytes`` is None when there is no worker (or it has exited).
-    """
+    """Everything the supervisor knows about memory at one moment."""
 
     monotonic: float
     wall: float
@@ -186,12 +166,8 @@ class MemorySample:
 
 @dataclass
 class Sampler:
-    """Takes ``MemorySample``s. Every source is injectable; the defaults read this machine.
-
-    ``cgroup``: a fixed reader (e.g. the cgroup oomguard made for ``--memory-limit``); when None
-    the worker's own cgroup is found from ``/proc/PID/cgroup`` once per worker pid.
-    ``gpu``: None disables GPU sampling (``gpu_unavailable`` then says so).
-    """
+    """Takes ``MemorySample``s; every source is injectable. ``cgroup``: a fixed reader, else the
+    worker's own cgroup, looked up once per worker pid; ``gpu``: None disables GPU sampling."""
 
     gpu: GpuMonitor | None = field(default_factory=GpuMonitor)
     cgroup: MemoryCgroup | None = None
@@ -206,21 +182,11 @@ class Sampler:
         tree = tree_memory(worker_pid) if worker_pid is not None else None
         host = psutil.virtual_memory()
         snapshot = self.gpu.read(tree.pids if tree else ()) if self.gpu else None
-        return MemorySample(
-            monotonic=now,
-            wall=wall,
-            worker_pid=worker_pid,
-            worker_rss_bytes=tree.rss_bytes if tree else None,
-            worker_pids=tree.pids if tree else (),
-            host_total_bytes=host.total,
-            host_available_bytes=host.available,
-            cgroup=self._read_cgroup(worker_pid),
-            pressure=read_pressure(self.pressure_path),
-            gpus=snapshot.devices if snapshot else (),
-            gpu_unavailable=snapshot.unavailable if snapshot else "GPU sampling disabled",
-            worker_cpu_seconds=tree.cpu_seconds if tree else None,
-            worker_io_bytes=tree.io_bytes if tree else None,
-        )
+        return MemorySample(now, wall, worker_pid, tree.rss_bytes if tree else None, tree.pids if tree else (),
+                            host.total, host.available, self._read_cgroup(worker_pid),
+                            read_pressure(self.pressure_path), snapshot.devices if snapshot else (),
+                            snapshot.unavailable if snapshot else "GPU sampling disabled",
+                            tree.cpu_seconds if tree else None, tree.io_bytes if tree else None)
 
     def close(self) -> None:
         if self.gpu is not None:
@@ -256,12 +222,9 @@ def fold_peak(peak: AttemptPeak | None, sample: MemorySample) -> AttemptPeak:
     peak = peak or AttemptPeak()
     rss = max(peak.worker_rss_bytes, sample.worker_rss_bytes or 0)
     cg = sample.cgroup.working_set_bytes if sample.cgroup else None
-    return AttemptPeak(
-        worker_rss_bytes=rss,
-        worker_gpu_bytes=higher(peak.worker_gpu_bytes, sample.worker_gpu_bytes),
-        cgroup_working_set_bytes=higher(peak.cgroup_working_set_bytes, cg),
-        at_wall=sample.wall if rss > peak.worker_rss_bytes else peak.at_wall,
-    )
+    return AttemptPeak(rss, higher(peak.worker_gpu_bytes, sample.worker_gpu_bytes),
+                       higher(peak.cgroup_working_set_bytes, cg),
+                       sample.wall if rss > peak.worker_rss_bytes else peak.at_wall)
 
 
 def higher(old: int | None, new: int | None) -> int | None:
@@ -296,17 +259,11 @@ class MemoryAction(enum.Enum):
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The memory thresholds; validated here so the CLI and the TOML file share the messages.
+    """The memory thresholds; validated here so the CLI and the TOML file share the messages."""
 
-    ``soft_fraction``: ``--soft-threshold``, a fraction of each budget (0.95 = 95 %).
-    ``psi_some_avg10``: ``--psi-threshold``, percent of the last 10 s in which some task stalled
-        on memory; None turns the PSI trigger off.
-    ``memory_limit_bytes``: ``--memory-limit``, the hard cap on the worker tree's RSS; None = none.
-    """
-
-    soft_fraction: float = 0.95
-    psi_some_avg10: float | None = None
-    memory_limit_bytes: int | None = None
+    soft_fraction: float = 0.95  # --soft-threshold, of each budget
+    psi_some_avg10: float | None = None  # --psi-threshold: % of the last 10 s some task stalled; None: off
+    memory_limit_bytes: int | None = None  # --memory-limit, the hard cap on the worker tree's RSS
 
     def __post_init__(self) -> None:
         soft, psi, limit = self.soft_fraction, self.psi_some_avg10, self.memory_limit_bytes
@@ -314,27 +271,21 @@ class Thresholds:
             hint = f"; for {soft:g}% write {soft / 100:g} or {soft:g}%" if 1 < soft <= 100 else ""
             raise ValueError(f"--soft-threshold must be a fraction in (0, 1], e.g. 0.95, got {soft:g}{hint}")
         if psi is not None and not 0.0 < psi <= 100.0:
-            raise ValueError(
-                f"--psi-threshold is the percent of time stalled on memory, in (0, 100], e.g. 20; got {psi:g}"
-                " (leave it out to disable the PSI trigger)"
-            )
+            raise ValueError(f"--psi-threshold is the percent of time stalled on memory, in (0, 100], e.g. 20; "
+                             f"got {psi:g} (leave it out to disable the PSI trigger)")
         if limit is not None and limit <= 0:
-            raise ValueError(
-                f"--memory-limit must be a positive size such as 16G or 800M, got {limit} bytes"
-                " (leave it out for no limit)"
-            )
+            raise ValueError(f"--memory-limit must be a positive size such as 16G or 800M, got {limit} bytes"
+                             " (leave it out for no limit)")
 
 
 def parse_fraction(text: str) -> float:
     """``--soft-threshold``'s text: ``0.95`` or ``95%``; raises ValueError naming the option."""
     raw = text.strip()
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise ValueError(
-            f"--soft-threshold must be a fraction like 0.95 or a percentage like 95%, got {text!r}"
-        ) from None
-    return value
+        raise ValueError(f"--soft-threshold must be a fraction like 0.95 or a percentage like 95%, got {text!r}"
+                         ) from None
 
 
 @dataclass(frozen=True)
@@ -364,42 +315,31 @@ def _hard_limit(sample: MemorySample, thresholds: Thresholds) -> MemoryVerdict |
     limit, rss = thresholds.memory_limit_bytes, sample.worker_rss_bytes
     if limit is None or rss is None or rss < limit:
         return None
-    return MemoryVerdict(
-        MemoryAction.STOP,
-        "memory_limit",
-        f"worker tree RSS {format_size(rss)} >= --memory-limit {format_size(limit)} (pids {_pids(sample)})",
-    )
+    return MemoryVerdict(MemoryAction.STOP, "memory_limit",
+                         f"worker tree RSS {format_size(rss)} >= --memory-limit {format_size(limit)} "
+                         f"(pids {_pids(sample)})")
 
 
 def _soft_trigger(sample: MemorySample, thresholds: Thresholds) -> MemoryVerdict | None:
     """The first budget at or over the soft fraction, or PSI over its level."""
     for label, used, budget in _budgets(sample, thresholds):
         if budget > 0 and used >= thresholds.soft_fraction * budget:
-            return MemoryVerdict(
-                MemoryAction.CHECKPOINT,
-                "soft_threshold",
-                f"{label} {format_size(used)} of {format_size(budget)} = {used / budget:.1%}"
-                f" >= --soft-threshold {thresholds.soft_fraction:.0%}",
-            )
+            return MemoryVerdict(MemoryAction.CHECKPOINT, "soft_threshold",
+                                 f"{label} {format_size(used)} of {format_size(budget)} = {used / budget:.1%}"
+                                 f" >= --soft-threshold {thresholds.soft_fraction:.0%}")
     psi = sample.pressure
     level = thresholds.psi_some_avg10
     if level is not None and psi is not None and psi.some_avg10 >= level:
-        return MemoryVerdict(
-            MemoryAction.CHECKPOINT,
-            "memory_pressure",
-            f"PSI memory some avg10 {psi.some_avg10:.1f}% >= --psi-threshold {level:g}%",
-        )
+        return MemoryVerdict(MemoryAction.CHECKPOINT, "memory_pressure",
+                             f"PSI memory some avg10 {psi.some_avg10:.1f}% >= --psi-threshold {level:g}%")
     return None
 
 
 def _budgets(sample: MemorySample, thresholds: Thresholds) -> list[tuple[str, int, int]]:
     """(label, used, budget) for every budget the sample lets us judge."""
-    budgets = [
-        # The whole device counts, not only the worker's share: another process filling the
-        # GPU makes the worker's next allocation fail just the same.
-        (f"GPU {g.cuda_index} ({g.name}) used", g.used_bytes, g.total_bytes)
-        for g in sample.gpus
-    ]
+    # The whole device counts, not only the worker's share: another process filling the
+    # GPU makes the worker's next allocation fail just the same.
+    budgets = [(f"GPU {g.cuda_index} ({g.name}) used", g.used_bytes, g.total_bytes) for g in sample.gpus]
     if thresholds.memory_limit_bytes is not None and sample.worker_rss_bytes is not None:
         budgets.append(("worker tree RSS", sample.worker_rss_bytes, thresholds.memory_limit_bytes))
     cg = sample.cgroup

@@ -32,8 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from oomguard.supervisor.sizing.memmodel import Point
-from oomguard.supervisor.sizing.tuning import FitRecord, Key, ModelPrint, merge_models, merge_point
+from oomguard.supervisor.sizing.memmodel import FitRecord, Key, ModelPrint, Point, merge_models, merge_point
 from oomguard.supervisor.units import format_size
 
 _SCHEMA = """

@@ -38,8 +38,7 @@ from oomguard.supervisor.run.spare import Spares
 from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
 from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
-from oomguard.supervisor.sizing.memmodel import Point
-from oomguard.supervisor.sizing.tuning import SizeTuner
+from oomguard.supervisor.sizing.memmodel import Point, SizeTuner
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples

@@ -11,7 +11,7 @@ started with; only oomguard's per-attempt variables and the allocator settings (
 CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
 starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
 holds would be the worker's. Beside the next attempt's spare, a reserve for the attempt after it
-(``decide/sparepool.py``), so that back-to-back OOMs do not outrun the spares.
+(``decide/policy.py``), so that back-to-back OOMs do not outrun the spares.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import psutil
 
 from oomguard.common import protocol
 from oomguard.supervisor.decide.classify import FailureKind
-from oomguard.supervisor.decide.sparepool import (
+from oomguard.supervisor.decide.policy import (
     POOL,
     SPARE_GUESS,
     Limit,
@@ -366,7 +366,7 @@ def host_memory() -> tuple[int, int]:
 
 class Spares:
     """The run's spare interpreters, oldest first: the next attempt's, and a reserve for the one
-    after (``decide/sparepool.py`` says when to start one). Each attempt takes the oldest that fits
+    after (``decide/policy.py`` says when to start one). Each attempt takes the oldest that fits
     it, or none; one that cannot fit is discarded. ``event`` is the loop's journal-and-listeners
     call; ``memory`` (available, total) and ``limit`` (the cgroup limit above the worker and the
     spares) seams for the tests; ``say`` puts why a spare is held back where status reads it."""

@@ -1,18 +1,11 @@
 """How memory moves over one attempt: a straight-line fit over the readings after warm-up.
 
-Both the attribution of a memory failure (``attribution.py``) and the forecast while an attempt
-runs (``forecast.py``) ask the same questions of this one model: does memory rise steadily while
-training goes on, and how fast? ``steady_rise`` answers from the samples the loop journals, with
-the slope (bytes per second, and per step when the worker reports steps), the fit quality (R²)
-and the readings' noise about the line. Readings at the end that jump above the line of those
-before them are a ``Jump``, kept apart from the line: a spike is not the trend. ``Headroom``
-extends the line to a limit at one moment: how long until it reaches the limit (the forecast), or
-how far from the limit the line was when the worker failed (the attribution). A single reading can
-never tell a leak from a spike; a line through many readings can. Pure: no I/O, no clock.
-
-Also here:
-
-- When a steady rise will reach the limit, and whether to restart at the next checkpoint before it does.
+``steady_rise`` answers, for the attribution of a failure and the forecast while an attempt runs,
+whether memory rises steadily while training goes on and how fast (slope, R², the readings' noise);
+readings at the end that jump above the line are a ``Jump``, kept apart (a spike is not the trend).
+``Headroom`` extends the line to a limit: how long until it reaches it, or how far from it the line
+was at a failure. Also here: when a steady rise will reach the limit, and whether to restart at the
+next checkpoint before it does. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -25,9 +18,8 @@ from dataclasses import dataclass
 
 from oomguard.supervisor.observe.progress import duration
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.units import format_size
+from oomguard.supervisor.units import MIB, format_size
 
-MIB = 2**20
 WARMUP_FRACTION = 0.25  # without steps, the first quarter of an attempt's readings is warm-up
 WARMUP_STEPS = 2  # with steps, readings before the second step after the first one seen are warm-up
 MIN_READINGS = 6  # fewer points after warm-up: too few to call anything a trend
@@ -125,8 +117,7 @@ class Trend:
         return self.steps >= MIN_STEPS and (self.steps_r2 or 0.0) >= MIN_R2
 
     def describe(self, what: str) -> str:
-        """``worker RSS rose steadily by 126.0 MiB in 12 s (about 3.8 MiB a step)``: what a person
-        recognizes. The fit's statistics (slope, R², samples) stay in the journal's figures."""
+        """``worker RSS rose steadily by 126.0 MiB in 12 s (about 3.8 MiB a step)``."""
         if not self.steady():
             return f"{what} showed no steady rise ({format_size(self.rise)} over {duration(self.span_s)})"
         text = f"{what} rose steadily by {format_size(self.rise)} in {duration(self.span_s)}"
@@ -145,12 +136,9 @@ def limit_words(budget: str, limit: int) -> str:
 
 
 def after_warmup(readings: Sequence[Reading]) -> list[Reading]:
-    """The readings once the attempt is past warm-up (model load, first steps, allocator caches).
-
-    With steps, warm-up ends at the second step after the first one seen: the first steps
-    allocate the optimizer state and fill the caches. Without steps, the first quarter of the readings
-    is dropped: enough to skip a per-sample ramp, little enough to keep most of a leak's line.
-    """
+    """The readings once the attempt is past warm-up (the first steps allocate the optimizer state and
+    fill the caches); without steps, the first quarter: enough to skip a per-sample ramp, little
+    enough to keep most of a leak's line."""
     steps = [r.step for r in readings if r.step is not None]
     if steps:
         start = min(steps) + WARMUP_STEPS
@@ -160,11 +148,8 @@ def after_warmup(readings: Sequence[Reading]) -> list[Reading]:
 
 
 def steady_rise(readings: Sequence[Reading]) -> Trend | None:
-    """The line through the readings after warm-up, or None when there are too few to fit.
-
-    Readings at the end that jump above the line of those before them are left out of the line
-    and returned as its ``jump``: one spike must neither bend a steady line nor pass for one.
-    """
+    """The line through the readings after warm-up, or None when there are too few to fit; a jump at
+    the end is left out of it (its ``jump``): one spike must neither bend a steady line nor pass for one."""
     points = _until_the_fall(after_warmup(readings))
     if len(points) < MIN_READINGS or points[-1].t - points[0].t < MIN_SPAN_S:
         return None
@@ -176,11 +161,8 @@ def steady_rise(readings: Sequence[Reading]) -> Trend | None:
 
 @dataclass(frozen=True)
 class Headroom:
-    """A trend against one limit at one moment: the line's bytes then, and how far below the limit.
-
-    The forecast asks it how long the line takes to reach the limit from now; the attribution how
-    far below the limit the line was when the worker failed. One model, so the two agree.
-    """
+    """A trend against one limit at one moment: for the forecast, how long until the line reaches it;
+    for the attribution, how far below it the line was at the failure. One model, so the two agree."""
 
     budget: str  # which limit: "cgroup", "GPU", "--memory-limit", "host"
     limit: int
@@ -227,10 +209,7 @@ class Headroom:
 
     def describe(self) -> str:
         """``its steady rise was at about 117.0 MiB when it failed, 283.0 MiB below the cgroup limit of
-        400.0 MiB``: where the line through the readings had got to, in plain words (a "steady rise"
-        only where it is one, ``Trend.steady``). Within the readings' noise of the limit it
-        reached it; a rise carried below 0 is no memory at all. How long the rest would have taken at
-        this rate, and the noise, stay in the journal's figures (``seconds_to_limit``, ``tolerance_bytes``)."""
+        400.0 MiB``: in plain words; the statistics stay in the journal's figures."""
         limit = limit_words(self.budget, self.limit)
         if self.falling_below_zero:
             return f"its {self.budget} readings were falling, which says nothing of {limit}"
@@ -246,11 +225,9 @@ class Headroom:
 
 
 def _without_jump(points: list[Reading]) -> tuple[list[Reading], Jump | None]:
-    """The readings before the jump at the end, and the jump: the longest run of last readings that
-    all lie above the line of the readings before them. Each is compared with the line of the
-    readings before the run, never with a line it helped to bend: a spike caught by several
-    readings (an allocation slowed by reclaim near a cgroup's limit takes seconds) would otherwise
-    inflate the noise enough to hide in it."""
+    """The readings before the jump at the end, and the jump: the longest run of last readings all
+    above the line of the readings before the run (never a line they helped to bend, whose noise a
+    spike caught by several readings would inflate enough to hide in)."""
     n = len(points)
     lines = _PrefixLines(points)
     longest = max(MIN_READINGS, n - MAX_JUMP_READINGS, int(n * (1 - MAX_JUMP_FRACTION)))
@@ -282,9 +259,8 @@ class _PrefixLines:
             self.sums.append((st, sy, stt, sty, syy))
 
     def line(self, k: int) -> tuple[Callable[[float], float], Callable[[float], float]]:
-        """The line through the first ``k`` readings (bytes at a time), and how far a new reading at
-        a time scatters about it (bytes, one σ): the readings' noise, widened for the line's own
-        uncertainty where it is extended past them (the prediction interval of a least-squares fit)."""
+        """The line through the first ``k`` readings (bytes at a time), and how far a new reading at a
+        time scatters about it: one σ of the least-squares fit's prediction interval."""
         st, sy, stt, sty, syy = self.sums[k]
         spread = k * stt - st * st
         slope = (k * sty - st * sy) / spread if spread > 0 else 0.0
@@ -376,14 +352,12 @@ class Move(enum.Enum):
 
 @dataclass(frozen=True)
 class Budget:
-    """A limit and the memory counted against it, e.g. ("cgroup", working set, target): ``limit``
-    is the forecast's target (the ``--soft-threshold`` share), ``hard`` the limit itself, where a
-    failure happens (0: the same as ``limit``)."""
+    """A limit and the memory counted against it, e.g. ("cgroup", working set, target)."""
 
     name: str
     used: int
-    limit: int
-    hard: int = 0
+    limit: int  # the forecast's target (the --soft-threshold share)
+    hard: int = 0  # the limit itself, where a failure happens (0: the same as ``limit``)
 
     @property
     def applies(self) -> int:
@@ -408,11 +382,7 @@ class Forecast:
 
 def forecast(readings: Sequence[Reading], budget: Budget, next_checkpoint_in: float | None,
              checkpoint_period: float | None, prior_per_s: float | None = None) -> Forecast | None:
-    """The forecast for one budget, or None when memory is not rising steadily.
-
-    ``next_checkpoint_in``: seconds until the worker's next checkpoint is due (None: unknown);
-    ``checkpoint_period``: seconds between its checkpoints (None: unknown).
-    """
+    """The forecast for one budget, or None when memory is not rising steadily."""
     trend = steady_rise(readings)
     if trend is not None and trend.steady():
         measured, rate = True, trend.per_s
@@ -437,12 +407,9 @@ def forecast(readings: Sequence[Reading], budget: Budget, next_checkpoint_in: fl
 
 def budgets(sample: MemorySample, memory_limit: int | None, fraction: float,
             allocator: tuple[int, int] | None = None) -> list[Budget]:
-    """The limits that apply now, each with the memory counted against it. The target is the
-    ``--soft-threshold`` fraction of each limit: room for what the line cannot see (a step's
-    transient allocations, the restart itself). A cgroup's limit counts everything in the cgroup
-    that sets it (the supervisor too, when oomguard runs inside a limited cgroup), so that cgroup's
-    working set is what is compared with it. ``allocator``: the in-process probe's newest step peak
-    and the limit the allocator may reach (a per-process fraction's cap, which NVML cannot see)."""
+    """The limits that apply now, each with the memory counted against it (a cgroup's: everything in
+    the cgroup that sets it). The target is the ``--soft-threshold`` share of each: room for what the
+    line cannot see. ``allocator``: the probe's newest step peak and the allocator's limit."""
     found = []
     if allocator is not None:
         used, limit = allocator

@@ -15,8 +15,8 @@ from oomguard.supervisor.decide.classify import Addition, FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig
 from oomguard.supervisor.decide.recovery import Facts, Readings, RecoveryConfig, decision_event, recover
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.sizing.memmodel import SizeTuner
 from oomguard.supervisor.sizing.trend import Reading
-from oomguard.supervisor.sizing.tuning import SizeTuner
 
 MB = 1024 * 1024
 

@@ -46,8 +46,8 @@ from oomguard.supervisor.observe.progress import (
 )
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.reporttext import progress_text
+from oomguard.supervisor.sizing.memmodel import SizeTuner
 from oomguard.supervisor.sizing.trend import Reading
-from oomguard.supervisor.sizing.tuning import SizeTuner
 from oomguard.supervisor.units import format_size
 
 

@@ -33,7 +33,7 @@ from oomguard.supervisor.observe.sampler import (
     tree_memory,
 )
 from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.sizing.tuning import SizeTuner
+from oomguard.supervisor.sizing.memmodel import SizeTuner
 from oomguard.web.metrics import make_registry
 
 MIB = 1024**2

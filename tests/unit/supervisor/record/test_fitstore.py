@@ -16,8 +16,7 @@ import pytest
 from support import DATA, ROOT
 
 from oomguard.supervisor.record.fitstore import _HASHED_MAX, OUTPUT, FitStore, JobKey, default_cache_dir
-from oomguard.supervisor.sizing.memmodel import Point
-from oomguard.supervisor.sizing.tuning import FitRecord, ModelPrint, SizeTuner, merge_point
+from oomguard.supervisor.sizing.memmodel import FitRecord, ModelPrint, Point, SizeTuner, merge_point
 
 GIB = 1024**3
 H100 = ("NVIDIA H100 80GB HBM3", 80 * GIB)

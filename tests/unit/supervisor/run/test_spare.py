@@ -197,7 +197,7 @@ def test_once_host_memory_runs_out_no_more_spares(project: Path) -> None:
     assert spares.spare is None
 
 
-# ----- the reserve (decide/sparepool.py)
+# ----- the reserve (decide/policy.py)
 
 
 class HostMemory:
