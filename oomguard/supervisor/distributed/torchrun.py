@@ -40,6 +40,10 @@ class Torchrun:
         found = [value for key, value in self.options if key == name]
         return found[-1] if found else None
 
+    def has(self, *names: str) -> bool:
+        """Whether a switch (stored with the value None, so ``get`` cannot tell) was given."""
+        return any(key in names for key, _ in self.options)
+
     @property
     def nproc_per_node(self) -> int:
         return _count(self.get("nproc-per-node") or "1", "--nproc-per-node")
@@ -89,9 +93,9 @@ class Torchrun:
     @property
     def program(self) -> tuple[str, ...]:
         """The training program as ``python`` would be given it (``()`` for a ``--no-python`` binary)."""
-        if self.get("no-python") is not None:
+        if self.has("no-python"):
             return ()
-        if self.get("module") is not None or self.get("m") is not None:
+        if self.has("module", "m"):
             return ("-m", *self.script)
         return self.script
 

@@ -73,6 +73,19 @@ def test_torchrun_commands_oomguard_cannot_keep_exact_are_one_line_errors(cmd: l
     assert err.value.option == option
 
 
+@pytest.mark.parametrize(("cmd", "program"), [
+    (["torchrun", "--nproc-per-node", "2", "train.py", "--bs", "8"], ("train.py", "--bs", "8")),
+    (["torchrun", "-m", "pkg.train", "--bs", "8"], ("-m", "pkg.train", "--bs", "8")),
+    (["torchrun", "--module", "pkg.train"], ("-m", "pkg.train")),
+    (["torchrun", "--no-python", "./trainer", "--bs", "8"], ()),
+])
+def test_program_is_what_python_would_run(cmd: list[str], program: tuple[str, ...]) -> None:
+    """Switches carry no value, so ``-m`` and ``--no-python`` are read by presence (they were missed)."""
+    launch = parse(cmd)
+    assert launch is not None
+    assert launch.program == program
+
+
 def test_attempt_argv_adds_log_dir_and_no_restarts_of_its_own(tmp_path: Path) -> None:
     t = parse(["torchrun", "--max-restarts", "3", "--nproc-per-node", "2", "t.py", "--x"])
     assert t is not None
