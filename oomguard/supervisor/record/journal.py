@@ -56,8 +56,8 @@ CREATE INDEX IF NOT EXISTS events_attempt ON events (attempt);
 """
 
 
-# Columns added after the first release: how an attempt ended (lifecycle.states.Ending), why oomguard
-# stopped its worker (lifecycle.states.StopReason), and the allocator's highest step peak the probe saw.
+# Columns added after the first release: how an attempt ended (lifecycle.Ending), why oomguard
+# stopped its worker (lifecycle.StopReason), and the allocator's highest step peak the probe saw.
 _ADDED_COLUMNS = (("ending", "TEXT"), ("stop_reason", "TEXT"), ("peak_allocated", "INTEGER"))
 
 

@@ -4,7 +4,7 @@ Tested in tests/e2e/test_outcome.py, tests/e2e/test_memory.py and tests/e2e/test
 
 ``Attempt.start`` starts the worker (a spare interpreter's, when one is taken) in a fresh memory
 cgroup; ``Attempt.watch`` watches it until it exits and returns one ``Outcome``
-(``lifecycle/outcome.py``) for the loop to dispatch on. Every stop goes through ``Attempt.stop(reason)``,
+(``lifecycle.py``) for the loop to dispatch on. Every stop goes through ``Attempt.stop(reason)``,
 whose first reason is the attempt's; a restart planned for the next checkpoint, whatever planned it
 (the memory forecast, ``--grow``), is the attempt's one ``Pending`` until that checkpoint lands.
 
@@ -30,8 +30,7 @@ from oomguard.supervisor.decide.attribution import Evidence, earlier_plateaus, s
 from oomguard.supervisor.decide.classify import Addition, FailureKind
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.decide.recovery import Facts
-from oomguard.supervisor.lifecycle.outcome import Outcome, Pending, Stop, ending_of, grace
-from oomguard.supervisor.lifecycle.states import StopReason
+from oomguard.supervisor.lifecycle import Outcome, Pending, Stop, StopReason, ending_of, grace
 from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.observe.checkpoints import Checkpoint, StepEvidence
@@ -174,7 +173,7 @@ class Attempt:
     def stop(self, reason: StopReason, detail: str, grow_to: int | None = None,
              first: Callable[[], object] | None = None) -> None:
         """The one way oomguard stops a worker: the first reason is the attempt's (kept in the journal),
-        its grace period is the reason's (``lifecycle.outcome.grace``), a second Ctrl-C cuts it short.
+        its grace period is the reason's (``lifecycle.grace``), a second Ctrl-C cuts it short.
         ``first`` runs once the reason is recorded and before the SIGTERM (a hang's stack dump, whose
         signal may itself end the worker)."""
         self._stop(Stop(reason, detail, grow_to), first)

@@ -23,8 +23,7 @@ from pathlib import Path
 import psutil
 
 from oomguard.supervisor.decide.classify import ExitFacts
-from oomguard.supervisor.lifecycle.outcome import Stop
-from oomguard.supervisor.lifecycle.states import StopReason
+from oomguard.supervisor.lifecycle import Stop, StopReason
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuSnapshot
 from oomguard.supervisor.observe.progress import AttemptWatch

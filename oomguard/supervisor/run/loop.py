@@ -4,7 +4,7 @@ Read ``_loop`` and ``_dispatch`` first: they are the whole run. ``run/attempt.py
 one attempt and returns one ``Outcome``; ``decide/recovery.py``'s pure ``recover`` decides what follows a
 failure. This file carries those out: the only code that changes the run's state (``_transition``) or its
 plan (``_replan``), writing the journal through one ``Recorder``. Signals and the dashboard only set flags.
-Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/lifecycle/test_outcome.py.
+Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/test_lifecycle.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 import psutil
 
+from oomguard.supervisor import lifecycle
 from oomguard.supervisor.command import Edit, check_edits
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import policy as replan
@@ -26,9 +27,7 @@ from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PlanChang
 from oomguard.supervisor.decide.recovery import decision_event, recover
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle import states
-from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
+from oomguard.supervisor.lifecycle import Ending, Outcome, RunState, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal
@@ -115,7 +114,7 @@ class Supervisor:
     # --- the one place the state changes, the one place the plan changes ----------------------
 
     def _transition(self, new: RunState, reason: str) -> None:
-        states.check_transition(self.state, new)
+        lifecycle.check_transition(self.state, new)
         old, self.state = self.state, new
         self.record.transition(old, new, reason)
         log(f"{new.value}: {reason}")
@@ -191,7 +190,7 @@ class Supervisor:
         decision = self._recover(outcome)  # RUNNING -> RECOVERING
         if not decision.restart:  # RECOVERING -> FAILED
             self._transition(RunState.FAILED, decision.reason)
-            return states.EXIT_UNFIXABLE if decision.unfixable else states.EXIT_GAVE_UP
+            return lifecycle.EXIT_UNFIXABLE if decision.unfixable else lifecycle.EXIT_GAVE_UP
         if decision.delay > 0:  # RECOVERING -> BACKOFF
             self._transition(RunState.BACKOFF, decision.reason)
             self.parts.sleep(decision.delay)

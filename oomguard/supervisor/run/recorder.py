@@ -1,6 +1,6 @@
 """Every write the loop and its attempt make to the journal, and the listeners told of each event.
 
-Tested in tests/unit/supervisor/lifecycle/test_outcome.py and tests/e2e/test_outcome.py (plan changes, stops).
+Tested in tests/unit/supervisor/test_lifecycle.py and tests/e2e/test_outcome.py (plan changes, stops).
 
 The loop and ``run/attempt.py`` say what happened here, never through the journal directly: an
 event goes to the journal under the attempt in progress and to the listeners (hooks, the dashboard),
@@ -15,8 +15,7 @@ from typing import Any
 
 from oomguard.supervisor.decide.policy import Plan, PlanChange
 from oomguard.supervisor.decide.recovery import Note
-from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import RunState
+from oomguard.supervisor.lifecycle import Outcome, RunState
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal

@@ -1,12 +1,12 @@
 """The attempt's world beyond one process: torchrun's ranks on this node, the other nodes' supervisors.
 
-Tested in tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
+Tested in tests/unit/supervisor/run/test_world.py, tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
 
 For a single-process run this object does nothing and the loop never notices it. Under torchrun it
 wraps each attempt's command in torchrun (ranks' error files under the run directory), reads the
 root-cause rank after the attempt, and, with several nodes, carries each round's agreement through
-the shared store (``run.rounds``): every member starts from the host's plan and checkpoint, ends
-with the same verdict and acts on the host's decision.
+the shared store (``agree_*``): every member starts from the host's plan (sized for the round's
+world) and checkpoint, ends with the same verdict and acts on the host's decision.
 
 An elastic run (torchrun's ``--nnodes MIN:MAX``) also changes its world here: a member lost, or a
 node back (taken in after the next checkpoint), ends the round on every node as a planned restart
@@ -16,18 +16,20 @@ batch. The loop calls it at those points and nowhere else.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import Any
 
-from oomguard.supervisor.decide.classify import ExitFacts, Verdict, classify
-from oomguard.supervisor.decide.policy import Decision, Plan
-from oomguard.supervisor.distributed.coordination import Coordinator, store_address
+from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, Verdict, classify
+from oomguard.supervisor.decide.policy import Action, Decision, Plan
+from oomguard.supervisor.distributed import elastic
+from oomguard.supervisor.distributed.coordination import Coordinator, PeerLost, choose, store_address
 from oomguard.supervisor.distributed.ranks import ERROR_FILE_ENV, TorchrunAttempt
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.lifecycle.outcome import Stop, StopReason
+from oomguard.supervisor.lifecycle import Stop, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.logs import say as log
-from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
 from oomguard.supervisor.run.runtime import AttemptFiles
 
 Event = Callable[..., None]  # the loop's journal-and-listeners event: event(name, **data)
@@ -187,3 +189,70 @@ def joined_line(nodes: Coordinator) -> str:
     where = f"hosts oomguard's store on port {port}" if nodes.leader else f"shares {keeper} at {host}:{port}"
     count = f"{shape.min_nodes}:{shape.nnodes}" if shape.elastic else str(shape.nnodes)
     return f"node {nodes.node} of {count}: {where}{how}"
+
+
+# --- a round carried through the shared store, as the loop's types ---------------------------------
+
+
+def agree_start(coord: Coordinator, plan: Plan,
+                checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, dict[str, Any]]:
+    """This round's members, plan and checkpoint: the host's, on every node. Where the members' world
+    has no plan at the global batch asked, the host says so on every node and the run ends (exit 75)."""
+    mine = {"plan": plan.as_dict(), "checkpoint": checkpoint.path if checkpoint else None,
+            "step": checkpoint.step if checkpoint else None,
+            "step_from": checkpoint.step_from if checkpoint else None}
+    if coord.leader:
+        mine = {**mine, **_sized(coord, plan)}
+    agreed = coord.start_round(mine)
+    adopted = elastic.adopt(plan, agreed["plan"]) or plan
+    if agreed["checkpoint"] is None:
+        return adopted, None, agreed
+    path = str(agreed["checkpoint"])
+    try:
+        stat = os.stat(path)
+        mtime, size = stat.st_mtime, stat.st_size
+    except OSError:  # not visible here (no shared filesystem): the ranks get the host's path all the same
+        mtime, size = 0.0, 0
+    # The step's evidence travels with it (a host of an older oomguard posts none: unknown then).
+    return adopted, Checkpoint(path, agreed["step"], mtime, size, step_from=agreed.get("step_from")), agreed
+
+
+def _sized(coord: Coordinator, plan: Plan) -> dict[str, Any]:
+    """The host's members and its plan for their world; where none is exact, the line that ends the
+    run is published to every node first."""
+    members = coord.gather()
+    nodes = len(members)
+    world = nodes * coord.shape.nproc_per_node
+    sized = elastic.for_world(plan, world)
+    if isinstance(sized, str):
+        line = (f"{nodes} of {coord.shape.nnodes} nodes left (world {world}): {sized}, so no plan keeps the global "
+                "batch exact; ending for the scheduler to requeue the full set")
+        coord.start_round({"members": members, "stop": line, "plan": plan.as_dict(), "checkpoint": None})
+        raise PeerLost(line)
+    return {"members": list(members), "plan": sized.as_dict()}
+
+
+def agree_end(coord: Coordinator, verdict: Verdict,
+              stopped_for_peer: int | None) -> tuple[Verdict, dict[int, dict[str, Any]], tuple[int, ...]]:
+    """Post how this node's attempt ended, read every member's, and return the round's verdict with
+    the posts and the members lost before posting."""
+    coord.report_end({"kind": verdict.kind.value if verdict.kind else None, "evidence": verdict.evidence,
+                      "signal": verdict.signal, "exit_code": verdict.exit_code,
+                      "stopped_for_peer": stopped_for_peer})
+    reports, lost = coord.ends()
+    chosen = choose(reports)
+    if chosen is None:
+        everyone = "every node" if not lost else f"every node left ({len(reports)})"
+        return Verdict(None, f"exit code 0 on {everyone}", None, 0), reports, lost
+    node, report = chosen
+    return Verdict(FailureKind(report["kind"]), f"node {node}: {report['evidence']}", report["signal"],
+                   report["exit_code"]), reports, lost
+
+
+def agree_decision(coord: Coordinator, decision: Decision) -> Decision:
+    """The host's decision after the round, on every node."""
+    mine = {"action": decision.action.value, "plan": decision.plan.as_dict(), "reason": decision.reason,
+            "delay": decision.delay, "bad_checkpoint": decision.bad_checkpoint}
+    agreed = coord.decision(mine)
+    plan = elastic.adopt(decision.plan, agreed["plan"]) or decision.plan
+    return Decision(Action(agreed["action"]), plan, agreed["reason"], float(agreed["delay"]), agreed["bad_checkpoint"])

@@ -25,7 +25,7 @@ from oomguard.supervisor.decide.classify import (
 )
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.distributed.errorfiles import RootCause
-from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP, EXIT_UNFIXABLE
+from oomguard.supervisor.lifecycle import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.run.runtime import OWN_CODE

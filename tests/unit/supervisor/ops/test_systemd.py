@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.lifecycle import states as exits
+from oomguard.supervisor import lifecycle as exits
 from oomguard.supervisor.ops import systemd
 from oomguard.supervisor.ops.systemd import ServiceError, UnitOptions, render_unit
 
