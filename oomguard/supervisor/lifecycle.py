@@ -129,7 +129,7 @@ EXIT_CRASHED = 70
 EXIT_PEER_LOST = 75  # raised as PeerLost in distributed/coordination.py, returned by run/loop.py
 
 NO_RESTART = (EXIT_GAVE_UP, EXIT_USAGE, EXIT_UNFIXABLE)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # run/control.py's stop handlers
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # run/runparts.py's ControlFlags
 STOPPED = tuple(128 + sig for sig in STOP_SIGNALS)  # the loop's _stopped returns 128 + the signal
 
 

@@ -34,13 +34,10 @@ from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.picture import stopped_by
 from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
-from oomguard.supervisor.run.attempt import Attempt, render
+from oomguard.supervisor.run.attempt import Attempt, TrendWatch, render
 from oomguard.supervisor.run.containment import remove_stale
-from oomguard.supervisor.run.control import ControlFlags, RunLock
-from oomguard.supervisor.run.recorder import Recorder
-from oomguard.supervisor.run.runparts import RunParts
+from oomguard.supervisor.run.runparts import ControlFlags, Recorder, RunLock, RunParts
 from oomguard.supervisor.run.runtime import AttemptFiles, alloc_conf, expandable_already
-from oomguard.supervisor.run.trendwatch import TrendWatch
 
 
 class Supervisor:

@@ -1,48 +1,402 @@
 """What the run keeps from one attempt to the next, and what every loop tick does besides watching.
 
-Tested in tests/e2e/test_outcome.py (bad checkpoints, resume points) and tests/e2e/test_supervisor.py.
+Tested in tests/e2e/test_outcome.py (bad checkpoints, resume points, plan changes, stops),
+tests/e2e/test_supervisor.py, tests/e2e/test_operator.py and tests/e2e/test_wiring.py.
 
 The loop builds one ``RunParts`` and hands it to each attempt (``run/attempt.py``): the configuration,
-the journal's recorder, the control flags, the observers (checkpoints, memory, wiring) and the actors
-(spares, the handover between attempts, the other nodes), and the memory knowledge.
+the journal's ``Recorder``, the ``ControlFlags``, the observers (checkpoints, memory, wiring) and the
+actors (spares, the handover between attempts, the other nodes), and the memory knowledge.
 
-Also here:
+The loop and ``run/attempt.py`` say what happened through the ``Recorder``, never through the journal
+directly: an event goes to the journal under the attempt in progress and to the listeners (hooks, the
+dashboard), whose failures are a degradation and never the run's end (``guarded``).
 
-- Which checkpoint an attempt resumes from: the newest valid one, with the step it holds.
+Signal handlers and the web server's threads only set a flag in ``ControlFlags`` and wake the loop
+(uvicorn's rule); the loop reads the flags at its next tick and acts. A second SIGINT/SIGTERM forces
+the stop: the worker's grace period is cut short.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shlex
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import policy as replan
 from oomguard.supervisor.decide.attribution import Cause
 from oomguard.supervisor.decide.classify import Addition, OwnFault
 from oomguard.supervisor.decide.policy import Plan, PlanChange, PolicyConfig
-from oomguard.supervisor.decide.recovery import Recovery, RecoveryConfig
+from oomguard.supervisor.decide.recovery import Note, Recovery, RecoveryConfig
+from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import Outcome, RunState
 from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import BreakdownWatch
-from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
+from oomguard.supervisor.observe.checkpoints import (
+    Checkpoint,
+    CheckpointIndex,
+    LookalikeWatcher,
+    ResumeCheck,
+    missed,
+    missed_notice,
+    output_dirs,
+    suggest_glob,
+    unmatched_notice,
+)
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample, Sampler
 from oomguard.supervisor.record.fitstore import FitStore, JobKey
+from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.logs import say as log
+from oomguard.supervisor.record.picture import closing
+from oomguard.supervisor.record.resilient import Degradations
 from oomguard.supervisor.run.containment import Handover
-from oomguard.supervisor.run.control import ControlFlags
-from oomguard.supervisor.run.recorder import Recorder
+from oomguard.supervisor.run.preflight import resume_hint
 from oomguard.supervisor.run.spare import Spares
-from oomguard.supervisor.run.trendwatch import ForecastBoard, TrendWatch
-from oomguard.supervisor.run.wiringwatch import WiringWatch
 from oomguard.supervisor.run.world import World
 from oomguard.supervisor.sizing.memmodel import Point
+from oomguard.supervisor.sizing.trend import Forecast
 from oomguard.supervisor.sizing.tuning import SizeTuner
+
+if TYPE_CHECKING:
+    from oomguard.supervisor.run.attempt import TrendWatch
 
 TICK = 0.5  # seconds between checks while a worker runs; exits, signals and requests wake the loop at once
 THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's samples
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class Recorder:
+    def __init__(self, degradations: Degradations, attempt: Callable[[], int]) -> None:
+        self.journal: Journal  # opened with the run (``Supervisor.open``)
+        self.degradations = degradations
+        self.listeners: list[Listener] = []
+        self._attempt = attempt  # the attempt in progress (0 before the first)
+
+    def guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
+        """Run one observer or hook; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
+        try:
+            action(*args)
+        except Exception as exc:  # supervision of a healthy worker outlives any observer
+            self.degradations.failed(component, exc)
+        else:
+            self.degradations.recovered(component)
+
+    def emit(self, name: str, data: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            self.guarded("listeners", listener, name, data)  # a dashboard or notifier bug never stops us
+
+    def event(self, name: str, /, **data: Any) -> None:
+        self.journal.event(name, self._attempt() or None, **data)
+        self.emit(name, data)
+
+    def notes(self, notes: Sequence[Note], say: Callable[[str], None]) -> None:
+        """A recovery's notes (``decide/recovery.py``), in the order it took them."""
+        for note in notes:
+            if note.name is not None:
+                self.event(note.name, **note.data)
+            if note.say is not None:
+                say(note.say)
+
+    def meta(self, **values: Any) -> None:
+        """What ``oomguard status`` and the dashboard show of the run now."""
+        self.journal.set_meta(**values)
+
+    def transition(self, old: RunState, new: RunState, reason: str) -> None:
+        self.journal.transition(old.value, new.value, reason, self._attempt() or None)
+        self.emit("state", {"from": old.value, "to": new.value, "reason": reason})
+
+    def plan_change(self, change: PlanChange, before: int) -> None:
+        """A change of plan with its source and reason (``decide/policy.py``); ``before``: the micro-batch it left."""
+        b = change.plan.batch
+        self.event("plan_change", source=change.source.value, reason=change.reason, micro_batch=b.micro_batch,
+                   grad_accum=b.grad_accum, global_batch=b.global_batch, world_size=b.world_size,
+                   from_micro_batch=before, expandable_segments=change.plan.expandable_segments)
+
+    def attempt_started(self, pgid: int, plan: Plan, checkpoint: Checkpoint | None, argv: list[str],
+                        log: Path) -> None:
+        """The attempt's row, opened once its worker runs, and where it resumes from."""
+        self.journal.start_attempt(self._attempt(), pgid, plan.as_dict(), checkpoint.path if checkpoint else None,
+                                   argv, str(log))
+        if checkpoint is not None:
+            self.event("resume_point", path=checkpoint.path, step=checkpoint.step, step_from=checkpoint.step_from)
+
+    def sample(self, sample: MemorySample, step: int | None, progress: dict[str, Any] | None) -> None:
+        self.journal.record_sample(self._attempt(), sample.as_row(), sample.wall, sample.worker_rss_bytes,
+                                   sample.worker_gpu_bytes, step, progress)
+
+    def checkpoint_bad(self, path: str, load_error: str | None) -> None:
+        """A checkpoint that failed to load: the next attempt resumes from the one before."""
+        self.journal.mark_bad(path, load_error or "load failed")
+        self.event("checkpoint_bad", path=path, evidence=load_error)
+
+    def end_attempt(self, outcome: Outcome, decision: str, **facts: Any) -> None:
+        """The attempt's row is closed here and only here, with how it ended and why it was stopped."""
+        watch = outcome.watch
+        self.journal.end_attempt(self._attempt(), returncode=outcome.returncode, ending=outcome.ending.value,
+                                 stop_reason=outcome.stop.reason.value if outcome.stop else None,
+                                 decision=decision, last_step=watch.last_step, peak_rss=watch.peak_rss,
+                                 peak_allocated=watch.allocator.allocated_peak, **facts)
+
+    def close_interrupted(self, say: Callable[[str], None]) -> None:
+        """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted, timed by
+        their own last event."""
+        stops = self.journal.event_data("stop_requested")  # the user had asked this attempt to stop
+        for row in self.journal.attempts():
+            if row["ended"] is None:
+                stop = stops.get(row["attempt"])
+                close = closing(stop)
+                self.journal.end_attempt(row["attempt"], decision=close.decision, ending=close.ending.value,
+                                         stop_reason=close.stop_reason.value if close.stop_reason else None,
+                                         ended=self.journal.last_activity(row["attempt"]))
+                self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
+                say(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "
+                    + ("stopped by the user" if stop else "interrupted"))
+
+
+class ControlFlags:
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.stop_signals = 0  # SIGINT/SIGTERM count; the second forces an immediate kill
+        self.stop_signal: int | None = None
+        self._requests: set[str] = set()
+        self._lock = threading.Lock()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_signals += 1
+        self.stop_signal = signum
+        self.wake.set()
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self.wake.set()  # not fatal: a closed terminal must not end an overnight run
+
+    def request_stop(self) -> None:
+        self._on_stop_signal(signal.SIGTERM, None)
+
+    def request(self, what: str) -> None:
+        """``restart`` or ``checkpoint``: taken by the loop at its next tick."""
+        with self._lock:
+            self._requests.add(what)
+        self.wake.set()
+
+    def take(self, what: str) -> bool:
+        """True once for each request made since the last time it was taken."""
+        with self._lock:
+            if what in self._requests:
+                self._requests.discard(what)
+                return True
+            return False
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signals > 0
+
+    @property
+    def forced(self) -> bool:
+        """A second stop signal: do not wait for the worker's grace period."""
+        return self.stop_signals > 1
+
+    def sleep(self, seconds: float) -> None:
+        """Wait for a wake-up or ``seconds``, whichever comes first."""
+        self.wake.wait(seconds)
+        self.wake.clear()
+
+
+# One supervisor per run directory: an exclusive flock held for the supervisor's lifetime.
+#
+# The kernel drops the lock when the process dies, ``kill -9`` included, so a stale lock file never
+# blocks the next start.
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "supervisor.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UsageError("--run-dir", f"{self.path.parent} is already supervised by pid {holder}",
+                             f"stop that supervisor (oomguard stop --run-dir {shlex.quote(str(self.path.parent))}) "
+                             "or choose another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+NOT_RESUMED = "not_resumed"
+GLOB_UNMATCHED = "checkpoint_glob_unmatched"
+WARNING_EVENTS = (NOT_RESUMED, GLOB_UNMATCHED)
+MAX_WARNINGS = 20  # kept for status; the journal keeps every event
+GLOB_EVERY = 1.0  # seconds between looks at the globs and the look-alikes
+
+
+class WiringWatch:
+    """While the run goes: did each attempt resume where it was told to, and do the ``--checkpoint``
+    globs match what the script writes? (The start checks, ``run/preflight.py``, catch a checkpoint
+    nothing hands over.) Each is said at once and once: on the console, in the journal, in the meta's
+    ``warnings`` (status, the dashboard) and by the webhooks (``ops/hooks.py``):
+
+    - ``not_resumed`` (path, step, first_step, message): an attempt started from a checkpoint showed a
+      first step that is no resume; the report counts the steps really redone from it;
+    - ``checkpoint_glob_unmatched`` (globs, files, suggestion, message): the worker wrote a file that
+      looks like a checkpoint and no glob matches (said within a second of its appearing and of the
+      evidence that the worker wrote it: its ``save`` record, or the file open for writing), or the
+      globs match nothing while the script trains and writes nothing like one. A file another
+      process writes is never named.
+    """
+
+    def __init__(self, config: RunConfig, cwd: Path, run_dir: Path, say: Callable[[str], None],
+                 event: Callable[..., None], set_meta: Callable[..., None],
+                 pids: Callable[[], Sequence[int]] = tuple) -> None:
+        self.config = config
+        self.pids = pids  # the worker's processes, as last sampled: whose open files are its writes
+        self.cwd = cwd
+        self.run_dir = run_dir
+        self._say, self._event, self._set_meta = say, event, set_meta
+        self.warnings: list[dict[str, Any]] = []
+        self.lookalikes: LookalikeWatcher | None = None
+        self._attempt = 0
+        self._resume_said = False
+        self._problem_said = False
+        self._next_look = 0.0
+        self._first_step_wall: float | None = None
+        self._last_step: int | None = None
+        self._last_step_wall: float | None = None
+        self._matched = False  # the globs have matched a checkpoint
+        self._saves_taken = 0  # the attempt's save records handed to the look-alike watcher
+
+    def start(self, matched: bool) -> None:
+        """At the run's start: a new invocation's warnings start empty; look-alikes are watched
+        until one no glob matches is said."""
+        self._set_meta(warnings=[])
+        self._matched = matched
+        if self.config.checkpoints.globs:
+            outputs = output_dirs(self.config.command, self.cwd)
+            self.lookalikes = LookalikeWatcher(self.cwd, outputs, [self.run_dir], self.pids)
+            self.lookalikes.start()
+
+    def attempt_started(self, attempt: int, checkpoint: Checkpoint | None, watch: AttemptWatch) -> None:
+        self._attempt = attempt
+        self._resume_said = False
+        self._saves_taken = 0
+        self._first_step_wall = self._last_step = self._last_step_wall = None
+        if checkpoint is not None and checkpoint.step is not None:
+            watch.resume = ResumeCheck(checkpoint.path, checkpoint.step)
+
+    def tick(self, watch: AttemptWatch, index: CheckpointIndex) -> None:
+        """Every loop tick, and once more when the attempt has ended."""
+        self._check_resume(watch)
+        if self.lookalikes is not None:  # every tick: the next attempt's watch starts a new list
+            self.lookalikes.saved(watch.saved_paths[self._saves_taken:])
+            self._saves_taken = len(watch.saved_paths)
+        if self.lookalikes is not None and time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + GLOB_EVERY
+            self._check_globs(watch, index)
+
+    def stop(self) -> None:
+        if self.lookalikes is not None:
+            self.lookalikes.stop()
+            self.lookalikes = None
+
+    def _check_resume(self, watch: AttemptWatch) -> None:
+        verdict = watch.resume.verdict if watch.resume is not None and not self._resume_said else None
+        if verdict is None:
+            return
+        self._resume_said = True
+        if not verdict.resumed:
+            self._warn(NOT_RESUMED, verdict.message(resume_hint(self.config)), path=verdict.path,
+                       step=verdict.step, first_step=verdict.first_step)
+
+    def _check_globs(self, watch: AttemptWatch, index: CheckpointIndex) -> None:
+        assert self.lookalikes is not None
+        if self.lookalikes.problem and not self._problem_said:  # our own trouble: said once, never fatal
+            self._problem_said = True
+            self._say(f"the files the script writes cannot be watched ({self.lookalikes.problem}); a --checkpoint "
+                      "that matches nothing will only be said after 30 min of training")
+        now = time.time()
+        if watch.last_step is not None and watch.last_step != self._last_step:
+            self._last_step, self._last_step_wall = watch.last_step, now
+            self._first_step_wall = self._first_step_wall or now
+        seen = self.lookalikes.found()
+        found = sorted((f for f in seen if f.own), key=lambda f: f.written)  # only what the worker wrote
+        self._matched = self._matched or bool(index.refresh())
+        missing = missed(found, self.config.checkpoints.globs, self.cwd, self._matched, self._last_step_wall, now)
+        if missing:  # said at once, while the attempt that wrote it runs
+            message: str | None = missed_notice(self.config.checkpoints.globs, missing, self._matched, self.cwd)
+            found = missing
+        elif self._matched:  # the globs match what the script writes: nothing to say yet
+            return
+        else:
+            message = unmatched_notice(self.config.checkpoints.globs, self._first_step_wall, self._last_step, now,
+                                       self.cwd, self.lookalikes.roots, others=len(seen) > len(found))
+        if message is None:
+            return
+        files = [f.path for f in found]
+        self._warn(GLOB_UNMATCHED, message, globs=list(self.config.checkpoints.globs), files=files[-20:],
+                   suggestion=suggest_glob(files, self.cwd) if files else None)
+        self.stop()
+
+    def _warn(self, kind: str, message: str, **data: Any) -> None:
+        self._say(message)
+        self._event(kind, message=message, **data)
+        entry = {"kind": kind, "attempt": self._attempt, "message": message, "t": time.time()}
+        self.warnings = [*self.warnings, entry][-MAX_WARNINGS:]
+        self._set_meta(warnings=self.warnings)
+
+
+class ForecastBoard:
+    """The forecast in the journal's meta (status, dashboard, status line): rewritten at most every
+    ``every`` seconds while it holds, at once when it appears or goes."""
+
+    def __init__(self, set_meta: Callable[..., None], every: float = 5.0) -> None:
+        self._set_meta = set_meta
+        self.every = every
+        self._written = 0.0
+        self._shown = False
+
+    def show(self, found: Forecast | None) -> None:
+        now = time.monotonic()
+        if found is None and not self._shown:
+            return
+        if found is not None and self._shown and now - self._written < self.every:
+            return
+        self._written = now
+        self._shown = found is not None
+        self._set_meta(forecast=None if found is None else {
+            "text": found.text, "seconds_to_limit": round(found.seconds_to_limit, 1),
+            "bytes_per_s": round(found.per_s), "budget": found.budget, "limit": found.limit,
+            "move": found.move.value, "t": time.time()})
+
+    def clear(self) -> None:
+        """The attempt's forecast ends with it; the next attempt's first one is shown at once (not
+        held back by the last write), since attempts between planned restarts are short."""
+        self._shown = False
+        self._set_meta(forecast=None)
 
 
 # Which checkpoint an attempt resumes from: the newest valid one, with the step it holds.
