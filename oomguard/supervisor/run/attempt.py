@@ -51,9 +51,15 @@ from oomguard.supervisor.record.journal import write_atomic
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.memoryparts import memory_breakdown
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.process import (
+    OWN_CODE,
+    AttemptFiles,
+    WorkerProcess,
+    build_argv,
+    build_env,
+    placeholder_values,
+)
 from oomguard.supervisor.run.runparts import TICK, RunParts
-from oomguard.supervisor.run.runtime import OWN_CODE, AttemptFiles, build_argv, build_env, placeholder_values
 from oomguard.supervisor.sizing.memmodel import Fit
 from oomguard.supervisor.sizing.trend import ALLOCATOR, Forecast, Move, Reading, budgets, forecast, soonest, steady_rise
 

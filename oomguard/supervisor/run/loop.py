@@ -36,8 +36,8 @@ from oomguard.supervisor.record.picture import stopped_by
 from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
 from oomguard.supervisor.run.attempt import Attempt, TrendWatch, render
 from oomguard.supervisor.run.containment import remove_stale
+from oomguard.supervisor.run.process import AttemptFiles, alloc_conf, expandable_already
 from oomguard.supervisor.run.runparts import ControlFlags, Recorder, RunLock, RunParts
-from oomguard.supervisor.run.runtime import AttemptFiles, alloc_conf, expandable_already
 
 
 class Supervisor:

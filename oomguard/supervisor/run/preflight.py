@@ -43,7 +43,7 @@ from oomguard.supervisor.distributed import launcher, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, placeholder_values
+from oomguard.supervisor.run.process import AttemptFiles, build_argv, build_env, placeholder_values
 
 # How the training command gets its checkpoint, and the files it names: checked at start.
 #

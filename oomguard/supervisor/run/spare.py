@@ -45,8 +45,7 @@ from oomguard.supervisor.decide.sparepool import (
 )
 from oomguard.supervisor.observe.cgroup import SharedLimit, shared_limit
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
-from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
+from oomguard.supervisor.run.process import ALLOC_CONF_NAMES, LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
 
 BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
 SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first

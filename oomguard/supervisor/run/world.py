@@ -30,7 +30,7 @@ from oomguard.supervisor.lifecycle import Stop, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.logs import say as log
-from oomguard.supervisor.run.runtime import AttemptFiles
+from oomguard.supervisor.run.process import AttemptFiles
 
 Event = Callable[..., None]  # the loop's journal-and-listeners event: event(name, **data)
 

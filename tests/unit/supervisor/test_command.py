@@ -19,7 +19,7 @@ from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfi
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.status import format_status
 from oomguard.supervisor.run.preflight import notices
-from oomguard.supervisor.run.runtime import placeholder_values
+from oomguard.supervisor.run.process import placeholder_values
 
 NANOGPT_LINES = """
 ddp = int(os.environ.get('RANK', -1)) != -1

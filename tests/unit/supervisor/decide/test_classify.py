@@ -28,7 +28,7 @@ from oomguard.supervisor.distributed.errorfiles import RootCause
 from oomguard.supervisor.lifecycle import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.run.runtime import OWN_CODE
+from oomguard.supervisor.run.process import OWN_CODE
 from oomguard.supervisor.run.spare import BOOTSTRAP
 
 
