@@ -253,7 +253,7 @@ class Attempt:
             {Addition.SPARE} if spare else set())
         self.worker.start(parts.control.wake, spare.hand_over() if spare else None)
         self.handover_lost = spare.lost if spare else None
-        parts.sampler.cgroup = containment.reader()
+        parts.sampler.cgroup = containment.cgroup  # the sampler reads the worker's own
         parts.record.meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
         parts.record.guarded("spare", parts.spares.prepare, argv, env)
 

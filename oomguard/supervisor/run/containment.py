@@ -53,10 +53,6 @@ class Containment:
         """The file a process writes its pid to, to join the cgroup (the launcher does)."""
         return self.cgroup.procs if self.cgroup else None
 
-    def reader(self) -> MemoryCgroup | None:
-        """The cgroup the sampler reads (the worker's own), or None without one."""
-        return self.cgroup
-
     def exit_facts(self, returncode: int, watch: AttemptWatch, stop: Stop | None) -> ExitFacts:
         """Everything classification needs about how the attempt ended, and why oomguard stopped it."""
         cgroup = self.cgroup
@@ -90,7 +86,7 @@ def remove_stale(say: Callable[[str], None]) -> int:
         return 0
     for entry in entries:
         match = _STALE.match(entry.name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or psutil.pid_exists(int(match.group(1))):
             continue
         MemoryCgroup(entry, version).remove()
         if not entry.exists():
@@ -98,16 +94,6 @@ def remove_stale(say: Callable[[str], None]) -> int:
     if removed:
         say(f"removed {removed} memory cgroup(s) left by supervisors that were killed")
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Restart only onto free memory: before the next attempt, the last one's processes are gone and

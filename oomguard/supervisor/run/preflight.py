@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import NoReturn
 
 from oomguard.common import protocol
-from oomguard.supervisor.command import Carrier, check_edits, no_accumulation_line, parse_edit, total_warning, used
+from oomguard.supervisor.command import (
+    SHELLS,
+    Carrier,
+    check_edits,
+    no_accumulation_line,
+    parse_edit,
+    total_warning,
+    used,
+)
 from oomguard.supervisor.config import RunConfig, add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed import launcher, torchrun
@@ -65,7 +73,6 @@ CHECKPOINT_NAMES = frozenset({"checkpoint", "checkpoint_step"})
 LIBRARY_ENV = frozenset({"OOMGUARD_CHECKPOINT", "OOMGUARD_CHECKPOINT_STEP"})
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
 _PYTHON_VALUED = frozenset({"-W", "-X", "-Q"})  # the interpreter's options whose value is the next word
-_SHELLS = frozenset({"sh", "bash", "zsh", "dash"})
 # A file a script reads its settings from: nanoGPT's ``config/train_gpt2.py``, ``--config x.yaml``.
 CONFIG_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
 _CONFIG_OPTION = re.compile(r"^--?[\w.-]*(config|cfg|recipe|hparams)[\w.-]*$", re.IGNORECASE)
@@ -80,13 +87,6 @@ class Script:
     kind: str  # "file" (run by an interpreter), "program" (run itself) or "module"
     name: str  # as written in the command
     args: tuple[str, ...]  # the script's own arguments
-
-
-def check_wiring(config: RunConfig, cwd: Path) -> None:
-    """UsageError for a script or settings file that does not exist, or checkpoints nothing hands over."""
-    script = script_of(config.command)
-    check_files(script, cwd)
-    check_resume(config, script, cwd)
 
 
 # --- what the command runs --------------------------------------------------------------------
@@ -107,7 +107,7 @@ def script_of(command: Sequence[str]) -> Script | None:
     program, rest = command[0], list(command[1:])
     if _PYTHON.match(Path(program).name):
         return _python_script(rest)
-    if Path(program).name in _SHELLS and rest and not rest[0].startswith("-"):
+    if Path(program).name in SHELLS and rest and not rest[0].startswith("-"):
         return Script("file", rest[0], tuple(rest[1:]))
     if os.sep in program:  # ./train.sh: preflight checks that it exists and is executable
         return Script("program", program, tuple(rest))
@@ -120,7 +120,7 @@ def script_of(command: Sequence[str]) -> Script | None:
 def is_interpreter(program: str) -> bool:
     """python, pypy or a shell: a program whose code is elsewhere (a file, ``-c``, ``-m``)."""
     name = Path(program).name
-    return bool(_PYTHON.match(name)) or name in _SHELLS
+    return bool(_PYTHON.match(name)) or name in SHELLS
 
 
 def _python_script(words: list[str]) -> Script | None:
@@ -410,7 +410,9 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
         raise UsageError("COMMAND", f"cannot be rendered for a restart ({exc})",
                          "check the placeholders in the command, --resume-args and --fallback-args") from None
     _check_executable(argv[0], env, cwd or Path.cwd())
-    check_wiring(config, cwd or Path.cwd())  # the script exists, and something hands it its checkpoint
+    script = script_of(config.command)
+    check_files(script, cwd or Path.cwd())  # the script exists,
+    check_resume(config, script, cwd or Path.cwd())  # and something hands it its checkpoint
     check_steering(config, cwd or Path.cwd())  # and something hands it the batch
     return argv
 

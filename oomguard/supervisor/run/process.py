@@ -36,7 +36,7 @@ import psutil
 import oomguard
 from oomguard.common import protocol
 from oomguard.probe import SITE_DIR
-from oomguard.supervisor.command import render
+from oomguard.supervisor.command import SHELLS, render
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.classify import OwnCode
 from oomguard.supervisor.decide.policy import Plan
@@ -515,15 +515,12 @@ class WorkerProcess:
             self.exited.wait(3.0)
 
 
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
-
-
 def _through_shells(pid: int | None) -> int | None:
     """The process a wrapper shell runs (``bash -c 'cd x && python train.py'``): a shell with one
     child is not the training process, its child is."""
     try:
         proc = psutil.Process(pid) if pid is not None else None
-        while proc is not None and proc.name() in _SHELLS and len(children := proc.children()) == 1:
+        while proc is not None and proc.name() in SHELLS and len(children := proc.children()) == 1:
             proc = children[0]
         return proc.pid if proc is not None else None
     except psutil.Error:

@@ -459,28 +459,6 @@ class ResumePoints:
         return next((c["step"] for c in self.record.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
 
-class Chores:
-    """What every loop tick does besides watching the worker: the hooks' tickers, keeping the spares,
-    publishing what is degraded (for ``oomguard status``), thinning the journal's samples now and then."""
-
-    def __init__(self, tickers: list[Callable[[], object]]) -> None:
-        self.tickers = tickers
-        self._next_thin = time.monotonic() + THIN_EVERY
-        self._published = 0
-
-    def tick(self, parts: RunParts) -> None:
-        record = parts.record
-        for ticker in self.tickers:
-            record.guarded("tickers", ticker)  # an ops hook must never stop supervision
-        record.guarded("spare", parts.spares.tick)  # the reserve starts once the spare before it has imported
-        if record.degradations.version != self._published:
-            self._published = record.degradations.version
-            record.meta(degraded=record.degradations.active())
-        if time.monotonic() >= self._next_thin:
-            self._next_thin = time.monotonic() + THIN_EVERY
-            record.journal.thin_samples()
-
-
 @dataclass
 class RunParts:
     config: RunConfig  # replaced (not changed) when an addition of ours is turned off
@@ -496,11 +474,13 @@ class RunParts:
     spares: Spares
     wiring: WiringWatch
     board: ForecastBoard
-    chores: Chores
+    tickers: list[Callable[[], object]]  # called every loop tick (e.g. the systemd watchdog)
     last_sample: MemorySample | None = None
     probe_off: str | None = None  # why the probe is off since an attempt it failed (decide/ownfault.py)
     # what filled memory, per rank and attempt (observe/allocator.py; record/memoryparts.py words it)
     breakdowns: BreakdownWatch = field(default_factory=BreakdownWatch)
+    _next_thin: float = field(default_factory=lambda: time.monotonic() + THIN_EVERY)
+    _published: int = 0  # the degradations' version last put in the meta
 
     @classmethod
     def build(cls, config: RunConfig, plan: Plan, cwd: Path, record: Recorder, control: ControlFlags,
@@ -516,11 +496,22 @@ class RunParts:
         # the world: ranks and nodes; an elastic run's host takes a node back in after the next checkpoint
         world = World(config.dist_shape, config.distributed.peer_timeout, event, index, lambda: control.stopping)
         parts = cls(config, cwd, run_dir, record, control, ResumePoints(index, record, cwd), Sampler(), tuner, world,
-                    Handover(event, log), spares, wiring, ForecastBoard(meta), Chores(tickers))
+                    Handover(event, log), spares, wiring, ForecastBoard(meta), tickers)
         return parts
 
     def tick(self) -> None:
-        self.chores.tick(self)
+        """What every loop tick does besides watching the worker: the hooks' tickers, keeping the spares,
+        publishing what is degraded (for ``oomguard status``), thinning the journal's samples now and then."""
+        record = self.record
+        for ticker in self.tickers:
+            record.guarded("tickers", ticker)  # an ops hook must never stop supervision
+        record.guarded("spare", self.spares.tick)  # the reserve starts once the spare before it has imported
+        if record.degradations.version != self._published:
+            self._published = record.degradations.version
+            record.meta(degraded=record.degradations.active())
+        if time.monotonic() >= self._next_thin:
+            self._next_thin = time.monotonic() + THIN_EVERY
+            record.journal.thin_samples()
 
     def sleep(self, seconds: float) -> None:
         """Wait between attempts (a backoff), doing the chores, until a stop is asked for."""

@@ -228,11 +228,6 @@ class Spare:
                                       procs, "--", *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
 
-    def hurry(self) -> None:
-        """The next attempt is waiting for it: its threads back to a worker's priority (it imports
-        at nice SPARE_NICE only while an attempt runs beside it)."""
-        self.renice(0)
-
     def renice(self, nice: int) -> None:
         """Its interpreter's threads to ``nice`` above ours (a cold worker inherits ours)."""
         assert self.proc is not None
@@ -258,11 +253,7 @@ class Spare:
         """Its resident memory, launcher and interpreter together (bytes), once it has imported:
         what a reserve started like it will hold."""
         if self._size is None and self.proc is not None and self.is_ready():
-            try:
-                launcher = psutil.Process(self.proc.pid)
-                self._size = sum(p.memory_info().rss for p in (launcher, *launcher.children(recursive=True)))
-            except psutil.Error:
-                self._size = 0
+            self._size = self.rss()
         return self._size or 0
 
     def rss(self) -> int:
@@ -282,7 +273,7 @@ class Spare:
         hurried = 0.0
         while True:
             if time.monotonic() - hurried >= 0.25:  # again and again: a spare not yet started sets its own nice
-                self.hurry()
+                self.renice(0)  # the next attempt waits for it: back to a worker's priority
                 hurried = time.monotonic()
             if self.ready_file.exists():
                 try:
