@@ -4,13 +4,6 @@ config files. The typed config (``config.py``) checks it at start and the loop r
 attempt, so it sits below both.
 
 Tested in tests/unit/supervisor/test_command.py.
-
-Also here:
-
-- The program a command runs behind the wrappers that only set its limits, priority or placement,
-  and whether it is Python (``not_python``, for the probe's report).
-- How the training command hands the script its gradient accumulation, read once at start.
-- ``--edit FILE:KEY=VALUE``: the batch sizes of scripts that read them from a config file.
 """
 
 from __future__ import annotations

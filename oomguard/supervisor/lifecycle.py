@@ -121,7 +121,6 @@ class Ending(enum.Enum):
 # =====  ==========================================================  =============================
 
 
-EXIT_FINISHED = 0
 EXIT_GAVE_UP = 1  # run/loop.py's _dispatch, when the policy's decision is not to restart
 EXIT_USAGE = 2
 EXIT_UNFIXABLE = 3
@@ -160,16 +159,7 @@ def exit_text(exit_code: int | None, signal: int | None, returncode: int | None 
 # its memory budget is pushing the machine towards the kernel's OOM killer, and a hung one or one
 # whose peers are gone will not save anything, so those are not waited for long.
 GRACE_CAP: dict[StopReason, float | None] = {
-    StopReason.USER: None,
-    StopReason.RESTART: None,
-    StopReason.PLANNED: None,
-    StopReason.GROW: None,
-    StopReason.MODEL: None,
-    StopReason.SHUTDOWN: None,
-    StopReason.MEMORY: 5.0,
-    StopReason.HANG: 10.0,
-    StopReason.PEER: 10.0,
-}
+    **dict.fromkeys(StopReason), StopReason.MEMORY: 5.0, StopReason.HANG: 10.0, StopReason.PEER: 10.0}
 
 
 def grace(reason: StopReason, grace_period: float) -> float:

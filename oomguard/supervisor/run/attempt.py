@@ -2,18 +2,13 @@
 
 Tested in tests/e2e/test_outcome.py, tests/e2e/test_memory.py and tests/e2e/test_supervisor.py.
 
-``Attempt.start`` starts the worker (a spare interpreter's, when one is taken) in a fresh memory
-cgroup; ``Attempt.watch`` watches it until it exits and returns one ``Outcome``
-(``lifecycle.py``) for the loop to dispatch on. Every stop goes through ``Attempt.stop(reason)``,
-whose first reason is the attempt's; a restart planned for the next checkpoint, whatever planned it
-(the memory forecast, ``--grow``), is the attempt's one ``Pending`` until that checkpoint lands.
+Tested also in tests/unit/supervisor/run/test_attempt.py (the trend's judgements).
 
-Its memory while it runs (``sample``): each sample journaled and judged against the thresholds, the
-trend's forecast, and ``--grow``'s larger size; what they plan is the attempt's one ``Pending``.
-A reading over the hard threshold or ``--memory-limit`` stops the worker now; a forecast whose limit
-comes before the checkpoint after next plans a restart right after the next one (and asks for it
-when the limit is nearer); a stable stretch under ``--grow`` plans a larger micro-batch the model
-predicts fits, restarted at the next checkpoint so no work is lost.
+``Attempt.watch_to_end`` returns one ``Outcome`` (``lifecycle.py``) for the loop to dispatch on.
+Every stop goes through ``Attempt.stop(reason)``, whose first reason is the attempt's. A memory
+reading over the hard threshold or ``--memory-limit`` stops the worker now; a forecast whose limit
+comes before the checkpoint after next, or a stable stretch under ``--grow``, is the attempt's one
+``Pending``: a restart right after the next checkpoint, so no work is lost.
 """
 
 from __future__ import annotations

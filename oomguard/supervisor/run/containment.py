@@ -3,15 +3,12 @@
 The cgroup is what turns a kernel OOM kill into evidence: its ``oom_kill`` counter rises only for
 the worker's tree, and ``--memory-limit`` is enforced by the kernel there. Without one (no
 controller, not root) the machine-wide counter in /proc/vmstat is the fallback and the limit is
-enforced by watching RSS.
-
-Also here:
-
-- Restart only onto free memory: before the next attempt, the last one's processes are gone and
+enforced by watching RSS. ``Handover`` restarts only onto free memory (see below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -120,23 +117,19 @@ class AttemptProcesses:
 
     def add(self, procs: Iterable[psutil.Process]) -> None:
         for proc in procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 self.seen.setdefault(proc.pid, proc.create_time())
-            except psutil.Error:
-                continue
 
     def alive(self, extra: Iterable[int] = ()) -> list[psutil.Process]:
         """Those still running (zombies aside), plus ``extra`` pids (the cgroup's members)."""
         out = []
         for pid in {*self.seen, *extra}:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
                 if pid in self.seen and abs(proc.create_time() - self.seen[pid]) > 0.01:
                     continue  # the pid now belongs to someone else
                 if proc.status() != psutil.STATUS_ZOMBIE:
                     out.append(proc)
-            except psutil.Error:
-                continue
         return out
 
 
@@ -144,11 +137,9 @@ def end(procs: Iterable[psutil.Process]) -> list[str]:
     """SIGKILL the old attempt's leftovers (its worker already exited: nothing to save); their names."""
     named = []
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error, OSError):
             named.append(f"{proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})")
             os.kill(proc.pid, signal.SIGKILL)
-        except (psutil.Error, OSError):
-            continue
     psutil.wait_procs(list(procs), timeout=5)
     return named
 

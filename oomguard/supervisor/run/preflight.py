@@ -1,22 +1,12 @@
 """Find at start what would otherwise fail at 3 a.m.: render every later attempt once, now.
 
-The first restart is the moment oomguard exists for, and the first time ``--resume-args`` and the
-fallbacks are rendered: an unbalanced quote there used to crash the supervisor then, hours in.
-``check`` renders the command exactly as a restart from a checkpoint with every fallback applied
-would (sample values with spaces and quotes in the checkpoint path), builds that attempt's
-environment, and checks that the command can be started at all (it exists and is executable), that
-the script and its settings files exist and that a watched checkpoint reaches the script
-(``run/preflight.py``), so each of these is one line and exit 2 before anything runs.
-
-``notices`` are the lines said at start about forms that run but not as a reader might think: a
-script that cannot accumulate, a script given the per-rank accumulation where it takes the total,
-an ``accelerate launch`` that starts fewer processes than it names.
-
-Also here:
-
-- Whether oomguard can steer the command at all: checked at start.
-- How the training command gets its checkpoint, and the files it names: checked at start.
-- Reading ``oomguard run``'s arguments outside ``oomguard run``, and saying what a mistyped line meant.
+The first restart is the first time ``--resume-args`` and the fallbacks are rendered: an unbalanced
+quote there used to crash the supervisor hours in. ``check`` renders the command as a restart from a
+checkpoint with every fallback applied would (a checkpoint path with spaces and quotes), builds its
+environment, and checks that the command can be started, that the script and its settings files
+exist, that a watched checkpoint reaches the script and that the batch does: each one line and
+exit 2 before anything runs. ``notices`` are the lines said at start about forms that run but not
+as a reader might think (no accumulation, nanoGPT's total, a short ``accelerate launch``).
 """
 
 from __future__ import annotations

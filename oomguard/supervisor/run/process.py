@@ -5,17 +5,13 @@ Tested in tests/unit/supervisor/run/test_process.py, tests/e2e/test_operator.py 
 tests/e2e/faults/test_output.py.
 
 The worker runs under ``launch.py`` in a session of its own, so one ``killpg`` reaches the whole
-tree. Its merged stdout/stderr is drained in chunks as it streams (``pump.OutputPump``), passed to the
+tree. Its merged stdout/stderr is drained in chunks as it streams (``OutputPump``), passed to the
 console untouched, appended to the attempt's log file and cut into lines for the loop's line callback.
-
-Also here:
-
-- The output thread: drains the worker's pipe, whatever else fails.
-- Cutting the worker's output stream into lines, cheaply and with a bound, as journald does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -529,12 +525,10 @@ def _through_shells(pid: int | None) -> int | None:
 
 def catches(pid: int, sig: signal.Signals) -> bool:
     """Does the process have a handler for ``sig``? (the SigCgt mask in /proc/PID/status)"""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("SigCgt:"):
                 return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except OSError:
-        pass
     return False
 
 

@@ -3,17 +3,11 @@
 Tested in tests/e2e/test_outcome.py (bad checkpoints, resume points, plan changes, stops),
 tests/e2e/test_supervisor.py, tests/e2e/test_operator.py and tests/e2e/test_wiring.py.
 
-The loop builds one ``RunParts`` and hands it to each attempt (``run/attempt.py``): the configuration,
-the journal's ``Recorder``, the ``ControlFlags``, the observers (checkpoints, memory, wiring) and the
-actors (spares, the handover between attempts, the other nodes), and the memory knowledge.
-
-The loop and ``run/attempt.py`` say what happened through the ``Recorder``, never through the journal
-directly: an event goes to the journal under the attempt in progress and to the listeners (hooks, the
-dashboard), whose failures are a degradation and never the run's end (``guarded``).
-
-Signal handlers and the web server's threads only set a flag in ``ControlFlags`` and wake the loop
-(uvicorn's rule); the loop reads the flags at its next tick and acts. A second SIGINT/SIGTERM forces
-the stop: the worker's grace period is cut short.
+The loop builds one ``RunParts`` and hands it to each attempt (``run/attempt.py``): the config, the
+``Recorder`` (every journal write, and the listeners told of each event; their failures are a
+degradation, never the run's end), the ``ControlFlags`` (signals and the dashboard only set a flag and
+wake the loop, uvicorn's rule; a second SIGINT/SIGTERM cuts the grace period short), the observers
+(checkpoints, memory, wiring), the actors (spares, the handover, the other nodes) and the memory knowledge.
 """
 
 from __future__ import annotations

@@ -1,22 +1,19 @@
 """A spare worker interpreter: started while an attempt runs, it has imported the script's heavy
 modules (torch, transformers, lightning) by the time the attempt ends, and becomes the next worker.
 
-Only for ``python [flags] script.py ...``: a launcher that starts its own workers (torchrun,
-accelerate launch, deepspeed), ``python -m``, ``-c`` and non-Python commands start cold. The spare runs
-under ``launch.py`` like a worker (its own session, death with the supervisor, a memory cgroup of
-its own that becomes the next attempt's), at a lower CPU priority and the highest OOM score, so the
-running attempt loses as little as can be. It never initializes CUDA (``sparestart.py``), and is
-used only when the next attempt's interpreter, flags, script and environment are the ones it was
-started with; only oomguard's per-attempt variables and the allocator settings (read at the first
-CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
-starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
-holds would be the worker's. Beside the next attempt's spare, a reserve for the attempt after it
-(``decide/sparepool.py``), so that back-to-back OOMs do not outrun the spares.
+Only for ``python [flags] script.py ...`` (a launcher, ``-m``, ``-c`` start cold). It runs under
+``launch.py`` like a worker, in a memory cgroup of its own that becomes the next attempt's, at a lower
+CPU priority and the highest OOM score, never initializes CUDA (``sparestart.py``), and is used only
+when the next attempt's interpreter, flags, script and environment (but oomguard's per-attempt
+variables and the allocator settings) are the ones it was started with; else the worker starts cold.
+After a kernel OOM kill of the worker, no more spares: their memory would be the worker's. Beside
+the next attempt's spare, a reserve (``decide/sparepool.py``) so back-to-back OOMs do not outrun them.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import resource
@@ -239,10 +236,8 @@ class Spare:
         value = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         for pid in pids:
             for tid in _threads(pid):
-                try:
+                with contextlib.suppress(OSError):
                     os.setpriority(os.PRIO_PROCESS, tid, value)
-                except OSError:
-                    continue
         self.nice, self.settled = nice, ready
 
     def is_ready(self) -> bool:
@@ -299,17 +294,14 @@ class Spare:
                 "script": os.path.abspath(self.cwd / target.script), "path0": path0(target.script, self.cwd),
                 "nice": nice, "oom_score_adj": self.worker_adj}
         self.lost = self._gone()  # the script will not run: what ends this attempt is the spare's, not its
-        try:  # the launcher back to a worker's OOM score too (it is the spare's parent)
+        with contextlib.suppress(OSError):  # the launcher back to a worker's OOM score too (it is the spare's parent)
             Path(f"/proc/{self.proc.pid}/oom_score_adj").write_text(str(self.worker_adj))
-        except OSError:
-            pass
         self.ready_file.unlink(missing_ok=True)
         pipe, self.proc.stdin = self.proc.stdin, None  # a worker has no stdin of ours
-        try:
+        # it died since it was ready: the worker's watcher sees its exit as an attempt's
+        with contextlib.suppress(OSError):
             pipe.write(json.dumps(spec).encode())
             pipe.close()
-        except OSError:  # it died since it was ready: the worker's watcher sees its exit as an attempt's
-            pass
         return self.proc
 
     def _gone(self) -> str | None:
@@ -333,14 +325,10 @@ class Spare:
             # Only while it is not reaped: a reaped leader's pid, and so its group's id, may belong to
             # another process by now; what is left of a reaped spare dies with its cgroup below.
             if self.proc.returncode is None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
             for pipe in (self.proc.stdin, self.proc.stdout):
                 if pipe is not None:
                     pipe.close()
