@@ -99,10 +99,8 @@ def unwrap(command: Sequence[str]) -> list[str]:
 
 
 def not_python(command: list[str] | tuple[str, ...]) -> str | None:
-    """Why the command is not a Python program (the program it runs behind its wrappers, ``prlimit``,
-    ``env``, ``nice``, ``taskset``, ``numactl``, ``bash -c``, is no interpreter and its file has no
-    python shebang), or None when it is or cannot be told. A shell script may still start Python:
-    its processes get the probe all the same."""
+    """Why the command (behind its wrappers) is not a Python program, or None when it is or cannot be
+    told; a shell script may still start Python, whose processes get the probe all the same."""
     argv = unwrap(command)
     if not argv:
         return None

@@ -65,11 +65,8 @@ def check_transition(old: RunState, new: RunState) -> None:
 
 
 class StopReason(enum.Enum):
-    """Why oomguard stopped a worker: given to the one call that stops it, kept as a journal column.
-
-    Each reason has its own grace period (``GRACE_CAP``): a worker stopped for a restart is
-    asked to save first, one that broke the memory budget or hung is not waited for long.
-    """
+    """Why oomguard stopped a worker: given to the one call that stops it, kept as a journal column; each
+    reason has its grace (``GRACE_CAP``)."""
 
     USER = "user"  # SIGINT/SIGTERM to oomguard, or `oomguard stop`
     RESTART = "restart_requested"  # `oomguard restart` or the dashboard's restart button
@@ -83,12 +80,8 @@ class StopReason(enum.Enum):
 
 
 class Ending(enum.Enum):
-    """How one attempt ended: the value the attempt returns and the loop dispatches on.
-
-    FINISHED and the failures go to the policy (FAILED, HANG and PEER_STOPPED carry a verdict);
-    STOPPED is the user's and never a failure; PLANNED_RESTART and GROW restart at once with no
-    failure; INTERRUPTED is written by a later supervisor for an attempt whose supervisor died.
-    """
+    """How one attempt ended, dispatched on by the loop. FAILED, HANG and PEER_STOPPED are failures;
+    INTERRUPTED is written by a later supervisor for an attempt whose supervisor died."""
 
     FINISHED = "finished"
     FAILED = "failed"
@@ -178,9 +171,8 @@ class Stop:
 
 @dataclass(frozen=True)
 class Pending:
-    """A restart planned for right after the next checkpoint, whatever its reason: the memory
-    forecast's (``StopReason.PLANNED``) or ``--grow``'s (``StopReason.GROW``, with the size). An
-    attempt holds at most one; when the checkpoint lands it becomes the attempt's ``Stop``."""
+    """A restart planned for right after the next checkpoint: the forecast's (PLANNED) or ``--grow``'s
+    (GROW, with the size); at most one per attempt, its ``Stop`` once the checkpoint lands."""
 
     reason: StopReason
     detail: str
@@ -213,9 +205,8 @@ class Outcome:
 
 
 def ending_of(stop: Stop | None, verdict: Verdict, user_stopped: bool) -> Ending:
-    """The one value for how an attempt ended. The user's stop wins over everything (a Ctrl-C while a
-    planned restart is under way ends the run); a restart oomguard asked for is no failure whatever
-    the worker exited with (a script that saves on SIGTERM may exit 0 or 143)."""
+    """The user's stop wins over everything; a restart oomguard asked for is no failure whatever the
+    worker exited with (a script that saves on SIGTERM may exit 0 or 143)."""
     if user_stopped or (stop is not None and stop.reason is StopReason.USER):
         return Ending.STOPPED
     if stop is not None and stop.reason in (StopReason.PLANNED, StopReason.RESTART):

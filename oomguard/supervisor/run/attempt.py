@@ -137,11 +137,8 @@ class TrendWatch:
     def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
                   kind: FailureKind | None = None, failed_at: float | None = None,
                   earlier: Sequence[Plateau] = ()) -> Attribution:
-        """The cause of this attempt's memory failure, from the series that matters: the allocator's
-        step peaks where the probe reports them, else the GPU's when there is one, else the worker
-        tree's RSS; measured against the limit a failure of ``kind`` hit at ``failed_at`` (monotonic),
-        or, under RLIMIT_AS, told in the probe's figures at the failure. Without a kind (a planned
-        restart) there is no failure for the trend to explain, and the readings are no lower bounds."""
+        """The cause of this attempt's memory failure (``_own``'s series) against the limit a failure of
+        ``kind`` hit; without a kind (a planned restart) the readings are no lower bounds."""
         seen = self.readings(kind, failed_at, evidence)
         return attribute(list(seen.series), evidence, micro_batch, seen.name, model, seen.limit, earlier,
                          failed=kind is not None)
@@ -163,11 +160,8 @@ class TrendWatch:
 
     def limit(self, kind: FailureKind | None, failed_at: float | None = None,
               capacity: int | None = None) -> Limit | None:
-        """The limit a failure of ``kind`` hit, with the readings counted against it. A CUDA OOM
-        message that allows the process less than the device (a per-process memory fraction, which
-        NVML cannot see) names the limit itself: the process's own GPU memory is measured against it.
-        Where the probe reports the allocator's step peaks, a CUDA OOM is measured on them, against
-        the limit the allocator may reach."""
+        """The limit a failure of ``kind`` hit, with its readings: the allocator's where the probe reports
+        step peaks; a CUDA OOM's own per-process ``capacity`` (NVML cannot see it); else LIMIT_OF's."""
         if kind is FailureKind.CUDA_OOM and self.series.get(ALLOCATOR) and self.limits.get(ALLOCATOR):
             return Limit(ALLOCATOR, self.limits[ALLOCATOR], self.series[ALLOCATOR], failed_at)
         if kind is FailureKind.CUDA_OOM and capacity and self.series.get("GPU memory"):
@@ -312,10 +306,8 @@ class Attempt:
 
     def stop(self, reason: StopReason, detail: str, grow_to: int | None = None,
              first: Callable[[], object] | None = None) -> None:
-        """The one way oomguard stops a worker: the first reason is the attempt's (kept in the journal),
-        its grace period is the reason's (``lifecycle.grace``), a second Ctrl-C cuts it short.
-        ``first`` runs once the reason is recorded and before the SIGTERM (a hang's stack dump, whose
-        signal may itself end the worker)."""
+        """The one way oomguard stops a worker: the first reason is the attempt's, the grace the reason's
+        (``lifecycle.grace``); ``first`` runs before the SIGTERM (a hang's stack dump)."""
         self._stop(Stop(reason, detail, grow_to), first)
 
     def _stop(self, stop: Stop, first: Callable[[], object] | None = None) -> None:
@@ -330,9 +322,8 @@ class Attempt:
         worker.stop(grace(stop.reason, parts.config.liveness.grace_period), lambda: parts.control.forced)
 
     def plan_restart(self, pending: Pending) -> bool:
-        """Restart right after the next checkpoint. One restart is planned at a time: the forecast's
-        replaces a planned grow (memory is rising: a larger batch would meet the limit sooner), and a
-        grow is not planned while a restart is. False when it was not planned."""
+        """Restart right after the next checkpoint; one at a time: the forecast's replaces a planned grow
+        (memory is rising), a grow waits while a restart is planned. False when not planned."""
         if self.pending is not None and not (pending.reason is StopReason.PLANNED
                                              and self.pending.reason is not StopReason.PLANNED):
             return False
@@ -340,8 +331,7 @@ class Attempt:
         return True
 
     def _checkpoint_landed(self, path: str | None) -> None:
-        """Carry out the planned restart: stop the worker (a SIGTERM a preemption-aware script
-        answers by saving) right after a checkpoint."""
+        """Carry out the planned restart right after a checkpoint."""
         if self.pending is not None:
             self._stop(self.pending.stop(path))
 
@@ -361,11 +351,8 @@ class Attempt:
                 self._model_seen(model)
 
     def _model_seen(self, model: ModelPrint) -> None:
-        """The probe's model against the fit store's record (``SizeTuner.model_seen``): another model
-        is said once, journaled with both parameter counts, and where the record made this run start
-        below the size asked for, the worker is restarted there now (a larger micro-batch, the global
-        batch kept: the ``--grow`` path). With several nodes each node's store may hold its own
-        record, so the run goes on and only the record is replaced."""
+        """The probe's model against the fit store's record: another model is said and journaled once; where
+        the record made this run start small, one node restarts at the size asked for (the --grow path)."""
         parts = self.parts
         change = parts.tuner.model_seen(model, self.plan.batch.micro_batch)
         if change is None:
@@ -411,8 +398,7 @@ class Attempt:
         return evidence
 
     def ask_for_checkpoint(self, why: str) -> None:
-        """The request file is always written (scripts poll it); the signal only goes to a worker
-        that handles it."""
+        """The request file is always written (scripts poll it); the signal only to a worker that handles it."""
         assert self.worker is not None
         write_atomic(self.files.checkpoint_request, f"{time.time()} {why}\n")
         sig = signal.Signals[self.parts.config.checkpoints.signal]

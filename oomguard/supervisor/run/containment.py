@@ -203,8 +203,8 @@ class Handover:
             self.containment.remove()
 
     def _settle(self, gpu: GpuMonitor | None, timeout: float) -> None:
-        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
-        memory freed; note the level every device is at before the next attempt."""
+        """End the last attempt's leftovers, wait (bounded) for NVML to show its GPU memory freed, and note
+        each device's level before the next attempt."""
         containment = self.containment
         cgroup = containment.cgroup if containment is not None else None
         leftovers = self.procs.alive(cgroup.pids() if cgroup is not None else [])

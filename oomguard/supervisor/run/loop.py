@@ -240,8 +240,7 @@ class Supervisor:
         self._transition(RunState.STARTING, change.reason)
 
     def _restart_planned(self, outcome: Outcome) -> None:
-        """The worker was stopped right after a checkpoint, because the forecast put the limit before
-        the checkpoint after it (or the user asked for a restart): the same size, no failure."""
+        """Stopped right after a checkpoint for the forecast (or the user's restart): same size, no failure."""
         reason = outcome.stop.detail if outcome.stop else "planned restart"
         if (leak := self.trend.planned_restart(self.plan.batch.micro_batch)) is not None:
             self.record.event("attribution", **leak.as_dict(), planned=True)

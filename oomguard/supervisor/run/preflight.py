@@ -147,9 +147,8 @@ def check_files(script: Script | None, cwd: Path) -> None:
 
 
 def settings_files(args: Sequence[str]) -> Iterator[str]:
-    """Arguments that name a settings file the script reads: a positional ``config/x.py`` or
-    ``x.yaml``, or the value of an option named like ``--config``. An output file
-    (``--output out.json``) is not one: it need not exist yet."""
+    """Arguments that name a settings file the script reads (``config/x.py``, ``x.yaml``, the value of
+    ``--config``); an output file (``--output out.json``) need not exist yet."""
     previous: str | None = None
     for word in args:
         option, eq, value = word.partition("=")
@@ -244,9 +243,8 @@ def _module_file(name: str, search: list[str]) -> Path | None:
 
 
 def uses_worker_library(source: Path, cwd: Path, names: frozenset[str] = LIBRARY_ENV) -> bool:
-    """Does the script, or one of the user's own modules it imports, import oomguard or read one of
-    ``names`` (its checkpoint variables)? Modules outside the script's directory and ``cwd`` are not
-    followed."""
+    """Does the script, or one of the user's own modules it imports (under its directory or ``cwd``),
+    import oomguard or read one of ``names``?"""
     roots = {source.parent.resolve(), cwd.resolve()}
     queue, seen = [source.resolve()], set[Path]()
     while queue and len(seen) < _MAX_SOURCES:
@@ -311,8 +309,7 @@ def _local(name: str, importer: Path, roots: set[Path]) -> Path | None:
 
 
 def resume_hint(config: RunConfig) -> str:
-    """What to check when an attempt did not resume from the checkpoint it was started with: the
-    way this run hands it over."""
+    """What to check when an attempt did not resume from its checkpoint, for this run's hand-over."""
     if config.checkpoints.resume_args:
         return "check --resume-args"
     if used(config.command) & CHECKPOINT_NAMES:
@@ -387,8 +384,7 @@ SAMPLE_CHECKPOINT = "/tmp/a run's dir/ckpt step-100.pt"  # a space and a quote: 
 
 
 def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
-    """The argv of a restart from a checkpoint with every fallback applied; UsageError if any of
-    it cannot be rendered or started."""
+    """The argv of a restart from a checkpoint with every fallback; UsageError if it cannot be run."""
     _check_splits(config)
     plan = Plan(config.initial_plan, True, len(config.batch.fallback_args))
     sample = Checkpoint(SAMPLE_CHECKPOINT, 100, 0.0, 1)
@@ -475,9 +471,8 @@ def looks_like_command(word: str) -> bool:
 
 def unrecognized(extras: Sequence[str], flags: Iterable[str], subcommand: str | None,
                  typed: Sequence[str] = ()) -> str:
-    """The one-line message for arguments argparse did not take; ``typed`` is every word the user
-    gave the subcommand, so the suggested line keeps the script's flags argparse took as oomguard's
-    (``--grad-accum {grad_accum}``, ``--port 9000``)."""
+    """The one-line message for arguments argparse did not take; ``typed``, every word given the
+    subcommand, so the suggested line keeps the script's flags argparse took as oomguard's."""
     text = f"unrecognized arguments: {' '.join(extras)}"
     first = extras[0]
     if subcommand in ("run", "service") and looks_like_command(first):
@@ -539,9 +534,8 @@ def _command_start(typed: Sequence[str], parser: argparse.ArgumentParser) -> int
 
 
 class OptionParser(argparse.ArgumentParser):
-    """The one parser of oomguard's command lines (the CLI's, and ``oomguard run``'s options read by
-    ``oomguard service``): the fragment options joined, and a usage error raised as one UsageError
-    line that names the problem and where to look (the CLI prints it and exits 2)."""
+    """The one parser of oomguard's command lines (the CLI's, and ``oomguard service``'s reading of ``run``'s):
+    fragment options joined, a usage error raised as one UsageError line (the CLI exits 2)."""
 
     typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
     command: str | None = None  # where it reads one command's options alone: whose line a suggestion repeats

@@ -330,9 +330,8 @@ def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files
 
 
 def with_probe(pythonpath: str) -> str:
-    """The worker's PYTHONPATH with the probe's sitecustomize directory first: every Python process
-    it starts (torchrun's and accelerate's ranks, data-loader workers) inherits it (docs/probe.md).
-    The directory holds only sitecustomize.py, which runs the user's own one, so first shadows nothing."""
+    """The worker's PYTHONPATH with the probe's sitecustomize directory first, inherited by every Python
+    process it starts (docs/probe.md); it holds only sitecustomize.py, which runs the user's own."""
     rest = [entry for entry in pythonpath.split(os.pathsep) if entry and entry != SITE_DIR]
     return os.pathsep.join([SITE_DIR, *rest])
 
@@ -393,8 +392,7 @@ class WorkerProcess:
         return self._proc.pid
 
     def start(self, wake: threading.Event, spare: subprocess.Popen[bytes] | None = None) -> None:
-        """Start the worker under its launcher, or watch ``spare``: a spare interpreter (its
-        launcher) just handed this attempt (``run/spare.py``)."""
+        """Start the worker under its launcher, or watch ``spare``, a spare's launcher just handed over."""
         launch = [sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(worker_oom_score_adj()),
                   str(self.cgroup_procs) if self.cgroup_procs else "-", "--", *self.argv]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -471,8 +469,7 @@ class WorkerProcess:
             return False
 
     def stop(self, grace: float, interrupted: Callable[[], bool] = lambda: False) -> None:
-        """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL; ``interrupted`` cuts the
-        wait short (a second Ctrl-C)."""
+        """SIGTERM the group, wait up to ``grace`` s (or until ``interrupted``: a second Ctrl-C), SIGKILL."""
         try:
             self.signal_group(signal.SIGTERM)
             deadline = time.monotonic() + grace

@@ -143,8 +143,7 @@ class Recorder:
                                  peak_allocated=watch.allocator.allocated_peak, **facts)
 
     def close_interrupted(self, say: Callable[[str], None]) -> None:
-        """Attempts a killed supervisor left open (``ended`` NULL) are closed as interrupted, timed by
-        their own last event."""
+        """Attempts a killed supervisor left open are closed as interrupted, timed by their last event."""
         stops = self.journal.event_data("stop_requested")  # the user had asked this attempt to stop
         for row in self.journal.attempts():
             if row["ended"] is None:
@@ -364,8 +363,7 @@ class WiringWatch:
 
 
 class ForecastBoard:
-    """The forecast in the journal's meta (status, dashboard, status line): rewritten at most every
-    ``every`` seconds while it holds, at once when it appears or goes."""
+    """The forecast in the meta: rewritten at most every ``every`` seconds, at once when it appears or goes."""
 
     def __init__(self, set_meta: Callable[..., None], every: float = 5.0) -> None:
         self._set_meta = set_meta
@@ -421,9 +419,8 @@ class ResumePoints:
         return checkpoint
 
     def bad(self) -> set[str]:
-        """The checkpoints still bad. A mark is for one write: a script that resumed from the one
-        before rewrites the torn file whole when it gets there again (same name, newer mtime), and
-        that write is judged on its own; keeping the mark would resume from an older one for ever."""
+        """The checkpoints still bad. A mark is for one write: a torn file rewritten whole (newer mtime) is
+        judged on its own, or the run would resume from an older one for ever."""
         bad = set()
         for path, marked in self.record.journal.bad_marks().items():
             try:
@@ -448,8 +445,7 @@ class ResumePoints:
         return found
 
     def _step_from_journal(self, checkpoint: Checkpoint) -> int | None:
-        """The step journaled for a checkpoint the index knows none for (its evidence was seen by an
-        earlier supervisor on this run directory: a save record, the output when it was written)."""
+        """The step an earlier supervisor on this run directory journaled for the checkpoint."""
         return next((c["step"] for c in self.record.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
 

@@ -149,9 +149,8 @@ def heavy_imports(script: Path) -> list[str]:
 
 
 def _imports(tree: ast.AST) -> list[str]:
-    """The imports every run executes: at module level (in its ifs, trys and classes too), not in
-    functions, which may never be called: a module the script would not import must not be in the
-    worker (its memory, its side effects)."""
+    """The imports every run executes: at module level, not in functions, which may never be called (a
+    module the script would not import must not be in the worker)."""
     items = []
     todo = [tree]
     while todo:
@@ -245,8 +244,7 @@ class Spare:
         return self.ready_file.exists()
 
     def size(self) -> int:
-        """Its resident memory, launcher and interpreter together (bytes), once it has imported:
-        what a reserve started like it will hold."""
+        """Its ``rss`` once it has imported: what a reserve started like it will hold."""
         if self._size is None and self.proc is not None and self.is_ready():
             self._size = self.rss()
         return self._size or 0
@@ -343,11 +341,8 @@ def host_memory() -> tuple[int, int]:
 
 
 class Spares:
-    """The run's spare interpreters, oldest first: the next attempt's, and a reserve for the one
-    after (``decide/sparepool.py`` says when to start one). Each attempt takes the oldest that fits
-    it, or none; one that cannot fit is discarded. ``event`` is the loop's journal-and-listeners
-    call; ``memory`` (available, total) and ``limit`` (the cgroup limit above the worker and the
-    spares) seams for the tests; ``say`` puts why a spare is held back where status reads it."""
+    """The run's spare interpreters, oldest first: the next attempt's, and a reserve (``decide/sparepool.py``
+    says when). ``memory`` and ``limit`` are seams for the tests; ``say`` puts why one is held back in status."""
 
     def __init__(self, enabled: bool, run_dir: Path, cwd: Path, memory_limit: int | None,
                  event: Callable[..., None], memory: Callable[[], tuple[int, int]] = host_memory,
@@ -378,8 +373,7 @@ class Spares:
         return self.pool[0] if self.pool else None
 
     def prepare(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        """Start a spare for the next attempt of this command (none when it cannot have one); the
-        ticks that follow add the reserve."""
+        """Start a spare for the next attempt of this command, where it can have one."""
         target = target_of(argv)
         if not self.enabled or isinstance(target, str) or not runs_as_file(self.cwd / target.script):
             self._command = None
@@ -389,10 +383,8 @@ class Spares:
         self._fill(reserve=False)
 
     def tick(self) -> None:
-        """Every loop tick: drop a spare the kernel killed, and the newest when the worker has grown
-        into its room under the limit that holds them; drop the reserve when the host's memory runs
-        short, raise it to a spare's priority once the spare before it has imported, start one when
-        the policy says."""
+        """Every loop tick: drop a spare the kernel killed, the newest when the worker grew into its room, the
+        reserve when the host runs short; raise a reserve once the spare before it imported; start more."""
         if not self.enabled or self._command is None:
             return
         if self._gone() or self._over_budget():
@@ -415,9 +407,8 @@ class Spares:
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 
     def observe(self, now: int, trained: bool, pids: Sequence[int] = ()) -> None:
-        """The worker's memory at a sample (its cgroup's working set, else its RSS); ``trained``: an
-        attempt of this run has taken a step, so the highest figure seen is its peak. ``pids``, the
-        worker's processes, get the OOM score that keeps the kernel taking a spare first."""
+        """The worker's memory at a sample; ``trained``: a step was taken, so the highest figure is its peak.
+        ``pids`` get the OOM score that keeps the kernel taking a spare first."""
         peak = max(now, self.worker.peak or 0, self._seen)
         self._seen = peak
         self._trained = self._trained or trained
@@ -426,8 +417,7 @@ class Spares:
             self._score(pids)
 
     def _score(self, pids: Sequence[int]) -> None:
-        """Each worker process's oom_score_adj: below a spare's by enough that the kernel takes a
-        spare first (``worker_score``), back to a worker's usual score once none is held. Where it
+        """Each worker process's oom_score_adj below a spare's (``worker_score``) while one is held; where it
         cannot be lowered, no spares for the run: the kernel could end the worker in a spare's place."""
         sizes = [spare.rss() for spare in self.pool]
         own = worker_oom_score_adj() - WORKER_OOM_SCORE_ADJ
@@ -540,9 +530,8 @@ class Spares:
         return True
 
     def _spare_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The attempt's environment without its per-attempt variables, but with a channel of the
-        spare's own: the probe's sitecustomize (docs/probe.md) loads only where OOMGUARD_EVENTS is
-        set, and reads it again at each record, so after the handover it writes to the attempt's."""
+        """The attempt's environment without its per-attempt variables, but with a channel of the spare's own:
+        the probe loads only where OOMGUARD_EVENTS is set, and rereads it, so it follows the handover."""
         spare_env = {k: v for k, v in env.items() if not k.startswith("OOMGUARD_")}
         if env.get(protocol.ENV_EVENTS):
             spare_env[protocol.ENV_EVENTS] = str(self.dir / f"events-{self._made}.jsonl")
@@ -593,10 +582,8 @@ class Spares:
             self._event("spare_reserve_off", why="a spare was killed while it waited")
 
     def after_failure(self, kind: FailureKind, sig: int | None) -> None:
-        """The kernel's OOM killer ended the worker: memory shared with the spares ran out, and a
-        spare's imports (hundreds of MB with torch) would take from the worker and so change what
-        fits; every later attempt starts cold. (An allocator's own failure, RLIMIT_AS, or
-        ``--memory-limit`` on the worker's cgroup are the worker's alone: the spares are not in them.)"""
+        """The kernel's OOM killer ended the worker: memory shared with the spares ran out, so every later
+        attempt starts cold (RLIMIT_AS or --memory-limit on the worker's cgroup are the worker's alone)."""
         if self.enabled and kind is FailureKind.HOST_OOM and sig == signal.SIGKILL:
             self.enabled = False
             had_spares = bool(self.pool) or self._command is not None  # none for a launcher's command
@@ -606,8 +593,7 @@ class Spares:
                             why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def turn_off(self) -> None:
-        """A spare's handover failed an attempt (decide/classify.py): every later attempt starts cold,
-        as with --no-spare; the loop journals why."""
+        """A spare's handover failed an attempt: every later one starts cold, as with --no-spare."""
         self.enabled = False
         self._command = None
         self.discard()

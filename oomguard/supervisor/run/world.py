@@ -85,8 +85,7 @@ class World:
         return plan, checkpoint, True
 
     def command(self, argv: list[str], env: dict[str, str], files: AttemptFiles, attempt: int) -> list[str]:
-        """With ranks: the attempt's torchrun argv and the environment torchrun passes on; a
-        single-process run keeps its argv."""
+        """With ranks: the attempt's torchrun argv (and the environment torchrun passes on)."""
         nodes = self.nodes
         rdzv = f"attempt-{nodes.round if nodes is not None else attempt}"  # the same on every node of the round
         elastic = nodes is not None and nodes.shape.elastic
@@ -127,10 +126,8 @@ class World:
         return verdict
 
     def stop(self, stop: Stop | None) -> Stop | None:
-        """The stop this attempt ends with, the same on every node whichever saw what first: a round
-        ended for the nodes to regroup (a node lost or back) is a planned restart, whatever its ranks
-        exited with; where every member's ranks finished, the run is over though a regroup was asked
-        for; the user's stop stays."""
+        """The stop this attempt ends with, the same on every node: a round ended for the nodes to regroup
+        is a planned restart, unless every member's ranks finished; the user's stop stays."""
         if stop is not None and stop.reason is StopReason.USER:
             return stop
         if self.regroup is not None:
@@ -218,8 +215,7 @@ def agree_start(coord: Coordinator, plan: Plan,
 
 
 def _sized(coord: Coordinator, plan: Plan) -> dict[str, Any]:
-    """The host's members and its plan for their world; where none is exact, the line that ends the
-    run is published to every node first."""
+    """The host's members and its plan for their world; else the line that ends the run, on every node."""
     members = coord.gather()
     nodes = len(members)
     world = nodes * coord.shape.nproc_per_node
