@@ -1,6 +1,6 @@
 """The values a run's life is told in, shared by the loop (``run/``) and what records it (``record/``,
 ``web/``): the run's states, how an attempt ended and why oomguard stopped its worker, and how
-``oomguard run`` ends. It imports nothing above it, so neither side reaches up into the other.
+``oomguard run`` ends. It imports neither side (only the verdict and watch an ending carries).
 
 Tested in tests/unit/supervisor/test_lifecycle.py.
 
@@ -14,11 +14,8 @@ Tested in tests/unit/supervisor/test_lifecycle.py.
 A supervisor that starts on an existing run directory begins again at STARTING from whatever the
 journal last said, terminal states included: the run continues where it stopped.
 
-The code that watches an attempt records at most one ``Stop`` (the first reason wins: a worker
-stopped for a hang that then trips the memory budget was still stopped for the hang) and returns an
-``Outcome``; a restart planned for the next checkpoint, whatever planned it, is one ``Pending``
-until that checkpoint lands; the loop dispatches on ``Outcome.ending`` the way TorchElastic's ``_invoke_run``
-dispatches on ``RunResult.state``. ``ending_of`` is pure, so the tests feed it stops and verdicts.
+An attempt records at most one ``Stop`` (the first reason wins) and returns an ``Outcome``, whose
+``ending`` the loop dispatches on as TorchElastic's ``_invoke_run`` does on ``RunResult.state``.
 """
 
 from __future__ import annotations

@@ -414,7 +414,8 @@ class ResumePoints:
         """The chosen checkpoint (node 0's, with several nodes) as it is now, with its step."""
         checkpoint = self._still_there(checkpoint)
         if checkpoint is not None and checkpoint.step is None:  # one an earlier supervisor on this run saw written
-            step = self._step_from_journal(checkpoint)
+            # the step an earlier supervisor on this run directory journaled for it
+            step = next((c["step"] for c in self.record.journal.checkpoints() if c["path"] == checkpoint.path), None)
             checkpoint = replace(checkpoint, step=step, step_from=ckptstep.JOURNAL if step is not None else None)
         return checkpoint
 
@@ -444,9 +445,6 @@ class ResumePoints:
             log(f"{checkpoint.path} is gone; resuming from {found.path if found else 'the start'} instead")
         return found
 
-    def _step_from_journal(self, checkpoint: Checkpoint) -> int | None:
-        """The step an earlier supervisor on this run directory journaled for the checkpoint."""
-        return next((c["step"] for c in self.record.journal.checkpoints() if c["path"] == checkpoint.path), None)
 
 
 @dataclass

@@ -432,14 +432,12 @@ class Spares:
             except FileNotFoundError:
                 continue  # it exited since the sample
             except OSError as exc:
-                self._turn_off(f"the worker's OOM score cannot be lowered below a spare's ({exc.strerror})")
+                self.enabled = False
+                self.discard()
+                self._event("spare_off", why="the worker's OOM score cannot be lowered below a spare's "
+                            f"({exc.strerror})")
                 return
             self._scores[pid] = target
-
-    def _turn_off(self, why: str) -> None:
-        self.enabled = False
-        self.discard()
-        self._event("spare_off", why=why)
 
     def budget(self) -> Limit:
         """The tightest limit that holds the worker and its spares: a cgroup limit above both where

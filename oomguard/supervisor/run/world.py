@@ -2,16 +2,11 @@
 
 Tested in tests/unit/supervisor/run/test_world.py, tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
 
-For a single-process run this object does nothing and the loop never notices it. Under torchrun it
-wraps each attempt's command in torchrun (ranks' error files under the run directory), reads the
-root-cause rank after the attempt, and, with several nodes, carries each round's agreement through
-the shared store (``agree_*``): every member starts from the host's plan (sized for the round's
-world) and checkpoint, ends with the same verdict and acts on the host's decision.
-
-An elastic run (torchrun's ``--nnodes MIN:MAX``) also changes its world here: a member lost, or a
-node back (taken in after the next checkpoint), ends the round on every node as a planned restart
-(``stop``), never a failure, and the next round trains on the nodes it has at the same global
-batch. The loop calls it at those points and nowhere else.
+For a single-process run this object does nothing. Under torchrun it wraps each attempt's command
+in torchrun and reads the root-cause rank after it; with several nodes each round's agreement goes
+through the shared store (``agree_*``): every member starts from the host's plan (sized for the
+round's world) and checkpoint, ends with the same verdict and acts on the host's decision. In an
+elastic run (``--nnodes MIN:MAX``) a member lost or back ends the round as a planned restart.
 """
 
 from __future__ import annotations
@@ -167,7 +162,14 @@ class World:
 
     def decision(self, attempt: int, decision: Decision) -> Decision:
         """The host decides for every node."""
-        return decision if self.nodes is None else agree_decision(self.nodes, decision)
+        if self.nodes is None:
+            return decision
+        agreed = self.nodes.decision({"action": decision.action.value, "plan": decision.plan.as_dict(),
+                                      "reason": decision.reason, "delay": decision.delay,
+                                      "bad_checkpoint": decision.bad_checkpoint})
+        plan = elastic.adopt(decision.plan, agreed["plan"]) or decision.plan
+        return Decision(Action(agreed["action"]), plan, agreed["reason"], float(agreed["delay"]),
+                        agreed["bad_checkpoint"])
 
 
 def _version(checkpoint: Checkpoint | None) -> object:
@@ -243,12 +245,3 @@ def agree_end(coord: Coordinator, verdict: Verdict,
     node, report = chosen
     return Verdict(FailureKind(report["kind"]), f"node {node}: {report['evidence']}", report["signal"],
                    report["exit_code"]), reports, lost
-
-
-def agree_decision(coord: Coordinator, decision: Decision) -> Decision:
-    """The host's decision after the round, on every node."""
-    mine = {"action": decision.action.value, "plan": decision.plan.as_dict(), "reason": decision.reason,
-            "delay": decision.delay, "bad_checkpoint": decision.bad_checkpoint}
-    agreed = coord.decision(mine)
-    plan = elastic.adopt(decision.plan, agreed["plan"]) or decision.plan
-    return Decision(Action(agreed["action"]), plan, agreed["reason"], float(agreed["delay"]), agreed["bad_checkpoint"])
