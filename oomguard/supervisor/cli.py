@@ -17,8 +17,7 @@ from pathlib import Path
 
 from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle import EXIT_CRASHED
+from oomguard.supervisor.lifecycle import EXIT_CRASHED, UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
 from oomguard.supervisor.run.preflight import OptionParser

@@ -25,7 +25,7 @@ from oomguard.common.protocol import signal_name
 from oomguard.supervisor.command import Carrier, carrier, check_template, parse_edit, used
 from oomguard.supervisor.distributed.launcher import shape_of
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.progress import compile_pattern
 from oomguard.supervisor.observe.sampler import Thresholds, parse_fraction
 from oomguard.supervisor.ops.notify import parse_target

@@ -1,8 +1,8 @@
 """The values a run's life is told in, shared by the loop (``run/``) and what records it (``record/``,
 ``web/``): the run's states, how an attempt ended and why oomguard stopped its worker, and how
-``oomguard run`` ends. It imports neither side (only the verdict and watch an ending carries).
+``oomguard run`` ends (``UsageError``: exit 2). It imports neither side (only what an ending carries).
 
-Tested in tests/unit/supervisor/test_lifecycle.py.
+Tested in tests/unit/supervisor/test_lifecycle.py, and UsageError by the refusals in test_config.py.
 
     STARTING ──spawned──> RUNNING ──exit 0──> SUCCEEDED
         ^                    │ failed
@@ -118,6 +118,19 @@ EXIT_CRASHED = 70
 EXIT_PEER_LOST = 75  # raised as PeerLost in distributed/coordination.py, returned by run/loop.py
 
 NO_RESTART = (EXIT_GAVE_UP, EXIT_USAGE, EXIT_UNFIXABLE)
+
+
+class UsageError(ValueError):
+    """A problem the user fixes by changing how they call oomguard, said in one line; the CLI prints
+    it and exits EXIT_USAGE. ``option`` names what is wrong (``--micro-batch``), ``fix`` what to do."""
+
+    def __init__(self, option: str, problem: str, fix: str = "") -> None:
+        self.option = option
+        self.problem = problem
+        self.fix = fix
+        text = f"{option}: {problem}" if option else problem
+        super().__init__(f"{text}; {fix}" if fix else text)
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # run/runparts.py's ControlFlags
 STOPPED = tuple(128 + sig for sig in STOP_SIGNALS)  # the loop's _stopped returns 128 + the signal
 

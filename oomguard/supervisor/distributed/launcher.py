@@ -17,7 +17,7 @@ from pathlib import Path
 from oomguard.supervisor.distributed import accelerate, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
 from oomguard.supervisor.distributed.torchrun import Shape, Torchrun
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 
 Launch = Torchrun | AccelerateLaunch
 

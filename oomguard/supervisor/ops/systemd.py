@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from oomguard.supervisor import lifecycle as exits
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import write_atomic
 
 USER = "user"

@@ -26,8 +26,7 @@ from oomguard.supervisor.decide import policy as replan
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PlanChange
 from oomguard.supervisor.decide.recovery import decision_event, recover
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle import Ending, Outcome, RunState, StopReason
+from oomguard.supervisor.lifecycle import Ending, Outcome, RunState, StopReason, UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal

@@ -39,7 +39,7 @@ from oomguard.supervisor.config import RunConfig, add_arguments, build_config, f
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed import launcher, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.run.process import AttemptFiles, build_argv, build_env, placeholder_values
 

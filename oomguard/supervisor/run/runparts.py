@@ -30,8 +30,7 @@ from oomguard.supervisor.decide.attribution import Cause
 from oomguard.supervisor.decide.classify import Addition, OwnFault
 from oomguard.supervisor.decide.policy import Plan, PlanChange, PolicyConfig
 from oomguard.supervisor.decide.recovery import Note, Recovery, RecoveryConfig
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle import Outcome, RunState
+from oomguard.supervisor.lifecycle import Outcome, RunState, UsageError
 from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import BreakdownWatch
 from oomguard.supervisor.observe.checkpoints import (
