@@ -202,8 +202,7 @@ class Carrier(enum.Enum):
 
 
 def carrier(texts: Sequence[str]) -> Carrier:
-    """How ``texts`` (the command's words, --resume-args, --fallback-args, the --edit values) hand
-    the script its accumulation."""
+    """How the command's words, --resume-args, --fallback-args and --edit values hand over the accumulation."""
     names = used(texts)
     if names & set(ACCUMULATION):
         return Carrier.PLACEHOLDER
@@ -401,8 +400,7 @@ def _typed(text: str, current: Any) -> Any:
 
 
 def check_edits(specs: Sequence[str], command: Sequence[str], cwd: Path) -> list[Edit]:
-    """At start: every spec well-formed, every file readable and parsed, every key present, and
-    the command names every file (else the copy could not be handed over)."""
+    """Every spec well-formed, its file parsed, its key present and the file named by the command."""
     edits = [parse_edit(spec) for spec in specs]
     for edit, spec in zip(edits, specs, strict=True):
         path = cwd / edit.file

@@ -190,8 +190,7 @@ class Pending:
 
     @property
     def on_save_record(self) -> bool:
-        """The forecast's restart is urgent (the limit comes before the checkpoint after next): the
-        worker's own word that it saved is enough. A grow waits for the file to settle, and names it."""
+        """The forecast's restart is urgent: the worker's word that it saved is enough (a grow waits for the file)."""
         return self.reason is StopReason.PLANNED
 
     def stop(self, path: str | None) -> Stop:

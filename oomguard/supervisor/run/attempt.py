@@ -87,8 +87,7 @@ class TrendWatch:
 
     def add(self, sample: MemorySample, step: int | None, memory_limit: int | None,
             fraction: float, allocator: tuple[int, int] | None = None) -> Forecast | None:
-        """Fold one sample in and return the forecast for the budget whose limit comes first;
-        ``allocator`` is the probe's newest step peak and its limit, where the probe reports them."""
+        """Fold one sample in; the forecast for the budget whose limit comes first (``allocator``: the probe's)."""
         t = sample.monotonic
         if sample.worker_rss_bytes is not None:
             self._keep(HOST, Reading(t, sample.worker_rss_bytes, step))
@@ -121,8 +120,7 @@ class TrendWatch:
         self.checkpoint_times.append(now)
 
     def checkpoint_rhythm(self, now: float) -> tuple[float | None, float | None]:
-        """(seconds until the next checkpoint is due, seconds between checkpoints), from the
-        checkpoints this attempt wrote, else those of earlier attempts; (None, None) when unknown."""
+        """(seconds to the next checkpoint, period), from this attempt's checkpoints, else earlier ones'."""
         times = self.checkpoint_times
         if len(times) >= 2:
             recent = times[-6:]
@@ -144,8 +142,7 @@ class TrendWatch:
                          failed=kind is not None)
 
     def planned_restart(self, micro_batch: int) -> Attribution | None:
-        """At a planned restart: the leak the readings show (None: none), and its rate kept for the
-        next attempt's forecast (the newest forecast's, else the one measured before)."""
+        """At a planned restart: the leak the readings show, if any; its rate is kept for the next forecast."""
         per_s = self.forecast.per_s if self.forecast else self.prior_per_s
         attribution = self.attribute(Evidence(), micro_batch)
         self.prior_per_s = per_s
@@ -177,8 +174,7 @@ class TrendWatch:
         return trend is not None and trend.steady()
 
     def _own(self) -> str:
-        """The series of the worker's own memory: the allocator's step peaks where the probe gives
-        them (what the model allocated), else NVML's GPU memory of its processes, else its RSS."""
+        """The worker's own memory: the probe's step peaks, else NVML's GPU memory, else its RSS."""
         return next((name for name in (ALLOCATOR, "GPU memory") if self.series.get(name)), HOST)
 
 
@@ -224,8 +220,7 @@ class Attempt:
         record.attempt_started(self.worker.pgid, self.plan, self.checkpoint, argv, self.files.log)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], echo: Callable[[bytes], None]) -> None:
-        """Start the worker in a fresh memory cgroup (a spare interpreter's, when one is taken), onto
-        free memory; then a spare for the next attempt."""
+        """Start the worker (a spare's, when one is taken) in a fresh cgroup; then a spare for the next."""
         parts, config = self.parts, self.parts.config
         spare = parts.spares.take(argv, env, lambda: parts.control.stopping)
         containment = self._containment = parts.handover.next_containment(
@@ -370,8 +365,7 @@ class Attempt:
     # --- checkpoints -------------------------------------------------------------------------
 
     def check_checkpoints(self, worker_alive: bool = True) -> None:
-        """Journal new checkpoints. While the worker runs only settled ones count; once it has
-        exited nothing is being written, so the last ones it wrote count too."""
+        """Journal new checkpoints: settled ones while it runs, the last it wrote too once it has exited."""
         parts, watch = self.parts, self.watch
         index, bad = parts.resume.index, parts.resume.bad()
         found = index.settled(bad) if worker_alive else [c for c in index.refresh(force=True) if c.path not in bad]
@@ -386,8 +380,7 @@ class Attempt:
                     self._checkpoint_landed(ckpt.path)
 
     def _checkpoint_step(self, ckpt: Checkpoint) -> StepEvidence:
-        """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
-        so that the choice of the newest one to resume from goes by it too."""
+        """The step ``ckpt`` holds, from the best evidence, taught to the index for choosing a resume point."""
         if ckpt.step_from == ckptstep.SAVE:  # learned from this write's save record already
             return StepEvidence(ckpt.step, ckpt.step_from)
         watch = self.watch
@@ -429,8 +422,7 @@ class Attempt:
         self.stop(StopReason.HANG, judgement.hung, first=worker.dump_stack)
 
     def _check_peers(self) -> None:
-        """Another node's attempt failed (ours would only wait in a collective for its ranks), or the
-        nodes regroup (an elastic run: a node lost, or back after a checkpoint)."""
+        """Another node failed (ours would only wait in a collective), or the nodes regroup (elastic)."""
         stop = self.parts.world.news(self.number)
         if stop is not None:
             log(f"{stop.detail}; stopping this node's ranks")
@@ -502,8 +494,7 @@ def sample(attempt: Attempt) -> None:
 
 
 def _foresee(reading: MemorySample, attempt: Attempt) -> None:
-    """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
-    after next, restart right after the next one (asking for it when the limit is nearer)."""
+    """Forecast a steady rise; a limit before the checkpoint after next plans a restart after the next."""
     trend, parts, config = attempt.trend, attempt.parts, attempt.parts.config
     forecast = trend.add(reading, attempt.watch.last_step, config.memory.memory_limit, config.memory.soft_threshold,
                          attempt.watch.allocator.reading())
@@ -523,8 +514,7 @@ def _foresee(reading: MemorySample, attempt: Attempt) -> None:
 
 
 def _consider_growth(attempt: Attempt) -> None:
-    """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
-    restart waits for the next checkpoint so no work is lost."""
+    """--grow: after a stable period, a larger micro-batch the model predicts fits, at the next checkpoint."""
     parts, config, watch = attempt.parts, attempt.parts.config, attempt.watch
     stable = time.monotonic() - watch.running_since() >= config.batch.grow_after
     if not (config.batch.grow and config.checkpoints.globs and stable) or attempt.pending is not None:

@@ -70,8 +70,7 @@ _STALE = re.compile(r"^oomguard-(\d+)-(?:worker|spare-\d+)$")  # spare-N: run/sp
 
 
 def remove_stale(say: Callable[[str], None]) -> int:
-    """Remove the worker cgroups of supervisors that are gone (killed with -9, they could not):
-    their name carries the supervisor's pid; a live pid's cgroup is someone else's and is left."""
+    """Remove the worker cgroups left by supervisors killed with -9 (their pid is in the name)."""
     found = own_memory_cgroup()
     if found is None:
         return 0
@@ -154,8 +153,7 @@ class Settled:
 def wait_for_gpus(read: Callable[[Collection[int]], GpuSnapshot], old_pids: Iterable[int],
                   baseline: Mapping[int, int], timeout: float, sleep: Callable[[float], None] = time.sleep,
                   clock: Callable[[], float] = time.monotonic) -> Settled:
-    """Poll NVML until none of ``old_pids`` is on a GPU and each device's used memory is within
-    TOLERANCE of ``baseline`` (by CUDA index), or ``timeout`` passes."""
+    """Poll NVML until no ``old_pids`` is on a GPU and each device is near ``baseline``, or ``timeout``."""
     pids = list(old_pids)
     start = clock()
     while True:
@@ -179,8 +177,7 @@ def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
 
 
 class Handover:
-    """From one attempt to the next: the last one's leftovers ended, its GPU memory back, then a
-    fresh memory cgroup (the last one removed) for the next. ``event`` and ``say`` are the loop's."""
+    """Between attempts: the last one's leftovers ended, its GPU memory back, then a fresh cgroup."""
 
     def __init__(self, event: Callable[..., None], say: Callable[[str], None]) -> None:
         self.containment: Containment | None = None  # the current attempt's cgroup

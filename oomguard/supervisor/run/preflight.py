@@ -83,8 +83,7 @@ class Script:
 
 
 def script_of(command: Sequence[str]) -> Script | None:
-    """The script the command runs, through torchrun, python, a shell or a launcher; None when it
-    cannot be told (``python -c``, a program on PATH with no ``.py`` argument)."""
+    """The script the command runs (through torchrun, python, a shell or a launcher), or None."""
     if not command:
         return None
     launched = torchrun.parse(command)
@@ -366,8 +365,7 @@ def check_steering(config: RunConfig, cwd: Path) -> None:
 
 
 def _source(command: Sequence[str], cwd: Path) -> tuple[Path | None, str] | None:
-    """(the file to read, its name for the message); no file for inline code (``python -c CODE``,
-    ``sh -c CODE``: read with the command); None when nothing can be read."""
+    """(the file to read or None for inline code, its name for the message); None when nothing can be read."""
     script = script_of(command)
     if script is not None:
         path = locate(script, cwd)
@@ -488,8 +486,7 @@ def unrecognized(extras: Sequence[str], flags: Iterable[str], subcommand: str | 
 
 
 def ambiguous(message: str, typed: Sequence[str], parser: argparse.ArgumentParser, subcommand: str) -> str:
-    """argparse's ``ambiguous option: --resume could match --resume-args, --resumes-itself`` is most
-    often the script's own flag with the ``--`` forgotten: say so, with the line as it was meant."""
+    """An ambiguous option is most often the script's own with the ``--`` forgotten: say so."""
     if not message.startswith("ambiguous option") or subcommand not in ("run", "service"):
         return message
     start = _command_start(typed, parser)
@@ -508,8 +505,7 @@ def _form(subcommand: str, options: Sequence[str] | None, command: Sequence[str]
 
 
 def _position(typed: Sequence[str], extras: Sequence[str]) -> int | None:
-    """Where the training command starts in ``typed``: the first place from which the words
-    argparse did not take follow in order."""
+    """Where in ``typed`` the words argparse did not take follow in order: the training command."""
     for start in (i for i, word in enumerate(typed) if word == extras[0]):
         rest = iter(typed[start:])
         if all(any(word == extra for word in rest) for extra in extras):
@@ -546,8 +542,7 @@ class OptionParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        """The README's forms of the fragment options (``--resume-args '--init_from=resume'``) reach
-        argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
+        """Fragment options' values joined (``--resume-args=--init_from=resume``): ``config.join_fragments``."""
         flags = fragment_flags() & self._option_string_actions.keys()
         argv = list(sys.argv[1:] if args is None else args)
         self.typed = argv
@@ -576,8 +571,7 @@ def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]
 
 
 def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") -> RunConfig:
-    """The RunConfig that ``oomguard run ARGS`` would run in ``cwd``, with every check it makes at
-    start; UsageError (one line) for what it would refuse."""
+    """The RunConfig ``oomguard run ARGS`` would run in ``cwd``, with its start checks; else UsageError."""
     args = list(args)
     options, command = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
     parser = OptionParser(prog="oomguard run", add_help=False)

@@ -429,8 +429,7 @@ class WorkerProcess:
         return self._worker_pid
 
     def rank_pids(self) -> dict[int, int]:
-        """Under torchrun or accelerate, each rank's training process (the topmost process of the tree
-        with that ``RANK``: its DataLoader workers inherit the variable), by rank."""
+        """Each rank's training process (the topmost with that ``RANK``) under torchrun or accelerate."""
         ranks: dict[int, int] = {}
         for proc in self.tree():
             rank = process_rank(proc.pid)
@@ -445,8 +444,7 @@ class WorkerProcess:
         return dict(sorted(ranks.items()))
 
     def named_pids(self) -> dict[str, object] | None:
-        """What status names: the training process (not ``launch.py``) and each rank's pid; only
-        when it changed since the last call (it is written to the journal)."""
+        """The training process (not ``launch.py``) and the ranks' pids, for status; only when changed."""
         named: dict[str, object] = {"worker_pid": _through_shells(self.worker_pid),
                                     "rank_pids": {str(r): p for r, p in self.rank_pids().items()}}
         if named == self._named or named["worker_pid"] is None:
@@ -493,8 +491,7 @@ class WorkerProcess:
         return pid is not None and catches(pid, sig) and _kill(pid, sig)
 
     def dump_stack(self) -> None:
-        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a dump of
-        every thread's stack (PYTHONFAULTHANDLER is set for it)."""
+        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a stack dump."""
         pid = self.worker_pid
         if pid is None:
             return
@@ -509,8 +506,7 @@ class WorkerProcess:
 
 
 def _through_shells(pid: int | None) -> int | None:
-    """The process a wrapper shell runs (``bash -c 'cd x && python train.py'``): a shell with one
-    child is not the training process, its child is."""
+    """A wrapper shell with one child (``bash -c 'cd x && python train.py'``) stands for its child."""
     try:
         proc = psutil.Process(pid) if pid is not None else None
         while proc is not None and proc.name() in SHELLS and len(children := proc.children()) == 1:

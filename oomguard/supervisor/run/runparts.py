@@ -283,8 +283,7 @@ class WiringWatch:
         self._saves_taken = 0  # the attempt's save records handed to the look-alike watcher
 
     def start(self, matched: bool) -> None:
-        """At the run's start: a new invocation's warnings start empty; look-alikes are watched
-        until one no glob matches is said."""
+        """A new invocation's warnings start empty; look-alikes are watched until one is said."""
         self._set_meta(warnings=[])
         self._matched = matched
         if self.config.checkpoints.globs:
@@ -384,8 +383,7 @@ class ForecastBoard:
             "move": found.move.value, "t": time.time()})
 
     def clear(self) -> None:
-        """The attempt's forecast ends with it; the next attempt's first one is shown at once (not
-        held back by the last write), since attempts between planned restarts are short."""
+        """The forecast ends with its attempt; the next one's first is shown at once (attempts can be short)."""
         self._shown = False
         self._set_meta(forecast=None)
 
@@ -436,8 +434,7 @@ class ResumePoints:
         return bad
 
     def _still_there(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
-        """The chosen checkpoint, or where rotation (HF's save_total_limit) deleted it since it was
-        chosen, the newest one that exists, said in the journal."""
+        """The chosen checkpoint, or the newest left where rotation deleted it since (said in the journal)."""
         found = self.index.still_there(checkpoint, self.bad())
         if checkpoint is not None and found != checkpoint:
             self.record.event("resume_point_vanished", path=checkpoint.path, fallback=found.path if found else None)
@@ -487,8 +484,7 @@ class RunParts:
         return parts
 
     def tick(self) -> None:
-        """What every loop tick does besides watching the worker: the hooks' tickers, keeping the spares,
-        publishing what is degraded (for ``oomguard status``), thinning the journal's samples now and then."""
+        """Every tick besides watching: the hooks' tickers, the spares, what is degraded, thinning the samples."""
         record = self.record
         for ticker in self.tickers:
             record.guarded("tickers", ticker)  # an ops hook must never stop supervision
@@ -533,8 +529,7 @@ class RunParts:
                           memory_failed=False)
 
     def turn_off(self, own: OwnFault, attempt: int) -> None:
-        """The policy found the attempt died in oomguard's own code: the attempts after it run without
-        that addition, as under --no-probe or --no-spare; said once, journaled once."""
+        """The attempt died in oomguard's own code: later ones run without that addition; said once."""
         if own.addition is Addition.PROBE:
             self.config = replace(self.config, probe=False)  # build_env leaves the probe's PYTHONPATH out
             self.probe_off = own.off(attempt)
@@ -545,8 +540,7 @@ class RunParts:
         log(own.reason)
 
     def learn(self, plan: Plan, fresh: bool) -> PlanChange | None:
-        """Load what this run, and earlier runs of the same job, learned about memory; where a fresh
-        run of a job measured before should start (the fit store's size)."""
+        """Load what this run and earlier runs of the job learned; the fit store's size for a fresh run."""
         journal, tuner, config = self.record.journal, self.tuner, self.config
         unfit = {n for n, d in journal.event_data("attribution").items() if not Cause(d["cause"]).fits_model}
         tuner.points = SizeTuner.points_from_attempts([a for a in journal.attempts() if a["attempt"] not in unfit])
@@ -565,8 +559,7 @@ class RunParts:
         return change
 
     def learned(self, found: Recovery, trend: TrendWatch) -> None:
-        """Keep what a recovery learned: the memory knowledge (its new point in the fit store too, for
-        the next run of this job) and a leak's rate (the next attempt's forecast starts from it)."""
+        """Keep what a recovery learned: the memory knowledge (and the fit store's point), a leak's rate."""
         self.tuner = replace(found.memory, store=self.tuner.store)
         if found.point is not None:
             self._store(found.point)

@@ -97,8 +97,7 @@ def target_of(argv: Sequence[str]) -> Target | str:
 
 
 def runs_as_file(script: Path) -> bool:
-    """Whether ``python script`` runs the file's own source, as a spare's handover does: a package
-    directory or a zip archive runs its ``__main__.py`` instead, which only a cold start does."""
+    """Does ``python script`` run the file itself, as a handover does (not a directory's or zip's __main__)?"""
     try:
         return script.is_file() and not zipfile.is_zipfile(script)
     except OSError:
@@ -166,8 +165,7 @@ def _imports(tree: ast.AST) -> list[str]:
 
 
 def per_attempt(name: str) -> bool:
-    """A variable that may differ between the spare and the attempt it becomes: oomguard's own
-    (read by the script, not at import) and the allocator settings (read at the first CUDA use)."""
+    """May differ at a handover: oomguard's own variables and the allocator's (read at the first CUDA use)."""
     return name.startswith("OOMGUARD_") or name in ALLOC_CONF_NAMES
 
 
@@ -178,8 +176,7 @@ def env_differences(started: Mapping[str, str], wanted: Mapping[str, str]) -> li
 
 
 def can_restore_priority() -> bool:
-    """Can the spare's threads raise their priority back to a worker's at the handover? (root, or
-    RLIMIT_NICE allowing nice 0): if not, it starts at the worker's priority."""
+    """Can a spare's threads get back a worker's priority (root, or RLIMIT_NICE allows nice 0)?"""
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
@@ -212,8 +209,7 @@ class Spare:
         self.settled = False  # a renice began after its ready record: after its own ``os.nice``, so it holds
 
     def start(self, imports: Sequence[str], nice: int = SPARE_NICE) -> None:
-        """Start it at ``nice`` above our priority (SPARE_NICE; RESERVE_NICE behind a spare still
-        importing), or at ours where its threads could not be raised back."""
+        """Start it at ``nice`` above our priority, or at ours where it could not be raised back."""
         nice = nice if can_restore_priority() else 0
         self.nice = self.start_nice = nice
         procs = str(self.containment.procs) if self.containment.procs else "-"
@@ -284,8 +280,7 @@ class Spare:
             time.sleep(0.02)
 
     def hand_over(self) -> subprocess.Popen[bytes]:
-        """Make it the worker (``Spares.take`` chose it): argv, environment, cwd, priority and OOM
-        score of a direct run; its launcher, which the worker's watcher then owns."""
+        """Make it the worker, as a direct run would be; its launcher, which the worker's watcher owns."""
         assert self.proc is not None and self.proc.stdin is not None and self.handover is not None
         target, env, nice = self.handover
         spec = {"argv": [target.script, *target.args], "env": dict(env), "cwd": str(self.cwd),
@@ -303,8 +298,7 @@ class Spare:
         return self.proc
 
     def _gone(self) -> str | None:
-        """How it had exited before the handover (the kernel's OOM killer takes a spare first, while
-        the last attempt's leftovers settle), or None while it runs."""
+        """How it had exited before the handover (the OOM killer takes a spare first), or None."""
         assert self.proc is not None
         code = self.proc.poll()
         if code is not None:
@@ -440,8 +434,7 @@ class Spares:
             self._scores[pid] = target
 
     def budget(self) -> Limit:
-        """The tightest limit that holds the worker and its spares: a cgroup limit above both where
-        one is set below the host's memory, else the host."""
+        """The tightest limit holding the worker and its spares: a cgroup's below the host's, else the host."""
         available, total = self._memory()
         shared = self._limit()
         if shared is None or shared.limit_bytes >= total:
@@ -449,8 +442,7 @@ class Spares:
         return Limit(shared.limit_bytes, shared.counted_bytes, "the cgroup limit", True)
 
     def _gone(self) -> bool:
-        """Drop spares killed while they waited (the kernel's OOM killer takes a spare first):
-        a spare's death is never the worker's, and ``_drop`` ends the reserve for the run."""
+        """Drop spares killed while they waited: never the worker's death; ``_drop`` ends the reserve."""
         gone = [spare for spare in self.pool if spare.proc is not None and spare.proc.poll() == -signal.SIGKILL]
         for spare in gone:
             assert spare.proc is not None
@@ -478,8 +470,7 @@ class Spares:
         self.held_back = why
 
     def _fill(self, reserve: bool) -> None:
-        """Start what the policy says, where the limit that holds the worker leaves room for one
-        more spare; one started behind a spare still importing waits at RESERVE_NICE."""
+        """Start what the policy says where the limit leaves room; one behind an importing spare at RESERVE_NICE."""
         importing = sum(not spare.is_ready() for spare in self.pool)
         count = spares_to_start(len(self.pool) - importing, importing, reserve, can_restore_priority())
         if count:
@@ -501,8 +492,7 @@ class Spares:
         return max((spare.size() for spare in self.pool if spare.is_ready()), default=0)
 
     def _reserve_fits(self, size: int, held: bool = False) -> bool:
-        """Does the host keep its margin beside a reserve of ``size`` bytes (``held``: one that runs
-        already, its memory no longer available)?"""
+        """Does the host keep its margin beside a reserve of ``size`` (``held``: one already running)?"""
         available, total = self._memory()
         return reserve_fits(available + (size if held else 0), total, size)
 
@@ -536,8 +526,7 @@ class Spares:
         return spare_env
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], interrupted: Callable[[], bool]) -> Spare | None:
-        """The oldest spare, ready, to become this attempt's worker, or None: a cold start. Those
-        that cannot become it are discarded with the reason journaled; a reserve that can stays."""
+        """The oldest ready spare to become this attempt's worker, or None; unfit ones are dropped, said why."""
         target = target_of(argv)
         for spare in list(self.pool):
             why = self._unfit(spare, target, env)
@@ -568,8 +557,7 @@ class Spares:
         return f"environment changed since the spare started: {', '.join(changed[:5])}" if changed else ""
 
     def _drop(self, spare: Spare, why: str, kind: str = "spare_not_used") -> None:
-        """Discard one spare, saying why. One the kernel killed (SIGKILL, not ours: the OOM killer
-        takes a spare first) means the host's memory ran short: no reserve for the rest of the run."""
+        """Discard one spare, saying why; one the kernel killed ends the reserve for the run."""
         if spare in self.pool:
             self.pool.remove(spare)
         killed = spare.proc is not None and spare.proc.poll() == -signal.SIGKILL

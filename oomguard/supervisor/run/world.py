@@ -130,8 +130,7 @@ class World:
         return None if stop is not None and stop == self._regroup_stop else stop
 
     def news(self, attempt: int) -> Stop | None:
-        """Why this node's ranks must stop now, seen once: another member's attempt failed (its ranks
-        would only wait in a collective), a member lost, or a node back after a checkpoint."""
+        """Why this node's ranks must stop now, once: a member failed, was lost, or is back after a checkpoint."""
         if self.nodes is None or self.peer_stop is not None or self._regroup_stop is not None:
             return None
         self._take_back()
@@ -145,8 +144,7 @@ class World:
         return Stop(StopReason.PEER, news.why)
 
     def _take_back(self) -> None:
-        """The host of an elastic run short of nodes: a node heard again is taken in after the next
-        checkpoint (the round's ranks are stopped right after it, so no step is redone)."""
+        """The host of an elastic run short of nodes takes a node heard again in after the next checkpoint."""
         nodes = self.nodes
         if nodes is None or not nodes.leader or self._index is None:
             return
@@ -195,8 +193,7 @@ def joined_line(nodes: Coordinator) -> str:
 
 def agree_start(coord: Coordinator, plan: Plan,
                 checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, dict[str, Any]]:
-    """This round's members, plan and checkpoint: the host's, on every node. Where the members' world
-    has no plan at the global batch asked, the host says so on every node and the run ends (exit 75)."""
+    """The host's members, plan and checkpoint on every node (exit 75 where no plan keeps the batch)."""
     mine = {"plan": plan.as_dict(), "checkpoint": checkpoint.path if checkpoint else None,
             "step": checkpoint.step if checkpoint else None,
             "step_from": checkpoint.step_from if checkpoint else None}
@@ -232,8 +229,7 @@ def _sized(coord: Coordinator, plan: Plan) -> dict[str, Any]:
 
 def agree_end(coord: Coordinator, verdict: Verdict,
               stopped_for_peer: int | None) -> tuple[Verdict, dict[int, dict[str, Any]], tuple[int, ...]]:
-    """Post how this node's attempt ended, read every member's, and return the round's verdict with
-    the posts and the members lost before posting."""
+    """Post this node's ending, read every member's: the round's verdict, the posts, the members lost."""
     coord.report_end({"kind": verdict.kind.value if verdict.kind else None, "evidence": verdict.evidence,
                       "signal": verdict.signal, "exit_code": verdict.exit_code,
                       "stopped_for_peer": stopped_for_peer})
