@@ -20,9 +20,10 @@ from oomguard.supervisor.config import add_arguments, build_config
 from oomguard.supervisor.lifecycle import EXIT_CRASHED, UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
-from oomguard.supervisor.run.preflight import OptionParser
+from oomguard.supervisor.run.preflight import OptionParser, notices
+from oomguard.supervisor.run.preflight import check as preflight
+from oomguard.web.client import fetch_status, register_dashboard
 from oomguard.web.client import register as web_commands
-from oomguard.web.client import register_dashboard
 
 
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
@@ -30,10 +31,6 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand", "typed")}
     config = build_config(options, command)
-    from oomguard.supervisor.run.loop import log
-    from oomguard.supervisor.run.preflight import check as preflight
-    from oomguard.supervisor.run.preflight import notices
-
     preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
@@ -42,7 +39,7 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     supervisor.journal.set_meta(resume_command=f"cd {shlex.quote(str(supervisor.cwd))} && oomguard "
                                 f"{shlex.join(args.typed)}" + (f" -- {shlex.join(command)}" if command else ""))
     for line in notices(config):  # forms that run, but not as they read (no accumulation, nanoGPT's total)
-        log(line)
+        logs.say(line)
         supervisor.journal.event("notice", None, text=line)
     supervisor.install_signal_handlers()
     from oomguard.supervisor.ops.hooks import attach_all
@@ -67,7 +64,6 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
 def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
     from oomguard.supervisor.record.status import format_status
-    from oomguard.web.client import fetch_status
 
     doc = fetch_status(Path(args.run_dir))  # the API while the supervisor runs, else the journal
     print(json.dumps(doc, indent=2) if args.json else format_status(doc))

@@ -248,19 +248,11 @@ GLOB_EVERY = 1.0  # seconds between looks at the globs and the look-alikes
 
 
 class WiringWatch:
-    """While the run goes: did each attempt resume where it was told to, and do the ``--checkpoint``
-    globs match what the script writes? (The start checks, ``run/preflight.py``, catch a checkpoint
-    nothing hands over.) Each is said at once and once: on the console, in the journal, in the meta's
-    ``warnings`` (status, the dashboard) and by the webhooks (``ops/hooks.py``):
-
-    - ``not_resumed`` (path, step, first_step, message): an attempt started from a checkpoint showed a
-      first step that is no resume; the report counts the steps really redone from it;
-    - ``checkpoint_glob_unmatched`` (globs, files, suggestion, message): the worker wrote a file that
-      looks like a checkpoint and no glob matches (said within a second of its appearing and of the
-      evidence that the worker wrote it: its ``save`` record, or the file open for writing), or the
-      globs match nothing while the script trains and writes nothing like one. A file another
-      process writes is never named.
-    """
+    """What only shows while the script runs, said at once and once (console, journal, the meta's
+    ``warnings``, webhooks): ``not_resumed``, an attempt whose first step is no resume from its
+    checkpoint; ``checkpoint_glob_unmatched``, a file the worker wrote (its ``save`` record, or open
+    for writing) that looks like a checkpoint and no glob matches, or globs that match nothing while
+    it trains and writes nothing like one."""
 
     def __init__(self, config: RunConfig, cwd: Path, run_dir: Path, say: Callable[[str], None],
                  event: Callable[..., None], set_meta: Callable[..., None],
