@@ -225,8 +225,7 @@ class Attempt:
         spare = parts.spares.take(argv, env, lambda: parts.control.stopping)
         containment = self._containment = parts.handover.next_containment(
             f"oomguard-{os.getpid()}-worker", config.memory.memory_limit, parts.sampler.gpu,
-            config.memory.settle_timeout,
-            spare.containment if spare else None)
+            config.memory.settle_timeout, spare.containment if spare else None)
         if containment.cgroup is None and self.number == 1:
             log(f"no memory cgroup ({containment.why_none}); --memory-limit is enforced by watching RSS")
         self.files.checkpoint_request.unlink(missing_ok=True)

@@ -475,9 +475,8 @@ def unrecognized(extras: Sequence[str], flags: Iterable[str], subcommand: str | 
     first = extras[0]
     if subcommand in ("run", "service") and looks_like_command(first):
         start = _position(typed, extras)
-        if start is None:
-            return f"{text}; put -- before the training command: {_form(subcommand, None, extras)}"
-        return f"{text}; put -- before the training command: {_form(subcommand, typed[:start], typed[start:])}"
+        form = _form(subcommand, None, extras) if start is None else _form(subcommand, typed[:start], typed[start:])
+        return f"{text}; put -- before the training command: {form}"
     if first.startswith("-"):
         close = difflib.get_close_matches(first.partition("=")[0], sorted(flags), n=1, cutoff=0.6)
         if close:

@@ -189,10 +189,9 @@ class ControlFlags:
     def take(self, what: str) -> bool:
         """True once for each request made since the last time it was taken."""
         with self._lock:
-            if what in self._requests:
-                self._requests.discard(what)
-                return True
-            return False
+            taken = what in self._requests
+            self._requests.discard(what)
+            return taken
 
     @property
     def stopping(self) -> bool:
