@@ -346,6 +346,14 @@ LAUNCHER = str(Path(__file__).with_name("launch.py"))
 WORKER_OOM_SCORE_ADJ = 500  # above the supervisor's, so the kernel picks the worker, not us
 
 
+def launch(command: Sequence[str], oom_score_adj: int, procs: Path | None, cwd: Path, env: Mapping[str, str],
+           stdin: int) -> subprocess.Popen[bytes]:
+    """``command`` under the launcher in a session of its own, its output merged into one pipe."""
+    return subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(oom_score_adj),
+                             str(procs) if procs else "-", "--", *command], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+
+
 def worker_oom_score_adj() -> int:
     """The worker's OOM score: ours plus WORKER_OOM_SCORE_ADJ."""
     try:
@@ -393,12 +401,9 @@ class WorkerProcess:
 
     def start(self, wake: threading.Event, spare: subprocess.Popen[bytes] | None = None) -> None:
         """Start the worker under its launcher, or watch ``spare``, a spare's launcher just handed over."""
-        launch = [sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(worker_oom_score_adj()),
-                  str(self.cgroup_procs) if self.cgroup_procs else "-", "--", *self.argv]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = spare or subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
-                                               start_new_session=True)
+        self._proc = spare or launch(self.argv, worker_oom_score_adj(), self.cgroup_procs, self.cwd, self.env,
+                                     subprocess.DEVNULL)
         self._started = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="worker-output", daemon=True)
         self._reader.start()

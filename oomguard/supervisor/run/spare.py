@@ -19,7 +19,6 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +41,7 @@ from oomguard.supervisor.decide.sparepool import (
 )
 from oomguard.supervisor.observe.cgroup import SharedLimit, shared_limit
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import ALLOC_CONF_NAMES, LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
+from oomguard.supervisor.run.process import ALLOC_CONF_NAMES, WORKER_OOM_SCORE_ADJ, launch, worker_oom_score_adj
 
 BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
 SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first
@@ -212,13 +211,10 @@ class Spare:
         """Start it at ``nice`` above our priority, or at ours where it could not be raised back."""
         nice = nice if can_restore_priority() else 0
         self.nice = self.start_nice = nice
-        procs = str(self.containment.procs) if self.containment.procs else "-"
         command = [self.target.python, *self.target.flags, BOOTSTRAP, str(self.ready_file), str(nice),
                    path0(self.target.script, self.cwd), *imports]
         self.ready_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(SPARE_OOM_SCORE_ADJ),
-                                      procs, "--", *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
+        self.proc = launch(command, SPARE_OOM_SCORE_ADJ, self.containment.procs, self.cwd, self.env, subprocess.PIPE)
 
     def renice(self, nice: int) -> None:
         """Its interpreter's threads to ``nice`` above ours (a cold worker inherits ours)."""
