@@ -94,18 +94,13 @@ def _cmd_ls(args: argparse.Namespace, command: Sequence[str]) -> int:
     return 0
 
 
-def _add_status(sub: argparse._SubParsersAction) -> None:
-    status = sub.add_parser("status", help="show a run's state, batch and failures")
-    status.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
-    status.add_argument("--json", action="store_true", help="print the status document as JSON")
-    status.set_defaults(func=_cmd_status)
-
-
-def _add_report(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("report", help="summarise a run: time lost, failures, batch, checkpoints")
+def _add_view(sub: argparse._SubParsersAction, name: str, help: str, document: str,
+              func: Callable[[argparse.Namespace, Sequence[str]], int]) -> None:
+    """``status`` and ``report``: one run's picture, as text or JSON."""
+    parser = sub.add_parser(name, help=help)
     parser.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=_cmd_report)
+    parser.add_argument("--json", action="store_true", help=f"print the {document} as JSON")
+    parser.set_defaults(func=func)
 
 
 def _add_ls(sub: argparse._SubParsersAction) -> None:
@@ -125,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
     add_arguments(run)
     run.set_defaults(func=_cmd_run)
-    _add_status(sub)
+    _add_view(sub, "status", "show a run's state, batch and failures", "status document", _cmd_status)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser
@@ -136,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 # run (record/picture.py) and are registered here; the others' parsers live beside their commands.
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     web_commands,  # oomguard checkpoint | restart | stop
-    _add_report, logs.add_logs_command,  # oomguard report | logs
+    lambda sub: _add_view(sub, "report", "summarise a run: time lost, failures, batch, checkpoints", "report",
+                          _cmd_report),
+    logs.add_logs_command,  # oomguard report | logs
     systemd.add_service_command, doctor.add_doctor_command,  # oomguard service | doctor
     _add_ls,  # oomguard ls
     notify.add_notify_test_command,  # oomguard notify-test
