@@ -1,8 +1,7 @@
 """One attempt: start its worker, watch it to its end, stop it when it must stop, and say how it ended.
 
-Tested in tests/e2e/test_outcome.py, tests/e2e/test_memory.py and tests/e2e/test_supervisor.py.
-
-Tested also in tests/unit/supervisor/run/test_attempt.py (the trend's judgements).
+Tested in tests/unit/supervisor/run/test_attempt.py (the trend's judgements), tests/e2e/test_outcome.py,
+tests/e2e/test_memory.py and tests/e2e/test_supervisor.py.
 
 ``Attempt.watch_to_end`` returns one ``Outcome`` (``lifecycle.py``) for the loop to dispatch on.
 Every stop goes through ``Attempt.stop(reason)``, whose first reason is the attempt's. A memory

@@ -1,8 +1,7 @@
 """Starting, watching and stopping one worker: what it is started with (its argv with the placeholders
 filled, its environment and files), and every OS call for the worker, behind ``WorkerProcess``.
 
-Tested in tests/unit/supervisor/run/test_process.py, tests/e2e/test_operator.py and
-tests/e2e/faults/test_output.py.
+Tested in tests/unit/supervisor/run/test_process.py, tests/e2e/test_operator.py, tests/e2e/faults/test_output.py.
 
 The worker runs under ``launch.py`` in a session of its own, so one ``killpg`` reaches the whole
 tree. Its merged stdout/stderr is drained in chunks as it streams (``OutputPump``), passed to the
