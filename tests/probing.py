@@ -12,7 +12,7 @@ from typing import Any
 
 from support import ROOT
 
-from oomguard.supervisor.run.runtime import with_probe
+from oomguard.supervisor.run.process import with_probe
 
 
 def probe_env(tmp: Path, pythonpath: str = str(ROOT), **extra: str) -> dict[str, str]:

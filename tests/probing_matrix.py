@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.run.runtime import with_probe
+from oomguard.supervisor.run.process import with_probe
 
 MATRIX_DIR = Path(__file__).resolve().parent / "matrix"
 INDUCTOR_CACHE = Path(tempfile.gettempdir()) / "oomguard-tests-inductor"
@@ -64,7 +64,7 @@ def run_once(tmp: Path, argv: list[str], probed: bool, timeout: float = 300, **e
     out_file = tmp / "matrix.json"
     out_file.unlink(missing_ok=True)
     env = base_env({**extra, "MATRIX_OUT": str(out_file), "HF_HOME": str(tmp.parent / "hf"), "HF_HUB_OFFLINE": "1"})
-    if probed:  # as the supervisor's attempt gets it (run/runtime.py)
+    if probed:  # as the supervisor's attempt gets it (run/process.py)
         env.update(PYTHONPATH=with_probe(env["PYTHONPATH"]), OOMGUARD_EVENTS=str(tmp / "events.jsonl"))
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
     which = "probed" if probed else "plain"

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle.states import EXIT_CRASHED
+from oomguard.supervisor.lifecycle import EXIT_CRASHED, UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report, runs
-from oomguard.supervisor.run.preflight import OptionParser
+from oomguard.supervisor.run.preflight import OptionParser, notices
+from oomguard.supervisor.run.preflight import check as preflight
+from oomguard.web.client import fetch_status, register_dashboard
 from oomguard.web.client import register as web_commands
-from oomguard.web.client import register_dashboard
 
 
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
@@ -31,10 +31,6 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand", "typed")}
     config = build_config(options, command)
-    from oomguard.supervisor.run.loop import log
-    from oomguard.supervisor.run.preflight import check as preflight
-    from oomguard.supervisor.run.preflight import notices
-
     preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()
@@ -43,7 +39,7 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     supervisor.journal.set_meta(resume_command=f"cd {shlex.quote(str(supervisor.cwd))} && oomguard "
                                 f"{shlex.join(args.typed)}" + (f" -- {shlex.join(command)}" if command else ""))
     for line in notices(config):  # forms that run, but not as they read (no accumulation, nanoGPT's total)
-        log(line)
+        logs.say(line)
         supervisor.journal.event("notice", None, text=line)
     supervisor.install_signal_handlers()
     from oomguard.supervisor.ops.hooks import attach_all
@@ -68,7 +64,6 @@ def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
 
 def _cmd_status(args: argparse.Namespace, command: Sequence[str]) -> int:
     from oomguard.supervisor.record.status import format_status
-    from oomguard.web.client import fetch_status
 
     doc = fetch_status(Path(args.run_dir))  # the API while the supervisor runs, else the journal
     print(json.dumps(doc, indent=2) if args.json else format_status(doc))
@@ -99,18 +94,13 @@ def _cmd_ls(args: argparse.Namespace, command: Sequence[str]) -> int:
     return 0
 
 
-def _add_status(sub: argparse._SubParsersAction) -> None:
-    status = sub.add_parser("status", help="show a run's state, batch and failures")
-    status.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
-    status.add_argument("--json", action="store_true", help="print the status document as JSON")
-    status.set_defaults(func=_cmd_status)
-
-
-def _add_report(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("report", help="summarise a run: time lost, failures, batch, checkpoints")
+def _add_view(sub: argparse._SubParsersAction, name: str, help: str, document: str,
+              func: Callable[[argparse.Namespace, Sequence[str]], int]) -> None:
+    """``status`` and ``report``: one run's picture, as text or JSON."""
+    parser = sub.add_parser(name, help=help)
     parser.add_argument("--run-dir", default="oomguard-run", help="the run directory (default: oomguard-run)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=_cmd_report)
+    parser.add_argument("--json", action="store_true", help=f"print the {document} as JSON")
+    parser.set_defaults(func=func)
 
 
 def _add_ls(sub: argparse._SubParsersAction) -> None:
@@ -130,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="supervise a training command: oomguard run [options] -- COMMAND...")
     add_arguments(run)
     run.set_defaults(func=_cmd_run)
-    _add_status(sub)
+    _add_view(sub, "status", "show a run's state, batch and failures", "status document", _cmd_status)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser
@@ -141,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 # run (record/picture.py) and are registered here; the others' parsers live beside their commands.
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     web_commands,  # oomguard checkpoint | restart | stop
-    _add_report, logs.add_logs_command,  # oomguard report | logs
+    lambda sub: _add_view(sub, "report", "summarise a run: time lost, failures, batch, checkpoints", "report",
+                          _cmd_report),
+    logs.add_logs_command,  # oomguard report | logs
     systemd.add_service_command, doctor.add_doctor_command,  # oomguard service | doctor
     _add_ls,  # oomguard ls
     notify.add_notify_test_command,  # oomguard notify-test

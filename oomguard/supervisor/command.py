@@ -4,13 +4,6 @@ config files. The typed config (``config.py``) checks it at start and the loop r
 attempt, so it sits below both.
 
 Tested in tests/unit/supervisor/test_command.py.
-
-Also here:
-
-- The program a command runs behind the wrappers that only set its limits, priority or placement,
-  and whether it is Python (``not_python``, for the probe's report).
-- How the training command hands the script its gradient accumulation, read once at start.
-- ``--edit FILE:KEY=VALUE``: the batch sizes of scripts that read them from a config file.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import write_atomic
 
 NAMES = ("micro_batch", "grad_accum", "grad_accum_total", "global_batch", "world_size", "checkpoint",
@@ -106,10 +99,8 @@ def unwrap(command: Sequence[str]) -> list[str]:
 
 
 def not_python(command: list[str] | tuple[str, ...]) -> str | None:
-    """Why the command is not a Python program (the program it runs behind its wrappers, ``prlimit``,
-    ``env``, ``nice``, ``taskset``, ``numactl``, ``bash -c``, is no interpreter and its file has no
-    python shebang), or None when it is or cannot be told. A shell script may still start Python:
-    its processes get the probe all the same."""
+    """Why the command (behind its wrappers) is not a Python program, or None when it is or cannot be
+    told; a shell script may still start Python, whose processes get the probe all the same."""
     argv = unwrap(command)
     if not argv:
         return None
@@ -211,8 +202,7 @@ class Carrier(enum.Enum):
 
 
 def carrier(texts: Sequence[str]) -> Carrier:
-    """How ``texts`` (the command's words, --resume-args, --fallback-args, the --edit values) hand
-    the script its accumulation."""
+    """How the command's words, --resume-args, --fallback-args and --edit values hand over the accumulation."""
     names = used(texts)
     if names & set(ACCUMULATION):
         return Carrier.PLACEHOLDER
@@ -410,8 +400,7 @@ def _typed(text: str, current: Any) -> Any:
 
 
 def check_edits(specs: Sequence[str], command: Sequence[str], cwd: Path) -> list[Edit]:
-    """At start: every spec well-formed, every file readable and parsed, every key present, and
-    the command names every file (else the copy could not be handed over)."""
+    """Every spec well-formed, its file parsed, its key present and the file named by the command."""
     edits = [parse_edit(spec) for spec in specs]
     for edit, spec in zip(edits, specs, strict=True):
         path = cwd / edit.file

@@ -25,7 +25,7 @@ from oomguard.common.protocol import signal_name
 from oomguard.supervisor.command import Carrier, carrier, check_template, parse_edit, used
 from oomguard.supervisor.distributed.launcher import shape_of
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.progress import compile_pattern
 from oomguard.supervisor.observe.sampler import Thresholds, parse_fraction
 from oomguard.supervisor.ops.notify import parse_target
@@ -83,8 +83,7 @@ def _signal(text: str) -> str:
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """The batch and how it changes: the micro-batch to start with, the global batch kept exact, the floor,
-    the placeholders' starting values, and growing back."""
+    """The batch and how it changes: the start, the global batch kept exact, the floor, growing back."""
 
     micro_batch: int = _opt(0, "--micro-batch", "micro-batch per process to start with",
         _positive, metavar="N", required=True)
@@ -300,8 +299,7 @@ class RunConfig:
 
     @property
     def may_shrink(self) -> bool:
-        """May the micro-batch go below the one asked for? Not for a script that cannot accumulate
-        (its global batch would shrink with it) unless --allow-smaller-global-batch says so."""
+        """May the micro-batch shrink? Not where the script cannot accumulate, unless allowed."""
         return self.accumulation is not Carrier.NONE or self.batch.allow_smaller_global_batch
 
     @property
@@ -415,8 +413,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class CommandFacts:
-    """What the training command says about the run, read once: the ranks' shape under torchrun or
-    accelerate launch, how it hands the script its accumulation, and the placeholders it uses."""
+    """What the training command says, read once: the ranks' shape, the accumulation's carrier, placeholders."""
 
     shape: Shape | None
     accumulation: Carrier
@@ -431,8 +428,7 @@ _SECTIONS: dict[str, type[Any]] = {
 
 @dataclass(frozen=True)
 class Option:
-    """One option of ``oomguard run``: a field of a section (or of RunConfig itself), by its flat name
-    (TOML key, argparse dest, journal key)."""
+    """One option: a field of a section (or of RunConfig), by its flat name (TOML key, dest, journal key)."""
 
     section: str | None
     field: dataclasses.Field[Any]
@@ -469,8 +465,7 @@ def join_fragments(argv: Sequence[str], flags: frozenset[str]) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Generate ``oomguard run``'s options from RunConfig. Defaults are suppressed so that only what
-    the user typed overrides the TOML file."""
+    """``oomguard run``'s options from RunConfig; defaults suppressed, so only what is typed beats the TOML."""
     parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file")
     for o in options():
         meta = dict(o.field.metadata)

@@ -1,8 +1,6 @@
-"""Sizes in bytes, read and written one way everywhere: ``512M``/``1.5GiB`` in, ``1.5 GiB`` out.
+"""Sizes in bytes, read and written one way everywhere (stdlib only): ``512M``/``1.5GiB`` in, ``1.5 GiB`` out.
 
 Tested through the options and figures it reads and writes: tests/unit/supervisor/test_config.py.
-
-Stdlib only, so options, observers, the policy's reasons and the status all format a size alike.
 """
 
 from __future__ import annotations

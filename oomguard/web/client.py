@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.status import read_status, supervisor_alive
 
@@ -190,7 +190,7 @@ def _port(text: str) -> int:
 
 DEFAULT_WAIT = 300.0  # a large model's state takes minutes to write; --wait 0 only asks
 POLL = 0.2
-REQUEST_FILE = "checkpoint.request"  # run/runtime.py's AttemptFiles.checkpoint_request
+REQUEST_FILE = "checkpoint.request"  # run/process.py's AttemptFiles.checkpoint_request
 _OVER = frozenset({"stopped", "failed", "succeeded"})
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from oomguard.supervisor.lifecycle.states import RunState
+from oomguard.supervisor.lifecycle import RunState
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.status import status_document

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import write_atomic
 from oomguard.supervisor.record.logs import say
 from oomguard.web.app import Control, create_app

@@ -1,5 +1,5 @@
 """What the worker got: expandable_segments:True in the allocator settings of a real run, as status says
-(the merge itself is in tests/unit/supervisor/run/test_runtime.py)."""
+(the merge itself is in tests/unit/supervisor/run/test_process.py)."""
 
 from __future__ import annotations
 

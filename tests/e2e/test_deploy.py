@@ -17,7 +17,7 @@ import yaml
 from oomguard.supervisor.cli import build_parser
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST
-from oomguard.supervisor.lifecycle.states import EXIT_CRASHED
+from oomguard.supervisor.lifecycle import EXIT_CRASHED
 
 DEPLOY = Path(__file__).resolve().parents[2] / "docs" / "deploy"
 K8S_VERSION = "1.33.0"
@@ -58,10 +58,10 @@ def test_sbatch_requeues_only_what_can_go_on() -> None:
 
 
 def test_exit_70_is_restarted_in_every_place_that_says_so() -> None:
-    """oomguard's own crash (70): lifecycle/states.py's table of exit codes, docs/multinode.md's table, the
+    """oomguard's own crash (70): lifecycle.py's table of exit codes, docs/multinode.md's table, the
     sbatch and the JobSet agree that a fresh start may pass it (a bounded number of times); issue 37 found
     them saying both."""
-    from oomguard.supervisor.lifecycle import states
+    from oomguard.supervisor import lifecycle as states
 
     assert re.search(r"^#\s+70 .*yes: a fresh start may pass it", Path(states.__file__).read_text(), re.M)
     table = (DEPLOY.parent / "multinode.md").read_text()
@@ -117,4 +117,4 @@ def test_jobset_gives_oomguard_options_it_accepts_and_fails_for_good_on_1_2_and_
     assert shape.rdzv_endpoint == "pretrain-node-0-0.pretrain:29400"
     assert config.world_size == 16 and config.initial_plan.grad_accum == 8
     assert job["completions"] == job["parallelism"] == shape.nnodes
-    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2, 3]  # lifecycle/states.py
+    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2, 3]  # lifecycle.py

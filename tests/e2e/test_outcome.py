@@ -1,5 +1,5 @@
 """Real runs whose worker oomguard stops for a reason: the user's stop, a requested restart, a bad mark on one
-write (the pure ``ending_of`` and the journal's columns are in tests/unit/supervisor/lifecycle/test_outcome.py)."""
+write (the pure ``ending_of`` and the journal's columns are in tests/unit/supervisor/test_lifecycle.py)."""
 
 from __future__ import annotations
 

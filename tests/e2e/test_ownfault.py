@@ -13,7 +13,7 @@ from typing import Any
 
 from support import ROOT
 
-from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP
+from oomguard.supervisor.lifecycle import EXIT_GAVE_UP
 from oomguard.supervisor.record.journal import Journal
 
 PY = sys.executable

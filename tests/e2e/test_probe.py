@@ -15,7 +15,7 @@ from probing import last_step, probe_env, records, run_probed, run_script
 from support import ROOT
 
 from oomguard.probe import SITE_DIR
-from oomguard.supervisor.run.runtime import with_probe
+from oomguard.supervisor.run.process import with_probe
 
 PLAIN = """
 import torch

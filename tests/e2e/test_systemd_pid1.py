@@ -30,7 +30,7 @@ from pathlib import Path
 import containers
 import pytest
 
-from oomguard.supervisor.lifecycle import states as exits
+from oomguard.supervisor import lifecycle as exits
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "/srv/jobs"  # the test's tmp directory, mounted read-write: the host reads the checkpoints there

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import oomguard
 
-from oomguard.supervisor.lifecycle.states import EXIT_UNFIXABLE
+from oomguard.supervisor.lifecycle import EXIT_UNFIXABLE
 from oomguard.supervisor.record.journal import Journal
 
 

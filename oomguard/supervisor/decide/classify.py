@@ -211,7 +211,7 @@ def at_oom(allocator: AllocatorOom | None, tried: int | None, reserved_unallocat
 # - once is enough where the class alone says it: a ``SyntaxError`` with no traceback before it is
 #   python failing to compile the script it was told to run.
 #
-# The run then ends with ``lifecycle.exits.EXIT_UNFIXABLE`` (3), which a service manager must not restart. Pure: the
+# The run then ends with ``lifecycle.EXIT_UNFIXABLE`` (3), which a service manager must not restart. Pure: the
 # facts come from ``observe.output.OutputScanner`` through the loop.
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 
 MODULE = "accelerate.commands.launch"
 DEFAULT_PORT = 29500  # accelerate's main_process_port when none is given

@@ -36,8 +36,8 @@ from oomguard.common.batch import BatchPlan, largest_divisor_at_most
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed.torchrun import Shape
 
-# EX_TEMPFAIL: the run can go on once every node is back (lifecycle/states.py holds every exit status)
-from oomguard.supervisor.lifecycle.states import EXIT_PEER_LOST as EXIT_PEER_LOST
+# EX_TEMPFAIL: the run can go on once every node is back (lifecycle.py holds every exit status)
+from oomguard.supervisor.lifecycle import EXIT_PEER_LOST as EXIT_PEER_LOST
 
 BEAT = 1.0  # seconds between a node's heartbeats in the store
 SILENT = 10.0  # a node whose oomguard has not beaten for this long is lost

@@ -23,7 +23,7 @@ from pathlib import Path
 from oomguard.supervisor.distributed import accelerate, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
 from oomguard.supervisor.distributed.torchrun import Shape, Torchrun
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.output import device_oom_line, host_oom_line
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 
 MODULE = "torch.distributed.run"
 # torchrun's options that take a value, by every spelling it accepts (torch 2.x's get_args_parser);

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 
 OK = "ok"
 WARN = "warn"

@@ -36,7 +36,7 @@ from oomguard.supervisor.ops.notify import (
     warning,
 )
 from oomguard.supervisor.record import logs
-from oomguard.supervisor.run.wiringwatch import WARNING_EVENTS
+from oomguard.supervisor.run.runparts import WARNING_EVENTS
 from oomguard.supervisor.units import GIB, format_size
 
 if TYPE_CHECKING:

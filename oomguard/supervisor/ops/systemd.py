@@ -5,7 +5,7 @@ such a job needs: ``Restart=on-failure`` for the supervisor itself, ``OOMPolicy=
 one kernel OOM kill of the worker stops the whole unit, supervisor included), a ``TimeoutStopSec``
 long enough for a final checkpoint, and ``KillMode=mixed`` so that systemd sends SIGTERM to the
 supervisor alone and the supervisor stops its worker group itself (SIGKILL reaches all only at the
-deadline). How ``oomguard run`` ends (lifecycle/states.py) decides what systemd does next: a stop is a
+deadline). How ``oomguard run`` ends (lifecycle.py) decides what systemd does next: a stop is a
 success, a give-up is not restarted, a crash of oomguard itself is. tests/e2e/test_systemd_pid1.py runs
 the unit under a real systemd and shows each of these.
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle import states as exits
+from oomguard.supervisor import lifecycle as exits
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import write_atomic
 
 USER = "user"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 
 JOURNAL_NAME = "journal.sqlite"
 
@@ -56,8 +56,8 @@ CREATE INDEX IF NOT EXISTS events_attempt ON events (attempt);
 """
 
 
-# Columns added after the first release: how an attempt ended (lifecycle.states.Ending), why oomguard
-# stopped its worker (lifecycle.states.StopReason), and the allocator's highest step peak the probe saw.
+# Columns added after the first release: how an attempt ended (lifecycle.Ending), why oomguard
+# stopped its worker (lifecycle.StopReason), and the allocator's highest step peak the probe saw.
 _ADDED_COLUMNS = (("ending", "TEXT"), ("stop_reason", "TEXT"), ("peak_allocated", "INTEGER"))
 
 
@@ -67,7 +67,7 @@ def journal_path(run_dir: Path) -> Path:
 
 def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
-    from oomguard.supervisor.errors import UsageError
+    from oomguard.supervisor.lifecycle import UsageError
 
     missing = UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
     try:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.resilient import Degradations
 from oomguard.supervisor.record.status import supervisor_alive

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomguard.supervisor.lifecycle.states import Ending
+from oomguard.supervisor.lifecycle import Ending
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.picture import INTERRUPTED, Attempt, Checkpoint, Data, RunPicture, read_picture
 

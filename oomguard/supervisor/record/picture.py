@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from oomguard.supervisor.lifecycle.states import Ending, StopReason, exit_text
+from oomguard.supervisor.lifecycle import Ending, StopReason, exit_text
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.memoryparts import MemoryBreakdown

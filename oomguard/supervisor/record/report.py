@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.lifecycle.states import Ending, StopReason
+from oomguard.supervisor.lifecycle import Ending, StopReason
 from oomguard.supervisor.record import lostwork, memoryparts
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.lostwork import WARNINGS, RunHistory, read_history

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import JOURNAL_NAME, open_existing
 from oomguard.supervisor.record.picture import TERMINAL, read_picture
 from oomguard.supervisor.record.status import StatusDoc, status_of

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.lifecycle.states import exit_text
+from oomguard.supervisor.lifecycle import exit_text
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import Journal, open_existing
 from oomguard.supervisor.record.picture import (

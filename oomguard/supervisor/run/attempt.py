@@ -1,37 +1,40 @@
 """One attempt: start its worker, watch it to its end, stop it when it must stop, and say how it ended.
 
-Tested in tests/e2e/test_outcome.py, tests/e2e/test_memory.py and tests/e2e/test_supervisor.py.
+Tested in tests/unit/supervisor/run/test_attempt.py (the trend's judgements), tests/e2e/test_outcome.py,
+tests/e2e/test_memory.py and tests/e2e/test_supervisor.py.
 
-``Attempt.start`` starts the worker (a spare interpreter's, when one is taken) in a fresh memory
-cgroup; ``Attempt.watch`` watches it until it exits and returns one ``Outcome``
-(``lifecycle/outcome.py``) for the loop to dispatch on. Every stop goes through ``Attempt.stop(reason)``,
-whose first reason is the attempt's; a restart planned for the next checkpoint, whatever planned it
-(the memory forecast, ``--grow``), is the attempt's one ``Pending`` until that checkpoint lands.
-
-Its memory while it runs (``sample``): each sample journaled and judged against the thresholds, the
-trend's forecast, and ``--grow``'s larger size; what they plan is the attempt's one ``Pending``.
-A reading over the hard threshold or ``--memory-limit`` stops the worker now; a forecast whose limit
-comes before the checkpoint after next plans a restart right after the next one (and asks for it
-when the limit is nearer); a stable stretch under ``--grow`` plans a larger micro-batch the model
-predicts fits, restarted at the next checkpoint so no work is lost.
+``Attempt.watch_to_end`` returns one ``Outcome`` (``lifecycle.py``) for the loop to dispatch on.
+Every stop goes through ``Attempt.stop(reason)``, whose first reason is the attempt's. A memory
+reading over the hard threshold or ``--memory-limit`` stops the worker now; a forecast whose limit
+comes before the checkpoint after next, or a stable stretch under ``--grow``, is the attempt's one
+``Pending``: a restart right after the next checkpoint, so no work is lost.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import statistics
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from oomguard.common import protocol
 from oomguard.supervisor.command import Edit, apply_edits, not_python
-from oomguard.supervisor.decide.attribution import Evidence, earlier_plateaus, step_peaks
+from oomguard.supervisor.decide.attribution import (
+    Attribution,
+    Cause,
+    Evidence,
+    Limit,
+    Plateau,
+    attribute,
+    earlier_plateaus,
+    step_peaks,
+)
 from oomguard.supervisor.decide.classify import Addition, FailureKind
 from oomguard.supervisor.decide.policy import Plan
-from oomguard.supervisor.decide.recovery import Facts
-from oomguard.supervisor.lifecycle.outcome import Outcome, Pending, Stop, ending_of, grace
-from oomguard.supervisor.lifecycle.states import StopReason
+from oomguard.supervisor.decide.recovery import Facts, Readings
+from oomguard.supervisor.lifecycle import Outcome, Pending, Stop, StopReason, ending_of, grace
 from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.observe.checkpoints import Checkpoint, StepEvidence
@@ -42,11 +45,136 @@ from oomguard.supervisor.record.journal import write_atomic
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.memoryparts import memory_breakdown
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import WorkerProcess
+from oomguard.supervisor.run.process import (
+    OWN_CODE,
+    AttemptFiles,
+    WorkerProcess,
+    build_argv,
+    build_env,
+    placeholder_values,
+)
 from oomguard.supervisor.run.runparts import TICK, RunParts
-from oomguard.supervisor.run.runtime import OWN_CODE, AttemptFiles, build_argv, build_env, placeholder_values
-from oomguard.supervisor.run.trendwatch import TrendWatch
-from oomguard.supervisor.sizing.trend import Move
+from oomguard.supervisor.sizing.memmodel import Fit
+from oomguard.supervisor.sizing.trend import ALLOCATOR, Forecast, Move, Reading, budgets, forecast, soonest, steady_rise
+
+MAX_READINGS = 600  # per budget; past this, every other reading is dropped (the whole attempt stays in view)
+HOST = "worker RSS"
+MACHINE = "host"  # the machine's memory in use against its total: what a kernel OOM kill without a cgroup limit hit
+# Which limit a failure of each kind hit, first choice first: the GPU's capacity, oomguard's own
+# --memory-limit (a cgroup limit where one is made, so the cgroup's next), the cgroup's, the machine's.
+LIMIT_OF = {
+    FailureKind.CUDA_OOM: ("GPU",),
+    FailureKind.MEMORY_LIMIT: ("--memory-limit", "cgroup"),
+    FailureKind.HOST_OOM: ("cgroup", MACHINE),
+}
+
+
+@dataclass
+class TrendWatch:
+    """The attempt's memory trend: its readings per budget, its checkpoint rhythm, the newest forecast,
+    and whether a checkpoint was asked for because of it (a forecast is acted on once per attempt).
+    The judgements are pure (``sizing/trend.py``, ``decide/attribution.py``); this keeps their inputs."""
+
+    prior_per_s: float | None = None  # a leak rate measured earlier in this run
+    prior_period: float | None = None  # the checkpoint period seen in earlier attempts
+    started: float = 0.0  # monotonic start of the attempt
+    series: dict[str, list[Reading]] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)  # each budget's limit itself (not the target), newest
+    checkpoint_times: list[float] = field(default_factory=list)  # monotonic, new checkpoints of this attempt
+    forecast: Forecast | None = None
+    asked: bool = False  # a checkpoint was asked for because of the forecast
+
+    def add(self, sample: MemorySample, step: int | None, memory_limit: int | None,
+            fraction: float, allocator: tuple[int, int] | None = None) -> Forecast | None:
+        """Fold one sample in; the forecast for the budget whose limit comes first (``allocator``: the probe's)."""
+        t = sample.monotonic
+        if sample.worker_rss_bytes is not None:
+            self._keep(HOST, Reading(t, sample.worker_rss_bytes, step))
+        if sample.gpus:
+            self._keep("GPU memory", Reading(t, sample.worker_gpu_bytes or 0, step))
+        found = budgets(sample, memory_limit, fraction, allocator)
+        for budget in found:
+            self._keep(budget.name, Reading(t, budget.used, step))
+            self.limits[budget.name] = budget.applies
+        self._keep(MACHINE, Reading(t, sample.host_total_bytes - sample.host_available_bytes, step))
+        self.limits[MACHINE] = sample.host_total_bytes
+        next_in, period = self.checkpoint_rhythm(t)
+        found_forecast = soonest([forecast(self.series[b.name], b, next_in, period, self.prior_per_s)
+                                  for b in found])
+        if found_forecast is not None and found_forecast.measured and found_forecast.move is not Move.WATCH \
+                and not self.leaking():
+            # A cgroup's working set also grows with page cache the kernel reclaims before any OOM
+            # kill (a dataset read once): act only when the worker's own memory rises too.
+            found_forecast = replace(found_forecast, move=Move.WATCH)
+        self.forecast = found_forecast
+        return self.forecast
+
+    def _keep(self, name: str, reading: Reading) -> None:
+        readings = self.series.setdefault(name, [])
+        readings.append(reading)
+        if len(readings) > MAX_READINGS:
+            self.series[name] = readings[::2]
+
+    def checkpoint_seen(self, now: float) -> None:
+        self.checkpoint_times.append(now)
+
+    def checkpoint_rhythm(self, now: float) -> tuple[float | None, float | None]:
+        """(seconds to the next checkpoint, period), from this attempt's checkpoints, else earlier ones'."""
+        times = self.checkpoint_times
+        if len(times) >= 2:
+            recent = times[-6:]
+            period: float | None = statistics.median([b - a for a, b in zip(recent, recent[1:], strict=False)])
+        else:
+            period = self.prior_period
+        if period is None:
+            return None, None
+        anchor = times[-1] if times else self.started
+        return max(0.0, anchor + period - now), period
+
+    def attribute(self, evidence: Evidence, micro_batch: int, model: Fit | None = None,
+                  kind: FailureKind | None = None, failed_at: float | None = None,
+                  earlier: Sequence[Plateau] = ()) -> Attribution:
+        """The cause of this attempt's memory failure (``_own``'s series) against the limit a failure of
+        ``kind`` hit; without a kind (a planned restart) the readings are no lower bounds."""
+        seen = self.readings(kind, failed_at, evidence)
+        return attribute(list(seen.series), evidence, micro_batch, seen.name, model, seen.limit, earlier,
+                         failed=kind is not None)
+
+    def planned_restart(self, micro_batch: int) -> Attribution | None:
+        """At a planned restart: the leak the readings show, if any; its rate is kept for the next forecast."""
+        per_s = self.forecast.per_s if self.forecast else self.prior_per_s
+        attribution = self.attribute(Evidence(), micro_batch)
+        self.prior_per_s = per_s
+        return attribution if attribution.cause is Cause.LEAK else None
+
+    def readings(self, kind: FailureKind | None, failed_at: float | None, evidence: Evidence) -> Readings:
+        """The series a failure's cause is judged on and the limit it hit (``attribute``'s inputs)."""
+        name = self._own()
+        # Under RLIMIT_AS the probe names the limit the failure met; the cgroup's or the host's did not apply.
+        limit = None if evidence.address_space is not None else self.limit(kind, failed_at, evidence.capacity)
+        return Readings(name, tuple(self.series.get(name, [])), limit)
+
+    def limit(self, kind: FailureKind | None, failed_at: float | None = None,
+              capacity: int | None = None) -> Limit | None:
+        """The limit a failure of ``kind`` hit, with its readings: the allocator's where the probe reports
+        step peaks; a CUDA OOM's own per-process ``capacity`` (NVML cannot see it); else LIMIT_OF's."""
+        if kind is FailureKind.CUDA_OOM and self.series.get(ALLOCATOR) and self.limits.get(ALLOCATOR):
+            return Limit(ALLOCATOR, self.limits[ALLOCATOR], self.series[ALLOCATOR], failed_at)
+        if kind is FailureKind.CUDA_OOM and capacity and self.series.get("GPU memory"):
+            return Limit("process's GPU", capacity, self.series["GPU memory"], failed_at)
+        for budget in LIMIT_OF.get(kind, ()) if kind is not None else ():
+            if self.series.get(budget) and self.limits.get(budget):
+                return Limit(budget, self.limits[budget], self.series[budget], failed_at)
+        return None
+
+    def leaking(self) -> bool:
+        """Did memory rise steadily in this attempt (its peak is not a per-sample figure)?"""
+        trend = steady_rise(self.series.get(self._own(), []))
+        return trend is not None and trend.steady()
+
+    def _own(self) -> str:
+        """The worker's own memory: the probe's step peaks, else NVML's GPU memory, else its RSS."""
+        return next((name for name in (ALLOCATOR, "GPU memory") if self.series.get(name)), HOST)
 
 
 def render(parts: RunParts, plan: Plan, number: int, checkpoint: Checkpoint | None, files: AttemptFiles,
@@ -91,14 +219,12 @@ class Attempt:
         record.attempt_started(self.worker.pgid, self.plan, self.checkpoint, argv, self.files.log)
 
     def _start_worker(self, argv: list[str], env: dict[str, str], echo: Callable[[bytes], None]) -> None:
-        """Start the worker in a fresh memory cgroup (a spare interpreter's, when one is taken), onto
-        free memory; then a spare for the next attempt."""
+        """Start the worker (a spare's, when one is taken) in a fresh cgroup; then a spare for the next."""
         parts, config = self.parts, self.parts.config
         spare = parts.spares.take(argv, env, lambda: parts.control.stopping)
         containment = self._containment = parts.handover.next_containment(
             f"oomguard-{os.getpid()}-worker", config.memory.memory_limit, parts.sampler.gpu,
-            config.memory.settle_timeout,
-            spare.containment if spare else None)
+            config.memory.settle_timeout, spare.containment if spare else None)
         if containment.cgroup is None and self.number == 1:
             log(f"no memory cgroup ({containment.why_none}); --memory-limit is enforced by watching RSS")
         self.files.checkpoint_request.unlink(missing_ok=True)
@@ -109,7 +235,7 @@ class Attempt:
             {Addition.SPARE} if spare else set())
         self.worker.start(parts.control.wake, spare.hand_over() if spare else None)
         self.handover_lost = spare.lost if spare else None
-        parts.sampler.cgroup = containment.reader()
+        parts.sampler.cgroup = containment.cgroup  # the sampler reads the worker's own
         parts.record.meta(worker_pid=None, rank_pids={})  # named at the first sample (run/process.py)
         parts.record.guarded("spare", parts.spares.prepare, argv, env)
 
@@ -173,10 +299,8 @@ class Attempt:
 
     def stop(self, reason: StopReason, detail: str, grow_to: int | None = None,
              first: Callable[[], object] | None = None) -> None:
-        """The one way oomguard stops a worker: the first reason is the attempt's (kept in the journal),
-        its grace period is the reason's (``lifecycle.outcome.grace``), a second Ctrl-C cuts it short.
-        ``first`` runs once the reason is recorded and before the SIGTERM (a hang's stack dump, whose
-        signal may itself end the worker)."""
+        """The one way oomguard stops a worker: the first reason is the attempt's, the grace the reason's
+        (``lifecycle.grace``); ``first`` runs before the SIGTERM (a hang's stack dump)."""
         self._stop(Stop(reason, detail, grow_to), first)
 
     def _stop(self, stop: Stop, first: Callable[[], object] | None = None) -> None:
@@ -191,9 +315,8 @@ class Attempt:
         worker.stop(grace(stop.reason, parts.config.liveness.grace_period), lambda: parts.control.forced)
 
     def plan_restart(self, pending: Pending) -> bool:
-        """Restart right after the next checkpoint. One restart is planned at a time: the forecast's
-        replaces a planned grow (memory is rising: a larger batch would meet the limit sooner), and a
-        grow is not planned while a restart is. False when it was not planned."""
+        """Restart right after the next checkpoint; one at a time: the forecast's replaces a planned grow
+        (memory is rising), a grow waits while a restart is planned. False when not planned."""
         if self.pending is not None and not (pending.reason is StopReason.PLANNED
                                              and self.pending.reason is not StopReason.PLANNED):
             return False
@@ -201,8 +324,7 @@ class Attempt:
         return True
 
     def _checkpoint_landed(self, path: str | None) -> None:
-        """Carry out the planned restart: stop the worker (a SIGTERM a preemption-aware script
-        answers by saving) right after a checkpoint."""
+        """Carry out the planned restart right after a checkpoint."""
         if self.pending is not None:
             self._stop(self.pending.stop(path))
 
@@ -222,11 +344,8 @@ class Attempt:
                 self._model_seen(model)
 
     def _model_seen(self, model: ModelPrint) -> None:
-        """The probe's model against the fit store's record (``SizeTuner.model_seen``): another model
-        is said once, journaled with both parameter counts, and where the record made this run start
-        below the size asked for, the worker is restarted there now (a larger micro-batch, the global
-        batch kept: the ``--grow`` path). With several nodes each node's store may hold its own
-        record, so the run goes on and only the record is replaced."""
+        """The probe's model against the fit store's record: another model is said and journaled once; where
+        the record made this run start small, one node restarts at the size asked for (the --grow path)."""
         parts = self.parts
         change = parts.tuner.model_seen(model, self.plan.batch.micro_batch)
         if change is None:
@@ -244,8 +363,7 @@ class Attempt:
     # --- checkpoints -------------------------------------------------------------------------
 
     def check_checkpoints(self, worker_alive: bool = True) -> None:
-        """Journal new checkpoints. While the worker runs only settled ones count; once it has
-        exited nothing is being written, so the last ones it wrote count too."""
+        """Journal new checkpoints: settled ones while it runs, the last it wrote too once it has exited."""
         parts, watch = self.parts, self.watch
         index, bad = parts.resume.index, parts.resume.bad()
         found = index.settled(bad) if worker_alive else [c for c in index.refresh(force=True) if c.path not in bad]
@@ -260,8 +378,7 @@ class Attempt:
                     self._checkpoint_landed(ckpt.path)
 
     def _checkpoint_step(self, ckpt: Checkpoint) -> StepEvidence:
-        """The step ``ckpt`` holds, from the best evidence (observe/ckptstep.py), taught to the index
-        so that the choice of the newest one to resume from goes by it too."""
+        """The step ``ckpt`` holds, from the best evidence, taught to the index for choosing a resume point."""
         if ckpt.step_from == ckptstep.SAVE:  # learned from this write's save record already
             return StepEvidence(ckpt.step, ckpt.step_from)
         watch = self.watch
@@ -272,8 +389,7 @@ class Attempt:
         return evidence
 
     def ask_for_checkpoint(self, why: str) -> None:
-        """The request file is always written (scripts poll it); the signal only goes to a worker
-        that handles it."""
+        """The request file is always written (scripts poll it); the signal only to a worker that handles it."""
         assert self.worker is not None
         write_atomic(self.files.checkpoint_request, f"{time.time()} {why}\n")
         sig = signal.Signals[self.parts.config.checkpoints.signal]
@@ -304,8 +420,7 @@ class Attempt:
         self.stop(StopReason.HANG, judgement.hung, first=worker.dump_stack)
 
     def _check_peers(self) -> None:
-        """Another node's attempt failed (ours would only wait in a collective for its ranks), or the
-        nodes regroup (an elastic run: a node lost, or back after a checkpoint)."""
+        """Another node failed (ours would only wait in a collective), or the nodes regroup (elastic)."""
         stop = self.parts.world.news(self.number)
         if stop is not None:
             log(f"{stop.detail}; stopping this node's ranks")
@@ -377,8 +492,7 @@ def sample(attempt: Attempt) -> None:
 
 
 def _foresee(reading: MemorySample, attempt: Attempt) -> None:
-    """Forecast when a steady rise reaches the limit; when that comes before the checkpoint
-    after next, restart right after the next one (asking for it when the limit is nearer)."""
+    """Forecast a steady rise; a limit before the checkpoint after next plans a restart after the next."""
     trend, parts, config = attempt.trend, attempt.parts, attempt.parts.config
     forecast = trend.add(reading, attempt.watch.last_step, config.memory.memory_limit, config.memory.soft_threshold,
                          attempt.watch.allocator.reading())
@@ -398,8 +512,7 @@ def _foresee(reading: MemorySample, attempt: Attempt) -> None:
 
 
 def _consider_growth(attempt: Attempt) -> None:
-    """--grow: after a stable period, plan a larger micro-batch the model predicts fits; the
-    restart waits for the next checkpoint so no work is lost."""
+    """--grow: after a stable period, a larger micro-batch the model predicts fits, at the next checkpoint."""
     parts, config, watch = attempt.parts, attempt.parts.config, attempt.watch
     stable = time.monotonic() - watch.running_since() >= config.batch.grow_after
     if not (config.batch.grow and config.checkpoints.globs and stable) or attempt.pending is not None:

@@ -3,15 +3,12 @@
 The cgroup is what turns a kernel OOM kill into evidence: its ``oom_kill`` counter rises only for
 the worker's tree, and ``--memory-limit`` is enforced by the kernel there. Without one (no
 controller, not root) the machine-wide counter in /proc/vmstat is the fallback and the limit is
-enforced by watching RSS.
-
-Also here:
-
-- Restart only onto free memory: before the next attempt, the last one's processes are gone and
+enforced by watching RSS. ``Handover`` restarts only onto free memory (see below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,8 +20,7 @@ from pathlib import Path
 import psutil
 
 from oomguard.supervisor.decide.classify import ExitFacts
-from oomguard.supervisor.lifecycle.outcome import Stop
-from oomguard.supervisor.lifecycle.states import StopReason
+from oomguard.supervisor.lifecycle import Stop, StopReason
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuSnapshot
 from oomguard.supervisor.observe.progress import AttemptWatch
@@ -54,10 +50,6 @@ class Containment:
         """The file a process writes its pid to, to join the cgroup (the launcher does)."""
         return self.cgroup.procs if self.cgroup else None
 
-    def reader(self) -> MemoryCgroup | None:
-        """The cgroup the sampler reads (the worker's own), or None without one."""
-        return self.cgroup
-
     def exit_facts(self, returncode: int, watch: AttemptWatch, stop: Stop | None) -> ExitFacts:
         """Everything classification needs about how the attempt ended, and why oomguard stopped it."""
         cgroup = self.cgroup
@@ -78,8 +70,7 @@ _STALE = re.compile(r"^oomguard-(\d+)-(?:worker|spare-\d+)$")  # spare-N: run/sp
 
 
 def remove_stale(say: Callable[[str], None]) -> int:
-    """Remove the worker cgroups of supervisors that are gone (killed with -9, they could not):
-    their name carries the supervisor's pid; a live pid's cgroup is someone else's and is left."""
+    """Remove the worker cgroups left by supervisors killed with -9 (their pid is in the name)."""
     found = own_memory_cgroup()
     if found is None:
         return 0
@@ -91,7 +82,7 @@ def remove_stale(say: Callable[[str], None]) -> int:
         return 0
     for entry in entries:
         match = _STALE.match(entry.name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or psutil.pid_exists(int(match.group(1))):
             continue
         MemoryCgroup(entry, version).remove()
         if not entry.exists():
@@ -99,16 +90,6 @@ def remove_stale(say: Callable[[str], None]) -> int:
     if removed:
         say(f"removed {removed} memory cgroup(s) left by supervisors that were killed")
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Restart only onto free memory: before the next attempt, the last one's processes are gone and
@@ -135,23 +116,19 @@ class AttemptProcesses:
 
     def add(self, procs: Iterable[psutil.Process]) -> None:
         for proc in procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 self.seen.setdefault(proc.pid, proc.create_time())
-            except psutil.Error:
-                continue
 
     def alive(self, extra: Iterable[int] = ()) -> list[psutil.Process]:
         """Those still running (zombies aside), plus ``extra`` pids (the cgroup's members)."""
         out = []
         for pid in {*self.seen, *extra}:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
                 if pid in self.seen and abs(proc.create_time() - self.seen[pid]) > 0.01:
                     continue  # the pid now belongs to someone else
                 if proc.status() != psutil.STATUS_ZOMBIE:
                     out.append(proc)
-            except psutil.Error:
-                continue
         return out
 
 
@@ -159,11 +136,9 @@ def end(procs: Iterable[psutil.Process]) -> list[str]:
     """SIGKILL the old attempt's leftovers (its worker already exited: nothing to save); their names."""
     named = []
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error, OSError):
             named.append(f"{proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})")
             os.kill(proc.pid, signal.SIGKILL)
-        except (psutil.Error, OSError):
-            continue
     psutil.wait_procs(list(procs), timeout=5)
     return named
 
@@ -178,8 +153,7 @@ class Settled:
 def wait_for_gpus(read: Callable[[Collection[int]], GpuSnapshot], old_pids: Iterable[int],
                   baseline: Mapping[int, int], timeout: float, sleep: Callable[[float], None] = time.sleep,
                   clock: Callable[[], float] = time.monotonic) -> Settled:
-    """Poll NVML until none of ``old_pids`` is on a GPU and each device's used memory is within
-    TOLERANCE of ``baseline`` (by CUDA index), or ``timeout`` passes."""
+    """Poll NVML until no ``old_pids`` is on a GPU and each device is near ``baseline``, or ``timeout``."""
     pids = list(old_pids)
     start = clock()
     while True:
@@ -203,8 +177,7 @@ def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
 
 
 class Handover:
-    """From one attempt to the next: the last one's leftovers ended, its GPU memory back, then a
-    fresh memory cgroup (the last one removed) for the next. ``event`` and ``say`` are the loop's."""
+    """Between attempts: the last one's leftovers ended, its GPU memory back, then a fresh cgroup."""
 
     def __init__(self, event: Callable[..., None], say: Callable[[str], None]) -> None:
         self.containment: Containment | None = None  # the current attempt's cgroup
@@ -227,8 +200,8 @@ class Handover:
             self.containment.remove()
 
     def _settle(self, gpu: GpuMonitor | None, timeout: float) -> None:
-        """Name and end the last attempt's leftovers, then wait (bounded) until NVML shows its GPU
-        memory freed; note the level every device is at before the next attempt."""
+        """End the last attempt's leftovers, wait (bounded) for NVML to show its GPU memory freed, and note
+        each device's level before the next attempt."""
         containment = self.containment
         cgroup = containment.cgroup if containment is not None else None
         leftovers = self.procs.alive(cgroup.pids() if cgroup is not None else [])

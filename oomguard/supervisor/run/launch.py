@@ -3,13 +3,10 @@
 Tested in tests/e2e/test_supervisor.py and tests/e2e/test_spare_budget.py (the oom_score_adj it sets).
 
 Run as ``python -I -S launch.py SUPERVISOR_PID OOM_SCORE_ADJ CGROUP_PROCS -- COMMAND...`` in a new
-session (its own process group). It exists so that no worker outlives the supervisor: the kernel
-sends it SIGTERM when the supervisor dies (PR_SET_PDEATHSIG, even after SIGKILL) and it then kills
-the whole process group, grandchildren included, which PR_SET_PDEATHSIG alone would not reach, and
-every process in the worker's cgroup (a grandchild that called setsid() is in no group of ours).
-It also joins the worker's memory cgroup and raises ``oom_score_adj`` before the command starts,
-and ends the way its child ended (same exit code, or the same signal) so classification sees the
-worker's real status.
+session. No worker outlives the supervisor: the kernel sends it SIGTERM when the supervisor dies
+(PR_SET_PDEATHSIG, even after SIGKILL) and it kills the whole process group, the descendants and the
+worker's cgroup (a grandchild that called setsid() is in no group of ours). It joins that cgroup and
+raises ``oom_score_adj`` first, and ends as its child ended, so classification sees the real status.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Read ``_loop`` and ``_dispatch`` first: they are the whole run. ``run/attempt.py
 one attempt and returns one ``Outcome``; ``decide/recovery.py``'s pure ``recover`` decides what follows a
 failure. This file carries those out: the only code that changes the run's state (``_transition``) or its
 plan (``_replan``), writing the journal through one ``Recorder``. Signals and the dashboard only set flags.
-Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/lifecycle/test_outcome.py.
+Tested in tests/e2e/test_supervisor.py and tests/unit/supervisor/test_lifecycle.py.
 """
 
 from __future__ import annotations
@@ -19,29 +19,24 @@ from typing import BinaryIO
 
 import psutil
 
+from oomguard.supervisor import lifecycle
 from oomguard.supervisor.command import Edit, check_edits
 from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide import policy as replan
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PlanChange
 from oomguard.supervisor.decide.recovery import decision_event, recover
 from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLost
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle import states
-from oomguard.supervisor.lifecycle.outcome import Outcome
-from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
+from oomguard.supervisor.lifecycle import Ending, Outcome, RunState, StopReason, UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.picture import stopped_by
 from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
-from oomguard.supervisor.run.attempt import Attempt, render
+from oomguard.supervisor.run.attempt import Attempt, TrendWatch, render
 from oomguard.supervisor.run.containment import remove_stale
-from oomguard.supervisor.run.control import ControlFlags, RunLock
-from oomguard.supervisor.run.recorder import Recorder
-from oomguard.supervisor.run.runparts import RunParts
-from oomguard.supervisor.run.runtime import AttemptFiles, alloc_conf, expandable_already
-from oomguard.supervisor.run.trendwatch import TrendWatch
+from oomguard.supervisor.run.process import AttemptFiles, alloc_conf, expandable_already
+from oomguard.supervisor.run.runparts import ControlFlags, Recorder, RunLock, RunParts
 
 
 class Supervisor:
@@ -115,7 +110,7 @@ class Supervisor:
     # --- the one place the state changes, the one place the plan changes ----------------------
 
     def _transition(self, new: RunState, reason: str) -> None:
-        states.check_transition(self.state, new)
+        lifecycle.check_transition(self.state, new)
         old, self.state = self.state, new
         self.record.transition(old, new, reason)
         log(f"{new.value}: {reason}")
@@ -191,7 +186,7 @@ class Supervisor:
         decision = self._recover(outcome)  # RUNNING -> RECOVERING
         if not decision.restart:  # RECOVERING -> FAILED
             self._transition(RunState.FAILED, decision.reason)
-            return states.EXIT_UNFIXABLE if decision.unfixable else states.EXIT_GAVE_UP
+            return lifecycle.EXIT_UNFIXABLE if decision.unfixable else lifecycle.EXIT_GAVE_UP
         if decision.delay > 0:  # RECOVERING -> BACKOFF
             self._transition(RunState.BACKOFF, decision.reason)
             self.parts.sleep(decision.delay)
@@ -244,8 +239,7 @@ class Supervisor:
         self._transition(RunState.STARTING, change.reason)
 
     def _restart_planned(self, outcome: Outcome) -> None:
-        """The worker was stopped right after a checkpoint, because the forecast put the limit before
-        the checkpoint after it (or the user asked for a restart): the same size, no failure."""
+        """Stopped right after a checkpoint for the forecast (or the user's restart): same size, no failure."""
         reason = outcome.stop.detail if outcome.stop else "planned restart"
         if (leak := self.trend.planned_restart(self.plan.batch.micro_batch)) is not None:
             self.record.event("attribution", **leak.as_dict(), planned=True)

@@ -1,22 +1,12 @@
 """Find at start what would otherwise fail at 3 a.m.: render every later attempt once, now.
 
-The first restart is the moment oomguard exists for, and the first time ``--resume-args`` and the
-fallbacks are rendered: an unbalanced quote there used to crash the supervisor then, hours in.
-``check`` renders the command exactly as a restart from a checkpoint with every fallback applied
-would (sample values with spaces and quotes in the checkpoint path), builds that attempt's
-environment, and checks that the command can be started at all (it exists and is executable), that
-the script and its settings files exist and that a watched checkpoint reaches the script
-(``run/preflight.py``), so each of these is one line and exit 2 before anything runs.
-
-``notices`` are the lines said at start about forms that run but not as a reader might think: a
-script that cannot accumulate, a script given the per-rank accumulation where it takes the total,
-an ``accelerate launch`` that starts fewer processes than it names.
-
-Also here:
-
-- Whether oomguard can steer the command at all: checked at start.
-- How the training command gets its checkpoint, and the files it names: checked at start.
-- Reading ``oomguard run``'s arguments outside ``oomguard run``, and saying what a mistyped line meant.
+The first restart is the first time ``--resume-args`` and the fallbacks are rendered: an unbalanced
+quote there used to crash the supervisor hours in. ``check`` renders the command as a restart from a
+checkpoint with every fallback applied would (a checkpoint path with spaces and quotes), builds its
+environment, and checks that the command can be started, that the script and its settings files
+exist, that a watched checkpoint reaches the script and that the batch does: each one line and
+exit 2 before anything runs. ``notices`` are the lines said at start about forms that run but not
+as a reader might think (no accumulation, nanoGPT's total, a short ``accelerate launch``).
 """
 
 from __future__ import annotations
@@ -36,14 +26,22 @@ from pathlib import Path
 from typing import NoReturn
 
 from oomguard.common import protocol
-from oomguard.supervisor.command import Carrier, check_edits, no_accumulation_line, parse_edit, total_warning, used
+from oomguard.supervisor.command import (
+    SHELLS,
+    Carrier,
+    check_edits,
+    no_accumulation_line,
+    parse_edit,
+    total_warning,
+    used,
+)
 from oomguard.supervisor.config import RunConfig, add_arguments, build_config, fragment_flags, join_fragments
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.distributed import launcher, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.run.runtime import AttemptFiles, build_argv, build_env, placeholder_values
+from oomguard.supervisor.run.process import AttemptFiles, build_argv, build_env, placeholder_values
 
 # How the training command gets its checkpoint, and the files it names: checked at start.
 #
@@ -65,7 +63,6 @@ CHECKPOINT_NAMES = frozenset({"checkpoint", "checkpoint_step"})
 LIBRARY_ENV = frozenset({"OOMGUARD_CHECKPOINT", "OOMGUARD_CHECKPOINT_STEP"})
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
 _PYTHON_VALUED = frozenset({"-W", "-X", "-Q"})  # the interpreter's options whose value is the next word
-_SHELLS = frozenset({"sh", "bash", "zsh", "dash"})
 # A file a script reads its settings from: nanoGPT's ``config/train_gpt2.py``, ``--config x.yaml``.
 CONFIG_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
 _CONFIG_OPTION = re.compile(r"^--?[\w.-]*(config|cfg|recipe|hparams)[\w.-]*$", re.IGNORECASE)
@@ -82,19 +79,11 @@ class Script:
     args: tuple[str, ...]  # the script's own arguments
 
 
-def check_wiring(config: RunConfig, cwd: Path) -> None:
-    """UsageError for a script or settings file that does not exist, or checkpoints nothing hands over."""
-    script = script_of(config.command)
-    check_files(script, cwd)
-    check_resume(config, script, cwd)
-
-
 # --- what the command runs --------------------------------------------------------------------
 
 
 def script_of(command: Sequence[str]) -> Script | None:
-    """The script the command runs, through torchrun, python, a shell or a launcher; None when it
-    cannot be told (``python -c``, a program on PATH with no ``.py`` argument)."""
+    """The script the command runs (through torchrun, python, a shell or a launcher), or None."""
     if not command:
         return None
     launched = torchrun.parse(command)
@@ -107,7 +96,7 @@ def script_of(command: Sequence[str]) -> Script | None:
     program, rest = command[0], list(command[1:])
     if _PYTHON.match(Path(program).name):
         return _python_script(rest)
-    if Path(program).name in _SHELLS and rest and not rest[0].startswith("-"):
+    if Path(program).name in SHELLS and rest and not rest[0].startswith("-"):
         return Script("file", rest[0], tuple(rest[1:]))
     if os.sep in program:  # ./train.sh: preflight checks that it exists and is executable
         return Script("program", program, tuple(rest))
@@ -120,7 +109,7 @@ def script_of(command: Sequence[str]) -> Script | None:
 def is_interpreter(program: str) -> bool:
     """python, pypy or a shell: a program whose code is elsewhere (a file, ``-c``, ``-m``)."""
     name = Path(program).name
-    return bool(_PYTHON.match(name)) or name in _SHELLS
+    return bool(_PYTHON.match(name)) or name in SHELLS
 
 
 def _python_script(words: list[str]) -> Script | None:
@@ -157,9 +146,8 @@ def check_files(script: Script | None, cwd: Path) -> None:
 
 
 def settings_files(args: Sequence[str]) -> Iterator[str]:
-    """Arguments that name a settings file the script reads: a positional ``config/x.py`` or
-    ``x.yaml``, or the value of an option named like ``--config``. An output file
-    (``--output out.json``) is not one: it need not exist yet."""
+    """Arguments that name a settings file the script reads (``config/x.py``, ``x.yaml``, the value of
+    ``--config``); an output file (``--output out.json``) need not exist yet."""
     previous: str | None = None
     for word in args:
         option, eq, value = word.partition("=")
@@ -254,9 +242,8 @@ def _module_file(name: str, search: list[str]) -> Path | None:
 
 
 def uses_worker_library(source: Path, cwd: Path, names: frozenset[str] = LIBRARY_ENV) -> bool:
-    """Does the script, or one of the user's own modules it imports, import oomguard or read one of
-    ``names`` (its checkpoint variables)? Modules outside the script's directory and ``cwd`` are not
-    followed."""
+    """Does the script, or one of the user's own modules it imports (under its directory or ``cwd``),
+    import oomguard or read one of ``names``?"""
     roots = {source.parent.resolve(), cwd.resolve()}
     queue, seen = [source.resolve()], set[Path]()
     while queue and len(seen) < _MAX_SOURCES:
@@ -321,8 +308,7 @@ def _local(name: str, importer: Path, roots: set[Path]) -> Path | None:
 
 
 def resume_hint(config: RunConfig) -> str:
-    """What to check when an attempt did not resume from the checkpoint it was started with: the
-    way this run hands it over."""
+    """What to check when an attempt did not resume from its checkpoint, for this run's hand-over."""
     if config.checkpoints.resume_args:
         return "check --resume-args"
     if used(config.command) & CHECKPOINT_NAMES:
@@ -379,8 +365,7 @@ def check_steering(config: RunConfig, cwd: Path) -> None:
 
 
 def _source(command: Sequence[str], cwd: Path) -> tuple[Path | None, str] | None:
-    """(the file to read, its name for the message); no file for inline code (``python -c CODE``,
-    ``sh -c CODE``: read with the command); None when nothing can be read."""
+    """(the file to read or None for inline code, its name for the message); None when nothing can be read."""
     script = script_of(command)
     if script is not None:
         path = locate(script, cwd)
@@ -397,8 +382,7 @@ SAMPLE_CHECKPOINT = "/tmp/a run's dir/ckpt step-100.pt"  # a space and a quote: 
 
 
 def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
-    """The argv of a restart from a checkpoint with every fallback applied; UsageError if any of
-    it cannot be rendered or started."""
+    """The argv of a restart from a checkpoint with every fallback; UsageError if it cannot be run."""
     _check_splits(config)
     plan = Plan(config.initial_plan, True, len(config.batch.fallback_args))
     sample = Checkpoint(SAMPLE_CHECKPOINT, 100, 0.0, 1)
@@ -410,7 +394,9 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
         raise UsageError("COMMAND", f"cannot be rendered for a restart ({exc})",
                          "check the placeholders in the command, --resume-args and --fallback-args") from None
     _check_executable(argv[0], env, cwd or Path.cwd())
-    check_wiring(config, cwd or Path.cwd())  # the script exists, and something hands it its checkpoint
+    script = script_of(config.command)
+    check_files(script, cwd or Path.cwd())  # the script exists,
+    check_resume(config, script, cwd or Path.cwd())  # and something hands it its checkpoint
     check_steering(config, cwd or Path.cwd())  # and something hands it the batch
     return argv
 
@@ -483,16 +469,14 @@ def looks_like_command(word: str) -> bool:
 
 def unrecognized(extras: Sequence[str], flags: Iterable[str], subcommand: str | None,
                  typed: Sequence[str] = ()) -> str:
-    """The one-line message for arguments argparse did not take; ``typed`` is every word the user
-    gave the subcommand, so the suggested line keeps the script's flags argparse took as oomguard's
-    (``--grad-accum {grad_accum}``, ``--port 9000``)."""
+    """The one-line message for arguments argparse did not take; ``typed``, every word given the
+    subcommand, so the suggested line keeps the script's flags argparse took as oomguard's."""
     text = f"unrecognized arguments: {' '.join(extras)}"
     first = extras[0]
     if subcommand in ("run", "service") and looks_like_command(first):
         start = _position(typed, extras)
-        if start is None:
-            return f"{text}; put -- before the training command: {_form(subcommand, None, extras)}"
-        return f"{text}; put -- before the training command: {_form(subcommand, typed[:start], typed[start:])}"
+        form = _form(subcommand, None, extras) if start is None else _form(subcommand, typed[:start], typed[start:])
+        return f"{text}; put -- before the training command: {form}"
     if first.startswith("-"):
         close = difflib.get_close_matches(first.partition("=")[0], sorted(flags), n=1, cutoff=0.6)
         if close:
@@ -501,8 +485,7 @@ def unrecognized(extras: Sequence[str], flags: Iterable[str], subcommand: str | 
 
 
 def ambiguous(message: str, typed: Sequence[str], parser: argparse.ArgumentParser, subcommand: str) -> str:
-    """argparse's ``ambiguous option: --resume could match --resume-args, --resumes-itself`` is most
-    often the script's own flag with the ``--`` forgotten: say so, with the line as it was meant."""
+    """An ambiguous option is most often the script's own with the ``--`` forgotten: say so."""
     if not message.startswith("ambiguous option") or subcommand not in ("run", "service"):
         return message
     start = _command_start(typed, parser)
@@ -521,8 +504,7 @@ def _form(subcommand: str, options: Sequence[str] | None, command: Sequence[str]
 
 
 def _position(typed: Sequence[str], extras: Sequence[str]) -> int | None:
-    """Where the training command starts in ``typed``: the first place from which the words
-    argparse did not take follow in order."""
+    """Where in ``typed`` the words argparse did not take follow in order: the training command."""
     for start in (i for i, word in enumerate(typed) if word == extras[0]):
         rest = iter(typed[start:])
         if all(any(word == extra for word in rest) for extra in extras):
@@ -547,9 +529,8 @@ def _command_start(typed: Sequence[str], parser: argparse.ArgumentParser) -> int
 
 
 class OptionParser(argparse.ArgumentParser):
-    """The one parser of oomguard's command lines (the CLI's, and ``oomguard run``'s options read by
-    ``oomguard service``): the fragment options joined, and a usage error raised as one UsageError
-    line that names the problem and where to look (the CLI prints it and exits 2)."""
+    """The one parser of oomguard's command lines (the CLI's, and ``oomguard service``'s reading of ``run``'s):
+    fragment options joined, a usage error raised as one UsageError line (the CLI exits 2)."""
 
     typed: Sequence[str] = ()  # the words this parser was given: a suggestion keeps every one
     command: str | None = None  # where it reads one command's options alone: whose line a suggestion repeats
@@ -560,8 +541,7 @@ class OptionParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        """The README's forms of the fragment options (``--resume-args '--init_from=resume'``) reach
-        argparse as ``--resume-args=--init_from=resume``; see ``config.join_fragments``."""
+        """Fragment options' values joined (``--resume-args=--init_from=resume``): ``config.join_fragments``."""
         flags = fragment_flags() & self._option_string_actions.keys()
         argv = list(sys.argv[1:] if args is None else args)
         self.typed = argv
@@ -590,8 +570,7 @@ def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]
 
 
 def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") -> RunConfig:
-    """The RunConfig that ``oomguard run ARGS`` would run in ``cwd``, with every check it makes at
-    start; UsageError (one line) for what it would refuse."""
+    """The RunConfig ``oomguard run ARGS`` would run in ``cwd``, with its start checks; else UsageError."""
     args = list(args)
     options, command = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
     parser = OptionParser(prog="oomguard run", add_help=False)

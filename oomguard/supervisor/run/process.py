@@ -1,23 +1,21 @@
-"""Starting, watching and stopping one worker: every OS call for the worker is behind this class.
+"""Starting, watching and stopping one worker: what it is started with (its argv with the placeholders
+filled, its environment and files), and every OS call for the worker, behind ``WorkerProcess``.
 
-Tested in tests/e2e/test_operator.py and tests/e2e/faults/test_output.py.
+Tested in tests/unit/supervisor/run/test_process.py, tests/e2e/test_operator.py, tests/e2e/faults/test_output.py.
 
 The worker runs under ``launch.py`` in a session of its own, so one ``killpg`` reaches the whole
-tree. Its merged stdout/stderr is drained in chunks as it streams (``pump.OutputPump``), passed to the
+tree. Its merged stdout/stderr is drained in chunks as it streams (``OutputPump``), passed to the
 console untouched, appended to the attempt's log file and cut into lines for the loop's line callback.
-
-Also here:
-
-- The output thread: drains the worker's pipe, whatever else fails.
-- Cutting the worker's output stream into lines, cheaply and with a bound, as journald does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,10 +23,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+import oomguard
+from oomguard.common import protocol
+from oomguard.probe import SITE_DIR
+from oomguard.supervisor.command import SHELLS, render
+from oomguard.supervisor.config import RunConfig
+from oomguard.supervisor.decide.classify import OwnCode
+from oomguard.supervisor.decide.policy import Plan
+from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import process_rank
 from oomguard.supervisor.record.logs import AttemptLog, open_log
 from oomguard.supervisor.record.resilient import Degradations
@@ -221,8 +228,129 @@ def _widen(fd: int) -> None:
         return
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(oomguard.__file__))
+# Where the worker's tracebacks show our code: the probe's files (SITE_DIR is under this directory)
+# and the spare's bootstrap are handed to it by these paths; with links resolved too.
+OWN_CODE = OwnCode(tuple(dict.fromkeys((_PACKAGE, os.path.realpath(_PACKAGE)))))
+
+
+@dataclass(frozen=True)
+class AttemptFiles:
+    log: Path
+    events: Path
+    checkpoint_request: Path
+
+    @staticmethod
+    def of(run_dir: Path, attempt: int) -> AttemptFiles:
+        return AttemptFiles(run_dir / "logs" / f"attempt-{attempt}.log",
+                            run_dir / "logs" / f"attempt-{attempt}.events.jsonl",
+                            run_dir / "checkpoint.request")
+
+
+def placeholder_values(config: RunConfig, plan: Plan, attempt: int,
+                       checkpoint: Checkpoint | None) -> dict[str, object]:
+    batch = plan.batch
+    return {
+        "micro_batch": batch.micro_batch, "grad_accum": batch.grad_accum,
+        # summed over the ranks: for scripts that divide it by the world size (nanoGPT under torchrun)
+        "grad_accum_total": batch.grad_accum * batch.world_size,
+        "global_batch": batch.global_batch, "world_size": batch.world_size,
+        "checkpoint": checkpoint.path if checkpoint else "",
+        "checkpoint_step": checkpoint.step if checkpoint and checkpoint.step is not None else "",
+        "attempt": attempt, "run_dir": str(config.run_dir.resolve()),
+        "eval_micro_batch": plan.eval_micro_batch, "num_workers": plan.num_workers,
+    }
+
+
+def build_argv(config: RunConfig, plan: Plan, values: Mapping[str, object], has_checkpoint: bool) -> list[str]:
+    """The command with placeholders filled, resume args (only with a checkpoint) and fallbacks."""
+    argv = [render(token, values) for token in config.command]
+    if has_checkpoint and config.checkpoints.resume_args:
+        argv += [render(token, values) for token in shlex.split(config.checkpoints.resume_args)]
+    for extra in config.batch.fallback_args[:plan.fallbacks_applied]:
+        argv += [render(token, values) for token in shlex.split(extra)]
+    return argv
+
+
+# The allocator's settings live under two names. torch 2.13 (read in its installed source,
+# c10/core/AllocatorConfig.h and c10/cuda/CUDAAllocatorConfig.h): the device-generic settings, among
+# them expandable_segments, read PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF only when it is
+# unset; the CUDA-only settings read PYTORCH_CUDA_ALLOC_CONF first. Releases before 2.9 read only
+# PYTORCH_CUDA_ALLOC_CONF. So the option is merged into every name the user set (each keeps its
+# own other settings and wins where it won before), and a name the user left unset gets the user's
+# settings too, so that whichever name the worker's torch reads carries expandable_segments:True.
+ALLOC_CONF_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def with_expandable_segments(current: str | None) -> str:
+    """Allocator settings with expandable_segments:True, keeping the user's other settings."""
+    parts = [p for p in (current or "").split(",")
+             if p.strip() and not p.strip().startswith("expandable_segments")]
+    return ",".join([*parts, "expandable_segments:True"])
+
+
+def merge_alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """The allocator variables to set for expandable segments, given the worker's environment."""
+    user = {name: env[name] for name in ALLOC_CONF_NAMES if env.get(name)}
+    fallback = next(iter(user.values()), None)  # the new name's value first: it wins on new releases
+    return {name: with_expandable_segments(user.get(name, fallback)) for name in ALLOC_CONF_NAMES}
+
+
+def alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """The allocator settings the worker gets (for status): the names that are set."""
+    return {name: env[name] for name in ALLOC_CONF_NAMES if env.get(name)}
+
+
+def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files: AttemptFiles,
+              base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update({
+        protocol.ENV_MICRO_BATCH: str(values["micro_batch"]),
+        protocol.ENV_GRAD_ACCUM: str(values["grad_accum"]),
+        protocol.ENV_GLOBAL_BATCH: str(values["global_batch"]),
+        protocol.ENV_WORLD_SIZE: str(values["world_size"]),
+        protocol.ENV_CHECKPOINT: str(values["checkpoint"]),
+        protocol.ENV_CHECKPOINT_STEP: str(values["checkpoint_step"]),
+        protocol.ENV_ATTEMPT: str(values["attempt"]),
+        protocol.ENV_RUN_DIR: str(values["run_dir"]),
+        protocol.ENV_EVENTS: str(files.events.resolve()),
+        protocol.ENV_CHECKPOINT_REQUEST: str(files.checkpoint_request.resolve()),
+        protocol.ENV_CHECKPOINT_SIGNAL: config.checkpoints.signal,
+    })
+    # Output must stream for OOM text to be seen as it happens; a hang dump needs faulthandler.
+    env.pop("NOTIFY_SOCKET", None)  # systemd talks to the supervisor, not to its worker
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    if plan.expandable_segments:
+        env.update(merge_alloc_conf(env))
+    if config.probe:
+        env["PYTHONPATH"] = with_probe(env.get("PYTHONPATH", ""))
+    return env
+
+
+def with_probe(pythonpath: str) -> str:
+    """The worker's PYTHONPATH with the probe's sitecustomize directory first, inherited by every Python
+    process it starts (docs/probe.md); it holds only sitecustomize.py, which runs the user's own."""
+    rest = [entry for entry in pythonpath.split(os.pathsep) if entry and entry != SITE_DIR]
+    return os.pathsep.join([SITE_DIR, *rest])
+
+
+def expandable_already(env: Mapping[str, str]) -> bool:
+    """The user set the option under the name their torch reads first (new name, else old)."""
+    value = next((env[name] for name in ALLOC_CONF_NAMES if env.get(name)), "")
+    return "expandable_segments:true" in value.replace(" ", "").lower()
+
+
 LAUNCHER = str(Path(__file__).with_name("launch.py"))
 WORKER_OOM_SCORE_ADJ = 500  # above the supervisor's, so the kernel picks the worker, not us
+
+
+def launch(command: Sequence[str], oom_score_adj: int, procs: Path | None, cwd: Path, env: Mapping[str, str],
+           stdin: int) -> subprocess.Popen[bytes]:
+    """``command`` under the launcher in a session of its own, its output merged into one pipe."""
+    return subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(oom_score_adj),
+                             str(procs) if procs else "-", "--", *command], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
 
 
 def worker_oom_score_adj() -> int:
@@ -271,14 +399,10 @@ class WorkerProcess:
         return self._proc.pid
 
     def start(self, wake: threading.Event, spare: subprocess.Popen[bytes] | None = None) -> None:
-        """Start the worker under its launcher, or watch ``spare``: a spare interpreter (its
-        launcher) just handed this attempt (``run/spare.py``)."""
-        launch = [sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(worker_oom_score_adj()),
-                  str(self.cgroup_procs) if self.cgroup_procs else "-", "--", *self.argv]
+        """Start the worker under its launcher, or watch ``spare``, a spare's launcher just handed over."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = spare or subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
-                                               start_new_session=True)
+        self._proc = spare or launch(self.argv, worker_oom_score_adj(), self.cgroup_procs, self.cwd, self.env,
+                                     subprocess.DEVNULL)
         self._started = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="worker-output", daemon=True)
         self._reader.start()
@@ -309,8 +433,7 @@ class WorkerProcess:
         return self._worker_pid
 
     def rank_pids(self) -> dict[int, int]:
-        """Under torchrun or accelerate, each rank's training process (the topmost process of the tree
-        with that ``RANK``: its DataLoader workers inherit the variable), by rank."""
+        """Each rank's training process (the topmost with that ``RANK``) under torchrun or accelerate."""
         ranks: dict[int, int] = {}
         for proc in self.tree():
             rank = process_rank(proc.pid)
@@ -325,8 +448,7 @@ class WorkerProcess:
         return dict(sorted(ranks.items()))
 
     def named_pids(self) -> dict[str, object] | None:
-        """What status names: the training process (not ``launch.py``) and each rank's pid; only
-        when it changed since the last call (it is written to the journal)."""
+        """The training process (not ``launch.py``) and the ranks' pids, for status; only when changed."""
         named: dict[str, object] = {"worker_pid": _through_shells(self.worker_pid),
                                     "rank_pids": {str(r): p for r, p in self.rank_pids().items()}}
         if named == self._named or named["worker_pid"] is None:
@@ -349,8 +471,7 @@ class WorkerProcess:
             return False
 
     def stop(self, grace: float, interrupted: Callable[[], bool] = lambda: False) -> None:
-        """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL; ``interrupted`` cuts the
-        wait short (a second Ctrl-C)."""
+        """SIGTERM the group, wait up to ``grace`` s (or until ``interrupted``: a second Ctrl-C), SIGKILL."""
         try:
             self.signal_group(signal.SIGTERM)
             deadline = time.monotonic() + grace
@@ -374,8 +495,7 @@ class WorkerProcess:
         return pid is not None and catches(pid, sig) and _kill(pid, sig)
 
     def dump_stack(self) -> None:
-        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a dump of
-        every thread's stack (PYTHONFAULTHANDLER is set for it)."""
+        """py-spy if installed; else SIGABRT, which the worker's faulthandler turns into a stack dump."""
         pid = self.worker_pid
         if pid is None:
             return
@@ -389,15 +509,11 @@ class WorkerProcess:
             self.exited.wait(3.0)
 
 
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
-
-
 def _through_shells(pid: int | None) -> int | None:
-    """The process a wrapper shell runs (``bash -c 'cd x && python train.py'``): a shell with one
-    child is not the training process, its child is."""
+    """A wrapper shell with one child (``bash -c 'cd x && python train.py'``) stands for its child."""
     try:
         proc = psutil.Process(pid) if pid is not None else None
-        while proc is not None and proc.name() in _SHELLS and len(children := proc.children()) == 1:
+        while proc is not None and proc.name() in SHELLS and len(children := proc.children()) == 1:
             proc = children[0]
         return proc.pid if proc is not None else None
     except psutil.Error:
@@ -406,12 +522,10 @@ def _through_shells(pid: int | None) -> int | None:
 
 def catches(pid: int, sig: signal.Signals) -> bool:
     """Does the process have a handler for ``sig``? (the SigCgt mask in /proc/PID/status)"""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("SigCgt:"):
                 return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except OSError:
-        pass
     return False
 
 

@@ -1,28 +1,24 @@
 """A spare worker interpreter: started while an attempt runs, it has imported the script's heavy
 modules (torch, transformers, lightning) by the time the attempt ends, and becomes the next worker.
 
-Only for ``python [flags] script.py ...``: a launcher that starts its own workers (torchrun,
-accelerate launch, deepspeed), ``python -m``, ``-c`` and non-Python commands start cold. The spare runs
-under ``launch.py`` like a worker (its own session, death with the supervisor, a memory cgroup of
-its own that becomes the next attempt's), at a lower CPU priority and the highest OOM score, so the
-running attempt loses as little as can be. It never initializes CUDA (``sparestart.py``), and is
-used only when the next attempt's interpreter, flags, script and environment are the ones it was
-started with; only oomguard's per-attempt variables and the allocator settings (read at the first
-CUDA allocation, after the handover) may differ. Anything else: it is discarded, the next worker
-starts cold. Once the kernel's OOM killer has ended a worker, no more spares: the memory a spare
-holds would be the worker's. Beside the next attempt's spare, a reserve for the attempt after it
-(``decide/policy.py``), so that back-to-back OOMs do not outrun the spares.
+Only for ``python [flags] script.py ...`` (a launcher, ``-m``, ``-c`` start cold). It runs under
+``launch.py`` like a worker, in a memory cgroup of its own that becomes the next attempt's, at a lower
+CPU priority and the highest OOM score, never initializes CUDA (``sparestart.py``), and is used only
+when the next attempt's interpreter, flags, script and environment (but oomguard's per-attempt
+variables and the allocator settings) are the ones it was started with; else the worker starts cold.
+After a kernel OOM kill of the worker, no more spares: their memory would be the worker's. Beside
+the next attempt's spare, a reserve (``decide/policy.py``) so back-to-back OOMs do not outrun them.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -45,8 +41,7 @@ from oomguard.supervisor.decide.policy import (
 )
 from oomguard.supervisor.observe.cgroup import SharedLimit, shared_limit
 from oomguard.supervisor.run.containment import Containment
-from oomguard.supervisor.run.process import LAUNCHER, WORKER_OOM_SCORE_ADJ, worker_oom_score_adj
-from oomguard.supervisor.run.runtime import ALLOC_CONF_NAMES
+from oomguard.supervisor.run.process import ALLOC_CONF_NAMES, WORKER_OOM_SCORE_ADJ, launch, worker_oom_score_adj
 
 BOOTSTRAP = str(Path(__file__).with_name("sparestart.py"))
 SPARE_OOM_SCORE_ADJ = 1000  # if memory runs out while it waits, the kernel takes the spare first
@@ -101,8 +96,7 @@ def target_of(argv: Sequence[str]) -> Target | str:
 
 
 def runs_as_file(script: Path) -> bool:
-    """Whether ``python script`` runs the file's own source, as a spare's handover does: a package
-    directory or a zip archive runs its ``__main__.py`` instead, which only a cold start does."""
+    """Does ``python script`` run the file itself, as a handover does (not a directory's or zip's __main__)?"""
     try:
         return script.is_file() and not zipfile.is_zipfile(script)
     except OSError:
@@ -153,9 +147,8 @@ def heavy_imports(script: Path) -> list[str]:
 
 
 def _imports(tree: ast.AST) -> list[str]:
-    """The imports every run executes: at module level (in its ifs, trys and classes too), not in
-    functions, which may never be called: a module the script would not import must not be in the
-    worker (its memory, its side effects)."""
+    """The imports every run executes: at module level, not in functions, which may never be called (a
+    module the script would not import must not be in the worker)."""
     items = []
     todo = [tree]
     while todo:
@@ -171,8 +164,7 @@ def _imports(tree: ast.AST) -> list[str]:
 
 
 def per_attempt(name: str) -> bool:
-    """A variable that may differ between the spare and the attempt it becomes: oomguard's own
-    (read by the script, not at import) and the allocator settings (read at the first CUDA use)."""
+    """May differ at a handover: oomguard's own variables and the allocator's (read at the first CUDA use)."""
     return name.startswith("OOMGUARD_") or name in ALLOC_CONF_NAMES
 
 
@@ -183,8 +175,7 @@ def env_differences(started: Mapping[str, str], wanted: Mapping[str, str]) -> li
 
 
 def can_restore_priority() -> bool:
-    """Can the spare's threads raise their priority back to a worker's at the handover? (root, or
-    RLIMIT_NICE allowing nice 0): if not, it starts at the worker's priority."""
+    """Can a spare's threads get back a worker's priority (root, or RLIMIT_NICE allows nice 0)?"""
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
@@ -217,22 +208,13 @@ class Spare:
         self.settled = False  # a renice began after its ready record: after its own ``os.nice``, so it holds
 
     def start(self, imports: Sequence[str], nice: int = SPARE_NICE) -> None:
-        """Start it at ``nice`` above our priority (SPARE_NICE; RESERVE_NICE behind a spare still
-        importing), or at ours where its threads could not be raised back."""
+        """Start it at ``nice`` above our priority, or at ours where it could not be raised back."""
         nice = nice if can_restore_priority() else 0
         self.nice = self.start_nice = nice
-        procs = str(self.containment.procs) if self.containment.procs else "-"
         command = [self.target.python, *self.target.flags, BOOTSTRAP, str(self.ready_file), str(nice),
                    path0(self.target.script, self.cwd), *imports]
         self.ready_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(os.getpid()), str(SPARE_OOM_SCORE_ADJ),
-                                      procs, "--", *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
-
-    def hurry(self) -> None:
-        """The next attempt is waiting for it: its threads back to a worker's priority (it imports
-        at nice SPARE_NICE only while an attempt runs beside it)."""
-        self.renice(0)
+        self.proc = launch(command, SPARE_OOM_SCORE_ADJ, self.containment.procs, self.cwd, self.env, subprocess.PIPE)
 
     def renice(self, nice: int) -> None:
         """Its interpreter's threads to ``nice`` above ours (a cold worker inherits ours)."""
@@ -245,10 +227,8 @@ class Spare:
         value = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         for pid in pids:
             for tid in _threads(pid):
-                try:
+                with contextlib.suppress(OSError):
                     os.setpriority(os.PRIO_PROCESS, tid, value)
-                except OSError:
-                    continue
         self.nice, self.settled = nice, ready
 
     def is_ready(self) -> bool:
@@ -256,14 +236,9 @@ class Spare:
         return self.ready_file.exists()
 
     def size(self) -> int:
-        """Its resident memory, launcher and interpreter together (bytes), once it has imported:
-        what a reserve started like it will hold."""
+        """Its ``rss`` once it has imported: what a reserve started like it will hold."""
         if self._size is None and self.proc is not None and self.is_ready():
-            try:
-                launcher = psutil.Process(self.proc.pid)
-                self._size = sum(p.memory_info().rss for p in (launcher, *launcher.children(recursive=True)))
-            except psutil.Error:
-                self._size = 0
+            self._size = self.rss()
         return self._size or 0
 
     def rss(self) -> int:
@@ -283,7 +258,7 @@ class Spare:
         hurried = 0.0
         while True:
             if time.monotonic() - hurried >= 0.25:  # again and again: a spare not yet started sets its own nice
-                self.hurry()
+                self.renice(0)  # the next attempt waits for it: back to a worker's priority
                 hurried = time.monotonic()
             if self.ready_file.exists():
                 try:
@@ -301,30 +276,25 @@ class Spare:
             time.sleep(0.02)
 
     def hand_over(self) -> subprocess.Popen[bytes]:
-        """Make it the worker (``Spares.take`` chose it): argv, environment, cwd, priority and OOM
-        score of a direct run; its launcher, which the worker's watcher then owns."""
+        """Make it the worker, as a direct run would be; its launcher, which the worker's watcher owns."""
         assert self.proc is not None and self.proc.stdin is not None and self.handover is not None
         target, env, nice = self.handover
         spec = {"argv": [target.script, *target.args], "env": dict(env), "cwd": str(self.cwd),
                 "script": os.path.abspath(self.cwd / target.script), "path0": path0(target.script, self.cwd),
                 "nice": nice, "oom_score_adj": self.worker_adj}
         self.lost = self._gone()  # the script will not run: what ends this attempt is the spare's, not its
-        try:  # the launcher back to a worker's OOM score too (it is the spare's parent)
+        with contextlib.suppress(OSError):  # the launcher back to a worker's OOM score too (it is the spare's parent)
             Path(f"/proc/{self.proc.pid}/oom_score_adj").write_text(str(self.worker_adj))
-        except OSError:
-            pass
         self.ready_file.unlink(missing_ok=True)
         pipe, self.proc.stdin = self.proc.stdin, None  # a worker has no stdin of ours
-        try:
+        # it died since it was ready: the worker's watcher sees its exit as an attempt's
+        with contextlib.suppress(OSError):
             pipe.write(json.dumps(spec).encode())
             pipe.close()
-        except OSError:  # it died since it was ready: the worker's watcher sees its exit as an attempt's
-            pass
         return self.proc
 
     def _gone(self) -> str | None:
-        """How it had exited before the handover (the kernel's OOM killer takes a spare first, while
-        the last attempt's leftovers settle), or None while it runs."""
+        """How it had exited before the handover (the OOM killer takes a spare first), or None."""
         assert self.proc is not None
         code = self.proc.poll()
         if code is not None:
@@ -343,14 +313,10 @@ class Spare:
             # Only while it is not reaped: a reaped leader's pid, and so its group's id, may belong to
             # another process by now; what is left of a reaped spare dies with its cgroup below.
             if self.proc.returncode is None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
             for pipe in (self.proc.stdin, self.proc.stdout):
                 if pipe is not None:
                     pipe.close()
@@ -365,11 +331,8 @@ def host_memory() -> tuple[int, int]:
 
 
 class Spares:
-    """The run's spare interpreters, oldest first: the next attempt's, and a reserve for the one
-    after (``decide/policy.py`` says when to start one). Each attempt takes the oldest that fits
-    it, or none; one that cannot fit is discarded. ``event`` is the loop's journal-and-listeners
-    call; ``memory`` (available, total) and ``limit`` (the cgroup limit above the worker and the
-    spares) seams for the tests; ``say`` puts why a spare is held back where status reads it."""
+    """The run's spare interpreters, oldest first: the next attempt's, and a reserve (``decide/policy.py``
+    says when). ``memory`` and ``limit`` are seams for the tests; ``say`` puts why one is held back in status."""
 
     def __init__(self, enabled: bool, run_dir: Path, cwd: Path, memory_limit: int | None,
                  event: Callable[..., None], memory: Callable[[], tuple[int, int]] = host_memory,
@@ -400,8 +363,7 @@ class Spares:
         return self.pool[0] if self.pool else None
 
     def prepare(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        """Start a spare for the next attempt of this command (none when it cannot have one); the
-        ticks that follow add the reserve."""
+        """Start a spare for the next attempt of this command, where it can have one."""
         target = target_of(argv)
         if not self.enabled or isinstance(target, str) or not runs_as_file(self.cwd / target.script):
             self._command = None
@@ -411,10 +373,8 @@ class Spares:
         self._fill(reserve=False)
 
     def tick(self) -> None:
-        """Every loop tick: drop a spare the kernel killed, and the newest when the worker has grown
-        into its room under the limit that holds them; drop the reserve when the host's memory runs
-        short, raise it to a spare's priority once the spare before it has imported, start one when
-        the policy says."""
+        """Every loop tick: drop a spare the kernel killed, the newest when the worker grew into its room, the
+        reserve when the host runs short; raise a reserve once the spare before it imported; start more."""
         if not self.enabled or self._command is None:
             return
         if self._gone() or self._over_budget():
@@ -437,9 +397,8 @@ class Spares:
         self._fill(self.reserve and self._reserve_fits(self._reserve_size()))
 
     def observe(self, now: int, trained: bool, pids: Sequence[int] = ()) -> None:
-        """The worker's memory at a sample (its cgroup's working set, else its RSS); ``trained``: an
-        attempt of this run has taken a step, so the highest figure seen is its peak. ``pids``, the
-        worker's processes, get the OOM score that keeps the kernel taking a spare first."""
+        """The worker's memory at a sample; ``trained``: a step was taken, so the highest figure is its peak.
+        ``pids`` get the OOM score that keeps the kernel taking a spare first."""
         peak = max(now, self.worker.peak or 0, self._seen)
         self._seen = peak
         self._trained = self._trained or trained
@@ -448,8 +407,7 @@ class Spares:
             self._score(pids)
 
     def _score(self, pids: Sequence[int]) -> None:
-        """Each worker process's oom_score_adj: below a spare's by enough that the kernel takes a
-        spare first (``worker_score``), back to a worker's usual score once none is held. Where it
+        """Each worker process's oom_score_adj below a spare's (``worker_score``) while one is held; where it
         cannot be lowered, no spares for the run: the kernel could end the worker in a spare's place."""
         sizes = [spare.rss() for spare in self.pool]
         own = worker_oom_score_adj() - WORKER_OOM_SCORE_ADJ
@@ -464,18 +422,15 @@ class Spares:
             except FileNotFoundError:
                 continue  # it exited since the sample
             except OSError as exc:
-                self._turn_off(f"the worker's OOM score cannot be lowered below a spare's ({exc.strerror})")
+                self.enabled = False
+                self.discard()
+                self._event("spare_off", why="the worker's OOM score cannot be lowered below a spare's "
+                            f"({exc.strerror})")
                 return
             self._scores[pid] = target
 
-    def _turn_off(self, why: str) -> None:
-        self.enabled = False
-        self.discard()
-        self._event("spare_off", why=why)
-
     def budget(self) -> Limit:
-        """The tightest limit that holds the worker and its spares: a cgroup limit above both where
-        one is set below the host's memory, else the host."""
+        """The tightest limit holding the worker and its spares: a cgroup's below the host's, else the host."""
         available, total = self._memory()
         shared = self._limit()
         if shared is None or shared.limit_bytes >= total:
@@ -483,8 +438,7 @@ class Spares:
         return Limit(shared.limit_bytes, shared.counted_bytes, "the cgroup limit", True)
 
     def _gone(self) -> bool:
-        """Drop spares killed while they waited (the kernel's OOM killer takes a spare first):
-        a spare's death is never the worker's, and ``_drop`` ends the reserve for the run."""
+        """Drop spares killed while they waited: never the worker's death; ``_drop`` ends the reserve."""
         gone = [spare for spare in self.pool if spare.proc is not None and spare.proc.poll() == -signal.SIGKILL]
         for spare in gone:
             assert spare.proc is not None
@@ -512,8 +466,7 @@ class Spares:
         self.held_back = why
 
     def _fill(self, reserve: bool) -> None:
-        """Start what the policy says, where the limit that holds the worker leaves room for one
-        more spare; one started behind a spare still importing waits at RESERVE_NICE."""
+        """Start what the policy says where the limit leaves room; one behind an importing spare at RESERVE_NICE."""
         importing = sum(not spare.is_ready() for spare in self.pool)
         count = spares_to_start(len(self.pool) - importing, importing, reserve, can_restore_priority())
         if count:
@@ -535,8 +488,7 @@ class Spares:
         return max((spare.size() for spare in self.pool if spare.is_ready()), default=0)
 
     def _reserve_fits(self, size: int, held: bool = False) -> bool:
-        """Does the host keep its margin beside a reserve of ``size`` bytes (``held``: one that runs
-        already, its memory no longer available)?"""
+        """Does the host keep its margin beside a reserve of ``size`` (``held``: one already running)?"""
         available, total = self._memory()
         return reserve_fits(available + (size if held else 0), total, size)
 
@@ -562,17 +514,15 @@ class Spares:
         return True
 
     def _spare_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The attempt's environment without its per-attempt variables, but with a channel of the
-        spare's own: the probe's sitecustomize (docs/probe.md) loads only where OOMGUARD_EVENTS is
-        set, and reads it again at each record, so after the handover it writes to the attempt's."""
+        """The attempt's environment without its per-attempt variables, but with a channel of the spare's own:
+        the probe loads only where OOMGUARD_EVENTS is set, and rereads it, so it follows the handover."""
         spare_env = {k: v for k, v in env.items() if not k.startswith("OOMGUARD_")}
         if env.get(protocol.ENV_EVENTS):
             spare_env[protocol.ENV_EVENTS] = str(self.dir / f"events-{self._made}.jsonl")
         return spare_env
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], interrupted: Callable[[], bool]) -> Spare | None:
-        """The oldest spare, ready, to become this attempt's worker, or None: a cold start. Those
-        that cannot become it are discarded with the reason journaled; a reserve that can stays."""
+        """The oldest ready spare to become this attempt's worker, or None; unfit ones are dropped, said why."""
         target = target_of(argv)
         for spare in list(self.pool):
             why = self._unfit(spare, target, env)
@@ -603,8 +553,7 @@ class Spares:
         return f"environment changed since the spare started: {', '.join(changed[:5])}" if changed else ""
 
     def _drop(self, spare: Spare, why: str, kind: str = "spare_not_used") -> None:
-        """Discard one spare, saying why. One the kernel killed (SIGKILL, not ours: the OOM killer
-        takes a spare first) means the host's memory ran short: no reserve for the rest of the run."""
+        """Discard one spare, saying why; one the kernel killed ends the reserve for the run."""
         if spare in self.pool:
             self.pool.remove(spare)
         killed = spare.proc is not None and spare.proc.poll() == -signal.SIGKILL
@@ -615,10 +564,8 @@ class Spares:
             self._event("spare_reserve_off", why="a spare was killed while it waited")
 
     def after_failure(self, kind: FailureKind, sig: int | None) -> None:
-        """The kernel's OOM killer ended the worker: memory shared with the spares ran out, and a
-        spare's imports (hundreds of MB with torch) would take from the worker and so change what
-        fits; every later attempt starts cold. (An allocator's own failure, RLIMIT_AS, or
-        ``--memory-limit`` on the worker's cgroup are the worker's alone: the spares are not in them.)"""
+        """The kernel's OOM killer ended the worker: memory shared with the spares ran out, so every later
+        attempt starts cold (RLIMIT_AS or --memory-limit on the worker's cgroup are the worker's alone)."""
         if self.enabled and kind is FailureKind.HOST_OOM and sig == signal.SIGKILL:
             self.enabled = False
             had_spares = bool(self.pool) or self._command is not None  # none for a launcher's command
@@ -628,8 +575,7 @@ class Spares:
                             why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def turn_off(self) -> None:
-        """A spare's handover failed an attempt (decide/classify.py): every later attempt starts cold,
-        as with --no-spare; the loop journals why."""
+        """A spare's handover failed an attempt: every later one starts cold, as with --no-spare."""
         self.enabled = False
         self._command = None
         self.discard()

@@ -2,24 +2,15 @@
 
 Tested in tests/unit/supervisor/run/test_spare.py (real spares that become the worker).
 
-Run by the worker's own Python, under ``launch.py`` like a worker, as
-``python [the command's flags] sparestart.py READY_FILE NICE PATH0 [MODULE[:NAME,NAME...]]...``. Stdlib
-only (the worker's interpreter may not have oomguard installed). It
-
-1. puts ``PATH0`` (the script's directory, as ``python script.py`` would) first on ``sys.path`` in
-   place of its own directory, so a module is found where the script would find it;
-2. lowers its priority by ``NICE`` (it must not slow the attempt that is running) and imports each
-   MODULE, then each NAME from it (``from transformers import Trainer`` loads what the lazy
-   top-level module does not); only third-party modules (under site-packages): the user's own
-   modules run the user's code and are left to the script;
-3. checks it touched no GPU (``torch.cuda.is_initialized()`` false, no ``/dev/nvidia*`` open) and
-   writes READY_FILE (JSON: ok, why, the modules imported);
-4. waits for the handover on stdin: one JSON object (argv, env, cwd, script, path0, nice,
-   oom_score_adj); EOF without one means "not needed": it exits 0;
-5. becomes the worker: stdin from /dev/null, the environment replaced wholesale (``os.environ``,
-   so C code's getenv sees it: PyTorch reads its allocator settings at the first CUDA allocation,
-   after this), cwd, ``sys.argv``, ``sys.path[0]``, its priority and OOM score back to a worker's,
-   then runs the script as ``__main__``, as ``python script.py`` would.
+Run by the worker's own Python under ``launch.py`` as ``python [flags] sparestart.py READY_FILE NICE
+PATH0 [MODULE[:NAME,...]]...``; stdlib only (that interpreter may not have oomguard). It puts PATH0 (the
+script's directory) first on ``sys.path``, lowers its priority by NICE, imports each third-party
+MODULE and NAME (the user's own modules run the user's code: left to the script), checks it touched
+no GPU and writes READY_FILE (JSON: ok, why, imported). It then waits for the handover on stdin (one
+JSON object; EOF: not needed, exit 0) and becomes the worker: stdin from /dev/null, ``os.environ``
+replaced wholesale (C's getenv sees it: PyTorch reads its allocator settings at the first CUDA
+allocation, after this), cwd, argv, ``sys.path[0]``, priority and OOM score as a direct run's; then
+it runs the script as ``__main__``.
 """
 
 from __future__ import annotations

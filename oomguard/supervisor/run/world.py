@@ -1,34 +1,30 @@
 """The attempt's world beyond one process: torchrun's ranks on this node, the other nodes' supervisors.
 
-Tested in tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
+Tested in tests/unit/supervisor/run/test_world.py, tests/e2e/test_torchrun.py and tests/e2e/test_multinode.py.
 
-For a single-process run this object does nothing and the loop never notices it. Under torchrun it
-wraps each attempt's command in torchrun (ranks' error files under the run directory), reads the
-root-cause rank after the attempt, and, with several nodes, carries each round's agreement through
-the shared store (``run.rounds``): every member starts from the host's plan and checkpoint, ends
-with the same verdict and acts on the host's decision.
-
-An elastic run (torchrun's ``--nnodes MIN:MAX``) also changes its world here: a member lost, or a
-node back (taken in after the next checkpoint), ends the round on every node as a planned restart
-(``stop``), never a failure, and the next round trains on the nodes it has at the same global
-batch. The loop calls it at those points and nowhere else.
+For a single-process run this object does nothing. Under torchrun it wraps each attempt's command
+in torchrun and reads the root-cause rank after it; with several nodes each round's agreement goes
+through the shared store (``agree_*``): every member starts from the host's plan (sized for the
+round's world) and checkpoint, ends with the same verdict and acts on the host's decision. In an
+elastic run (``--nnodes MIN:MAX``) a member lost or back ends the round as a planned restart.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import Any
 
-from oomguard.supervisor.decide.classify import ExitFacts, Verdict, classify
-from oomguard.supervisor.decide.policy import Decision, Plan
-from oomguard.supervisor.distributed.coordination import Coordinator, store_address
+from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, Verdict, classify
+from oomguard.supervisor.decide.policy import Action, Decision, Plan
+from oomguard.supervisor.distributed.coordination import Coordinator, PeerLost, adopt, choose, for_world, store_address
 from oomguard.supervisor.distributed.launcher import ERROR_FILE_ENV, TorchrunAttempt
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.lifecycle.outcome import Stop, StopReason
+from oomguard.supervisor.lifecycle import Stop, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint, CheckpointIndex
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.logs import say as log
-from oomguard.supervisor.run.rounds import agree_decision, agree_end, agree_start
-from oomguard.supervisor.run.runtime import AttemptFiles
+from oomguard.supervisor.run.process import AttemptFiles
 
 Event = Callable[..., None]  # the loop's journal-and-listeners event: event(name, **data)
 
@@ -83,8 +79,7 @@ class World:
         return plan, checkpoint, True
 
     def command(self, argv: list[str], env: dict[str, str], files: AttemptFiles, attempt: int) -> list[str]:
-        """With ranks: the attempt's torchrun argv and the environment torchrun passes on; a
-        single-process run keeps its argv."""
+        """With ranks: the attempt's torchrun argv (and the environment torchrun passes on)."""
         nodes = self.nodes
         rdzv = f"attempt-{nodes.round if nodes is not None else attempt}"  # the same on every node of the round
         elastic = nodes is not None and nodes.shape.elastic
@@ -125,10 +120,8 @@ class World:
         return verdict
 
     def stop(self, stop: Stop | None) -> Stop | None:
-        """The stop this attempt ends with, the same on every node whichever saw what first: a round
-        ended for the nodes to regroup (a node lost or back) is a planned restart, whatever its ranks
-        exited with; where every member's ranks finished, the run is over though a regroup was asked
-        for; the user's stop stays."""
+        """The stop this attempt ends with, the same on every node: a round ended for the nodes to regroup
+        is a planned restart, unless every member's ranks finished; the user's stop stays."""
         if stop is not None and stop.reason is StopReason.USER:
             return stop
         if self.regroup is not None:
@@ -136,8 +129,7 @@ class World:
         return None if stop is not None and stop == self._regroup_stop else stop
 
     def news(self, attempt: int) -> Stop | None:
-        """Why this node's ranks must stop now, seen once: another member's attempt failed (its ranks
-        would only wait in a collective), a member lost, or a node back after a checkpoint."""
+        """Why this node's ranks must stop now, once: a member failed, was lost, or is back after a checkpoint."""
         if self.nodes is None or self.peer_stop is not None or self._regroup_stop is not None:
             return None
         self._take_back()
@@ -151,8 +143,7 @@ class World:
         return Stop(StopReason.PEER, news.why)
 
     def _take_back(self) -> None:
-        """The host of an elastic run short of nodes: a node heard again is taken in after the next
-        checkpoint (the round's ranks are stopped right after it, so no step is redone)."""
+        """The host of an elastic run short of nodes takes a node heard again in after the next checkpoint."""
         nodes = self.nodes
         if nodes is None or not nodes.leader or self._index is None:
             return
@@ -168,7 +159,14 @@ class World:
 
     def decision(self, attempt: int, decision: Decision) -> Decision:
         """The host decides for every node."""
-        return decision if self.nodes is None else agree_decision(self.nodes, decision)
+        if self.nodes is None:
+            return decision
+        agreed = self.nodes.decision({"action": decision.action.value, "plan": decision.plan.as_dict(),
+                                      "reason": decision.reason, "delay": decision.delay,
+                                      "bad_checkpoint": decision.bad_checkpoint})
+        plan = adopt(decision.plan, agreed["plan"]) or decision.plan
+        return Decision(Action(agreed["action"]), plan, agreed["reason"], float(agreed["delay"]),
+                        agreed["bad_checkpoint"])
 
 
 def _version(checkpoint: Checkpoint | None) -> object:
@@ -187,3 +185,58 @@ def joined_line(nodes: Coordinator) -> str:
     where = f"hosts oomguard's store on port {port}" if nodes.leader else f"shares {keeper} at {host}:{port}"
     count = f"{shape.min_nodes}:{shape.nnodes}" if shape.elastic else str(shape.nnodes)
     return f"node {nodes.node} of {count}: {where}{how}"
+
+
+# --- a round carried through the shared store, as the loop's types ---------------------------------
+
+
+def agree_start(coord: Coordinator, plan: Plan,
+                checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, dict[str, Any]]:
+    """The host's members, plan and checkpoint on every node (exit 75 where no plan keeps the batch)."""
+    mine = {"plan": plan.as_dict(), "checkpoint": checkpoint.path if checkpoint else None,
+            "step": checkpoint.step if checkpoint else None,
+            "step_from": checkpoint.step_from if checkpoint else None}
+    if coord.leader:
+        mine = {**mine, **_sized(coord, plan)}
+    agreed = coord.start_round(mine)
+    adopted = adopt(plan, agreed["plan"]) or plan
+    if agreed["checkpoint"] is None:
+        return adopted, None, agreed
+    path = str(agreed["checkpoint"])
+    try:
+        stat = os.stat(path)
+        mtime, size = stat.st_mtime, stat.st_size
+    except OSError:  # not visible here (no shared filesystem): the ranks get the host's path all the same
+        mtime, size = 0.0, 0
+    # The step's evidence travels with it (a host of an older oomguard posts none: unknown then).
+    return adopted, Checkpoint(path, agreed["step"], mtime, size, step_from=agreed.get("step_from")), agreed
+
+
+def _sized(coord: Coordinator, plan: Plan) -> dict[str, Any]:
+    """The host's members and its plan for their world; else the line that ends the run, on every node."""
+    members = coord.gather()
+    nodes = len(members)
+    world = nodes * coord.shape.nproc_per_node
+    sized = for_world(plan, world)
+    if isinstance(sized, str):
+        line = (f"{nodes} of {coord.shape.nnodes} nodes left (world {world}): {sized}, so no plan keeps the global "
+                "batch exact; ending for the scheduler to requeue the full set")
+        coord.start_round({"members": members, "stop": line, "plan": plan.as_dict(), "checkpoint": None})
+        raise PeerLost(line)
+    return {"members": list(members), "plan": sized.as_dict()}
+
+
+def agree_end(coord: Coordinator, verdict: Verdict,
+              stopped_for_peer: int | None) -> tuple[Verdict, dict[int, dict[str, Any]], tuple[int, ...]]:
+    """Post this node's ending, read every member's: the round's verdict, the posts, the members lost."""
+    coord.report_end({"kind": verdict.kind.value if verdict.kind else None, "evidence": verdict.evidence,
+                      "signal": verdict.signal, "exit_code": verdict.exit_code,
+                      "stopped_for_peer": stopped_for_peer})
+    reports, lost = coord.ends()
+    chosen = choose(reports)
+    if chosen is None:
+        everyone = "every node" if not lost else f"every node left ({len(reports)})"
+        return Verdict(None, f"exit code 0 on {everyone}", None, 0), reports, lost
+    node, report = chosen
+    return Verdict(FailureKind(report["kind"]), f"node {node}: {report['evidence']}", report["signal"],
+                   report["exit_code"]), reports, lost

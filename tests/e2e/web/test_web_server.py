@@ -18,7 +18,7 @@ from harness import REPO, WORKER
 
 from oomguard.supervisor.cli import build_parser
 from oomguard.supervisor.config import build_config
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.journal import Journal
 from oomguard.supervisor.record.resilient import Degradations
 from oomguard.supervisor.run.loop import Supervisor

@@ -18,7 +18,7 @@ from oomguard.supervisor.command import not_python
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.record.status import probe_text
-from oomguard.supervisor.run.runtime import with_probe
+from oomguard.supervisor.run.process import with_probe
 
 
 def test_the_probe_goes_first_on_the_pythonpath_once() -> None:

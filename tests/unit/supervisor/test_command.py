@@ -16,10 +16,10 @@ from oomguard.supervisor.command import Carrier, apply_edits, carrier, check_edi
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record.status import format_status
 from oomguard.supervisor.run.preflight import notices
-from oomguard.supervisor.run.runtime import placeholder_values
+from oomguard.supervisor.run.process import placeholder_values
 
 NANOGPT_LINES = """
 ddp = int(os.environ.get('RANK', -1)) != -1

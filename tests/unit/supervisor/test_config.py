@@ -9,7 +9,7 @@ import pytest
 
 from oomguard.supervisor.command import render
 from oomguard.supervisor.config import build_config, parse_size
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 
 
 def test_sizes() -> None:

@@ -16,7 +16,7 @@ from oomguard.supervisor.config import RunConfig
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, Limit, Plateau, attribute, step_peaks
 from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner, Phase, phase_of
 from oomguard.supervisor.sizing.memmodel import Fit
@@ -422,7 +422,7 @@ def _sample(t: float, rss: int, working_set: int, limit: int) -> object:
 
 
 def test_the_watch_plans_a_restart_for_a_leak_but_not_for_page_cache() -> None:
-    from oomguard.supervisor.run.trendwatch import TrendWatch
+    from oomguard.supervisor.run.attempt import TrendWatch
 
     limit = 800 * MB  # 760 MB at --soft-threshold 0.95: reached 8.5 s after the last sample
     leak, cache = TrendWatch(), TrendWatch()
@@ -703,7 +703,7 @@ def sample(t: float, rss: int, counted: int | None = None, limit: int | None = N
 def test_the_watch_measures_a_failure_against_the_limit_its_kind_hit() -> None:
     """A host OOM in a cgroup: the cgroup's limit, against the working set of the cgroup that sets
     it (oomguard itself included: 40 MiB here). No kind (a planned restart): nothing to explain."""
-    from oomguard.supervisor.run.trendwatch import TrendWatch
+    from oomguard.supervisor.run.attempt import TrendWatch
 
     watch = TrendWatch()
     for i in range(40):  # 5 steps and 5 MiB a reading: counted memory from 140 to 335 MiB, 65 MiB below the limit
@@ -720,7 +720,7 @@ def test_the_watch_measures_a_failure_against_the_limit_its_kind_hit() -> None:
 
 
 def test_without_a_cgroup_limit_a_host_oom_is_measured_against_the_machine() -> None:
-    from oomguard.supervisor.run.trendwatch import TrendWatch
+    from oomguard.supervisor.run.attempt import TrendWatch
 
     watch = TrendWatch()
     total = 64 * 2**30
@@ -738,7 +738,7 @@ def test_a_cuda_leak_under_a_memory_fraction_is_measured_against_the_cap_its_oom
     GPU memory (its CUDA context included, so a little past the cap) is measured against it."""
     from oomguard.supervisor.observe.gpu import GpuReading
     from oomguard.supervisor.observe.sampler import MemorySample
-    from oomguard.supervisor.run.trendwatch import TrendWatch
+    from oomguard.supervisor.run.attempt import TrendWatch
 
     device = 80 * 2**30
     watch = TrendWatch()

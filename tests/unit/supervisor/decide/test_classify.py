@@ -25,10 +25,10 @@ from oomguard.supervisor.decide.classify import (
 )
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.distributed.launcher import RootCause
-from oomguard.supervisor.lifecycle.states import EXIT_GAVE_UP, EXIT_UNFIXABLE
+from oomguard.supervisor.lifecycle import EXIT_GAVE_UP, EXIT_UNFIXABLE
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner
-from oomguard.supervisor.run.runtime import OWN_CODE
+from oomguard.supervisor.run.process import OWN_CODE
 from oomguard.supervisor.run.spare import BOOTSTRAP
 
 

@@ -10,7 +10,7 @@ import pytest
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.distributed.accelerate import default_config_file, parse
 from oomguard.supervisor.distributed.torchrun import Shape
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.run.preflight import notices
 
 pytest.importorskip("accelerate")

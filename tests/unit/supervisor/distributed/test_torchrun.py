@@ -14,7 +14,7 @@ from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
 from oomguard.supervisor.distributed.launcher import RankScanner, read_error_files, root_cause
 from oomguard.supervisor.distributed.launcher import attempt_argv as launch_attempt_argv
 from oomguard.supervisor.distributed.torchrun import Shape, attempt_argv, parse, shape_of, wrap
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.output import OutputScanner
 
 # torchrun's own words when rank 1 was SIGKILLed and it then stopped rank 0 (torch 2.x, verbatim)

@@ -473,7 +473,7 @@ def test_the_forecast_and_a_leak_are_measured_on_the_allocators_step_peaks_again
     fraction's 24 GiB cap: the forecast names the allocator, and the CUDA OOM at the cap is a leak."""
     from oomguard.supervisor.decide.classify import FailureKind
     from oomguard.supervisor.observe.sampler import MemorySample
-    from oomguard.supervisor.run.trendwatch import TrendWatch
+    from oomguard.supervisor.run.attempt import TrendWatch
 
     watch = TrendWatch()
     found = None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.lifecycle import states as exits
+from oomguard.supervisor import lifecycle as exits
 from oomguard.supervisor.ops import systemd
 from oomguard.supervisor.ops.systemd import ServiceError, UnitOptions, render_unit
 
@@ -335,7 +335,7 @@ def test_a_stop_is_a_success_and_a_give_up_is_not_restarted(oomguard_bin: Path, 
 
 def test_exit_statuses_are_the_ones_oomguard_returns() -> None:
     from oomguard.supervisor.distributed import coordination
-    from oomguard.supervisor.run.control import ControlFlags
+    from oomguard.supervisor.run.runparts import ControlFlags
 
     assert coordination.EXIT_PEER_LOST == exits.EXIT_PEER_LOST
     flags = ControlFlags()

@@ -7,7 +7,7 @@ import signal
 import sqlite3
 from pathlib import Path
 
-from oomguard.supervisor.lifecycle.states import Ending, StopReason
+from oomguard.supervisor.lifecycle import Ending, StopReason
 from oomguard.supervisor.record.journal import Journal, journal_path
 from oomguard.supervisor.record.picture import closing, read_picture, stopped_by
 from oomguard.supervisor.record.report import build_report

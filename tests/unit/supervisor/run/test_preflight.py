@@ -21,8 +21,7 @@ from support import oomguard
 
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide.attribution import Evidence, Plateau, attribute, earlier_plateaus
-from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.lifecycle.states import exit_text
+from oomguard.supervisor.lifecycle import UsageError, exit_text
 from oomguard.supervisor.observe.checkpoints import (
     QUIET_LIMIT,
     Lookalike,

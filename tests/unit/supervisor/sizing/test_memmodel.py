@@ -19,7 +19,7 @@ from oomguard.supervisor.config import build_config
 from oomguard.supervisor.decide import policy
 from oomguard.supervisor.decide.classify import FailureKind
 from oomguard.supervisor.decide.policy import Action, Failure, Plan, PolicyConfig, decide
-from oomguard.supervisor.errors import UsageError
+from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.observe.allocator import AllocatorOom, AllocatorReport, OomProgress
 from oomguard.supervisor.observe.checkpoints import CheckpointIndex
 from oomguard.supervisor.observe.gpu import GpuReading

@@ -20,7 +20,7 @@ from oomguard.supervisor.decide.classify import ExitFacts, FailureKind, classify
 from oomguard.supervisor.observe.allocator import OomProgress
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.record.status import current_progress
-from oomguard.supervisor.run.trendwatch import HOST, MACHINE, TrendWatch
+from oomguard.supervisor.run.attempt import HOST, MACHINE, TrendWatch
 from oomguard.supervisor.sizing.trend import Headroom, Reading, steady_rise
 
 MIB = 2**20

@@ -12,8 +12,7 @@ from oomguard.common.batch import BatchPlan
 from oomguard.supervisor.decide import policy
 from oomguard.supervisor.decide.classify import FailureKind, Verdict
 from oomguard.supervisor.decide.policy import Action, Decision, Plan
-from oomguard.supervisor.lifecycle.outcome import GRACE_CAP, Stop, ending_of, grace
-from oomguard.supervisor.lifecycle.states import Ending, StopReason
+from oomguard.supervisor.lifecycle import GRACE_CAP, Ending, Pending, Stop, StopReason, ending_of, grace
 from oomguard.supervisor.record.journal import Journal
 
 FINISHED = Verdict(None, "exit code 0", None, 0)
@@ -97,3 +96,19 @@ def test_a_journal_from_before_the_ending_column_gains_it(tmp_path: Path) -> Non
         journal.close()
 
 
+# ``Pending``: the one value for "restart at the next checkpoint", whatever its reason.
+
+
+def test_the_forecasts_restart_acts_on_the_workers_word_and_keeps_its_reason() -> None:
+    pending = Pending(StopReason.PLANNED, "planned restart after the next checkpoint: limit in 40 s")
+    assert pending.on_save_record
+    assert pending.stop("ck/step-40") == Stop(StopReason.PLANNED, pending.detail)
+    assert ending_of(pending.stop(None), Verdict(None, "", None, 0), False) is Ending.PLANNED_RESTART
+
+
+def test_a_grow_waits_for_the_file_and_names_it_with_its_size() -> None:
+    pending = Pending(StopReason.GROW, "--grow: micro-batch 32", 32)
+    assert not pending.on_save_record
+    stop = pending.stop("ck/step-40")
+    assert stop == Stop(StopReason.GROW, "--grow: micro-batch 32 after ck/step-40", 32)
+    assert ending_of(stop, Verdict(None, "", None, 143), False) is Ending.GROW

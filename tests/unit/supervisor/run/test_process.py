@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomguard.supervisor.run.runtime import alloc_conf, expandable_already, merge_alloc_conf
+from oomguard.supervisor.run.process import alloc_conf, expandable_already, merge_alloc_conf
 
 NEW, OLD = "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"
 

@@ -11,7 +11,7 @@ from oomguard.supervisor.distributed.coordination import Coordinator
 from oomguard.supervisor.distributed.torchrun import Shape
 from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.checkpoints import Checkpoint
-from oomguard.supervisor.run.rounds import agree_start
+from oomguard.supervisor.run.world import agree_start
 
 
 class Store:

@@ -1,6 +1,8 @@
-"""The run's lifecycle. Stdlib only, so every part of oomguard can name a state.
+"""The values a run's life is told in, shared by the loop (``run/``) and what records it (``record/``,
+``web/``): the run's states, how an attempt ended and why oomguard stopped its worker, and how
+``oomguard run`` ends (``UsageError``: exit 2). It imports neither side (only what an ending carries).
 
-Tested in tests/unit/supervisor/lifecycle/test_outcome.py.
+Tested in tests/unit/supervisor/test_lifecycle.py, and UsageError by the refusals in test_config.py.
 
     STARTING ──spawned──> RUNNING ──exit 0──> SUCCEEDED
         ^                    │ failed
@@ -12,10 +14,8 @@ Tested in tests/unit/supervisor/lifecycle/test_outcome.py.
 A supervisor that starts on an existing run directory begins again at STARTING from whatever the
 journal last said, terminal states included: the run continues where it stopped.
 
-Also here:
-
-- How ``oomguard run`` ends, as its exit status: what a service manager (the generated systemd unit,
-- How an attempt's process ended, said one way everywhere: status, the report, the dashboard.
+An attempt records at most one ``Stop`` (the first reason wins) and returns an ``Outcome``, whose
+``ending`` the loop dispatches on as TorchElastic's ``_invoke_run`` does on ``RunResult.state``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ from __future__ import annotations
 import enum
 import signal
 import signal as signals
+from dataclasses import dataclass
+
+from oomguard.supervisor.decide.classify import Addition, FailureKind, Verdict
+from oomguard.supervisor.observe.checkpoints import Checkpoint
+from oomguard.supervisor.observe.progress import AttemptWatch
 
 
 class RunState(enum.Enum):
@@ -57,11 +62,8 @@ def check_transition(old: RunState, new: RunState) -> None:
 
 
 class StopReason(enum.Enum):
-    """Why oomguard stopped a worker: given to the one call that stops it, kept as a journal column.
-
-    Each reason has its own grace period (``lifecycle.outcome.GRACE``): a worker stopped for a restart is
-    asked to save first, one that broke the memory budget or hung is not waited for long.
-    """
+    """Why oomguard stopped a worker: given to the one call that stops it, kept as a journal column; each
+    reason has its grace (``GRACE_CAP``)."""
 
     USER = "user"  # SIGINT/SIGTERM to oomguard, or `oomguard stop`
     RESTART = "restart_requested"  # `oomguard restart` or the dashboard's restart button
@@ -75,12 +77,8 @@ class StopReason(enum.Enum):
 
 
 class Ending(enum.Enum):
-    """How one attempt ended: the value the attempt returns and the loop dispatches on.
-
-    FINISHED and the failures go to the policy (FAILED, HANG and PEER_STOPPED carry a verdict);
-    STOPPED is the user's and never a failure; PLANNED_RESTART and GROW restart at once with no
-    failure; INTERRUPTED is written by a later supervisor for an attempt whose supervisor died.
-    """
+    """How one attempt ended, dispatched on by the loop. FAILED, HANG and PEER_STOPPED are failures;
+    INTERRUPTED is written by a later supervisor for an attempt whose supervisor died."""
 
     FINISHED = "finished"
     FAILED = "failed"
@@ -113,7 +111,6 @@ class Ending(enum.Enum):
 # =====  ==========================================================  =============================
 
 
-EXIT_FINISHED = 0
 EXIT_GAVE_UP = 1  # run/loop.py's _dispatch, when the policy's decision is not to restart
 EXIT_USAGE = 2
 EXIT_UNFIXABLE = 3
@@ -121,7 +118,20 @@ EXIT_CRASHED = 70
 EXIT_PEER_LOST = 75  # raised as PeerLost in distributed/coordination.py, returned by run/loop.py
 
 NO_RESTART = (EXIT_GAVE_UP, EXIT_USAGE, EXIT_UNFIXABLE)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # run/control.py's stop handlers
+
+
+class UsageError(ValueError):
+    """A problem the user fixes by changing how they call oomguard, said in one line; the CLI prints
+    it and exits EXIT_USAGE. ``option`` names what is wrong (``--micro-batch``), ``fix`` what to do."""
+
+    def __init__(self, option: str, problem: str, fix: str = "") -> None:
+        self.option = option
+        self.problem = problem
+        self.fix = fix
+        text = f"{option}: {problem}" if option else problem
+        super().__init__(f"{text}; {fix}" if fix else text)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # run/runparts.py's ControlFlags
 STOPPED = tuple(128 + sig for sig in STOP_SIGNALS)  # the loop's _stopped returns 128 + the signal
 
 
@@ -145,3 +155,77 @@ def exit_text(exit_code: int | None, signal: int | None, returncode: int | None 
     if returncode is not None:
         return exit_text(None, -returncode) if returncode < 0 else exit_text(returncode, None)
     return "no exit recorded"
+
+
+# Seconds a stopped worker gets between SIGTERM and SIGKILL, as a cap on --grace-period (None: the
+# whole --grace-period). A restart of any kind lets a preemption-aware script save; a worker over
+# its memory budget is pushing the machine towards the kernel's OOM killer, and a hung one or one
+# whose peers are gone will not save anything, so those are not waited for long.
+GRACE_CAP: dict[StopReason, float | None] = {
+    **dict.fromkeys(StopReason), StopReason.MEMORY: 5.0, StopReason.HANG: 10.0, StopReason.PEER: 10.0}
+
+
+def grace(reason: StopReason, grace_period: float) -> float:
+    cap = GRACE_CAP[reason]
+    return grace_period if cap is None else min(grace_period, cap)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """oomguard stopped the worker: why, and the figures or words that made it."""
+
+    reason: StopReason
+    detail: str
+    grow_to: int | None = None  # StopReason.GROW and MODEL: the micro-batch to restart at
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A restart planned for right after the next checkpoint: the forecast's (PLANNED) or ``--grow``'s
+    (GROW, with the size); at most one per attempt, its ``Stop`` once the checkpoint lands."""
+
+    reason: StopReason
+    detail: str
+    grow_to: int | None = None
+
+    @property
+    def on_save_record(self) -> bool:
+        """The forecast's restart is urgent: the worker's word that it saved is enough (a grow waits for the file)."""
+        return self.reason is StopReason.PLANNED
+
+    def stop(self, path: str | None) -> Stop:
+        detail = f"{self.detail} after {path}" if self.reason is StopReason.GROW and path else self.detail
+        return Stop(self.reason, detail, self.grow_to)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, with the facts the loop and the policy need afterwards."""
+
+    ending: Ending
+    verdict: Verdict
+    stop: Stop | None
+    watch: AttemptWatch
+    checkpoint: Checkpoint | None  # the checkpoint the attempt started from
+    returncode: int | None = None  # the worker's, as reaped
+    exited_at: float | None = None  # monotonic: when its exit was seen (the moment a failure's trend explains)
+    additions: frozenset[Addition] = frozenset()  # oomguard's own code in the worker: the probe, a spare's
+    handover_lost: str | None = None  # the spare it was handed to had exited already: why (run/spare.py)
+
+
+def ending_of(stop: Stop | None, verdict: Verdict, user_stopped: bool) -> Ending:
+    """The user's stop wins over everything; a restart oomguard asked for is no failure whatever the
+    worker exited with (a script that saves on SIGTERM may exit 0 or 143)."""
+    if user_stopped or (stop is not None and stop.reason is StopReason.USER):
+        return Ending.STOPPED
+    if stop is not None and stop.reason in (StopReason.PLANNED, StopReason.RESTART):
+        return Ending.PLANNED_RESTART
+    if stop is not None and stop.reason in (StopReason.GROW, StopReason.MODEL):
+        return Ending.GROW  # a larger micro-batch, no failure; the stop reason says which
+    if verdict.kind is None:
+        return Ending.FINISHED
+    if verdict.kind is FailureKind.HANG:
+        return Ending.HANG
+    if stop is not None and stop.reason is StopReason.PEER:
+        return Ending.PEER_STOPPED
+    return Ending.FAILED
