@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
 from oomguard.supervisor.distributed import accelerate, torchrun
 from oomguard.supervisor.distributed.accelerate import AccelerateLaunch
@@ -181,7 +182,7 @@ def _blame_order(cause: RootCause) -> tuple[int, int, int]:
 
 # Which launcher starts the ranks, and one attempt's argv.
 
-Launch = Torchrun | AccelerateLaunch
+Launch: TypeAlias = Torchrun | AccelerateLaunch
 
 
 def parse(command: Sequence[str]) -> Launch | None:
