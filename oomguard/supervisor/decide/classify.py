@@ -13,11 +13,14 @@ import os
 import signal
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from oomguard.supervisor.distributed.launcher import RootCause
 from oomguard.supervisor.observe.allocator import AllocatorOom
 from oomguard.supervisor.observe.output import OutputScanner, Site
 from oomguard.supervisor.units import format_size
+
+if TYPE_CHECKING:  # only annotations: launcher -> torchrun -> lifecycle -> classify would be a cycle
+    from oomguard.supervisor.distributed.launcher import RootCause
 
 
 class FailureKind(enum.Enum):
