@@ -20,7 +20,8 @@ from oomguard.supervisor.config import add_arguments, build_config
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.lifecycle.states import EXIT_CRASHED
 from oomguard.supervisor.ops import doctor, notify, systemd
-from oomguard.supervisor.record import logs, report, runs
+from oomguard.supervisor.record import logs, report
+from oomguard.supervisor.record import status as runs
 from oomguard.supervisor.run.preflight import OptionParser
 from oomguard.web.client import register as web_commands
 from oomguard.web.client import register_dashboard

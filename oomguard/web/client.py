@@ -27,7 +27,8 @@ from typing import Any
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.status import read_status, supervisor_alive
+from oomguard.supervisor.record.picture import supervisor_alive
+from oomguard.supervisor.record.status import read_status
 
 TIMEOUT = 5.0
 ACTIONS = {"checkpoint": "ask the running worker to write a checkpoint now",
@@ -143,7 +144,7 @@ def _cmd_dashboard(args: argparse.Namespace, command: Sequence[str]) -> int:
 
 
 def register_dashboard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from oomguard.supervisor.record.runs import MAX_DEPTH, depth
+    from oomguard.supervisor.record.status import MAX_DEPTH, depth
 
     parser = sub.add_parser("dashboard", help="serve one page listing every run under directories, live, each "
                             "linked to its own view")

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.resilient import Degradations
+from oomguard.supervisor.record.journal import Degradations
 
 if TYPE_CHECKING:
     from apprise.plugins.base import NotifyBase

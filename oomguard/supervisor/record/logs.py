@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from oomguard.supervisor.errors import UsageError
-from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.resilient import Degradations
-from oomguard.supervisor.record.status import supervisor_alive
+from oomguard.supervisor.record.journal import Degradations, Journal, open_existing
+from oomguard.supervisor.record.picture import supervisor_alive
 
 # The supervisor's own messages: one path, the stdlib logger ``oomguard``.
 #

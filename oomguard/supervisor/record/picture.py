@@ -6,7 +6,7 @@ supervisor wrote for people (a decision's reason is shown as written, never read
 written before a structured field existed is brought up to date once, as it is read (``ending_of``:
 the one place that reads the words a supervisor wrote, once per row). ``read_picture`` is cheap
 enough for every status poll; the report's full history (every event, every checkpoint write) is
-``record/lostwork.py``'s.
+``record/report.py``'s.
 """
 
 from __future__ import annotations

@@ -31,10 +31,9 @@ from oomguard.supervisor.lifecycle.outcome import Outcome
 from oomguard.supervisor.lifecycle.states import Ending, RunState, StopReason
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import Degradations, Journal, ResilientJournal
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.picture import stopped_by
-from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
 from oomguard.supervisor.run.attempt import Attempt, render
 from oomguard.supervisor.run.containment import remove_stale
 from oomguard.supervisor.run.control import ControlFlags, RunLock

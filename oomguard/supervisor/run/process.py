@@ -30,8 +30,8 @@ from pathlib import Path
 import psutil
 
 from oomguard.supervisor.observe.sampler import process_rank
+from oomguard.supervisor.record.journal import Degradations
 from oomguard.supervisor.record.logs import AttemptLog, open_log
-from oomguard.supervisor.record.resilient import Degradations
 
 # Cutting the worker's output stream into lines, cheaply and with a bound, as journald does.
 #

@@ -19,9 +19,8 @@ from oomguard.supervisor.lifecycle.outcome import Outcome
 from oomguard.supervisor.lifecycle.states import RunState
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import Degradations, Journal
 from oomguard.supervisor.record.picture import closing
-from oomguard.supervisor.record.resilient import Degradations
 
 Listener = Callable[[str, dict[str, Any]], None]
 
