@@ -25,16 +25,6 @@ from rich.live import Live
 from rich.text import Text
 
 from oomguard.supervisor.ops import notify
-from oomguard.supervisor.ops.notify import (
-    COMPONENT,
-    degraded,
-    gave_up,
-    leak,
-    notify_config,
-    recovered,
-    succeeded,
-    warning,
-)
 from oomguard.supervisor.record import logs
 from oomguard.supervisor.run.wiringwatch import WARNING_EVENTS
 from oomguard.supervisor.units import GIB, format_size
@@ -117,24 +107,16 @@ class SystemdNotifier:
 class Watchdog:
     """Pings systemd's watchdog at half of ``WATCHDOG_USEC``; ``tick()`` sends only when due."""
 
-    def __init__(
-        self,
-        notifier: SystemdNotifier,
-        interval_s: float | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, notifier: SystemdNotifier, interval_s: float | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._notifier = notifier
         self.interval_s = interval_s if notifier.enabled else None
         self._clock = clock
         self._next: float | None = None
 
     @classmethod
-    def from_env(
-        cls,
-        notifier: SystemdNotifier,
-        env: Mapping[str, str] = os.environ,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> Watchdog:
+    def from_env(cls, notifier: SystemdNotifier, env: Mapping[str, str] = os.environ,
+                 clock: Callable[[], float] = time.monotonic) -> Watchdog:
         return cls(notifier, watchdog_interval(env), clock)
 
     @property
@@ -213,10 +195,10 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     """--notify: gave up, succeeded, recovered from an OOM, leak found, degraded (ops/notify.py)."""
     if not sup.config.notify.targets:
         return None
-    sender = notify.Notifier(notify_config(sup.config.notify.targets), health=sup.degradations)
+    sender = notify.Notifier(notify.notify_config(sup.config.notify.targets), health=sup.degradations)
     sup.listeners.append(_Notifications(sup, sender).on_event)
     run = sup.run_dir.name
-    sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(degraded(run, c, m, attempt=sup.attempt))))
+    sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(notify.degraded(run, c, m, attempt=sup.attempt))))
     return lambda: sender.close(10.0)
 
 
@@ -241,7 +223,7 @@ class _Notifications:
             _tell_end(self.sender, self.sup, data, self.last_cause)
         elif name in WARNING_EVENTS and name not in self.told:
             self.told.add(name)
-            self.sender.send(warning(self.run, data["message"], attempt=self.sup.attempt))
+            self.sender.send(notify.warning(self.run, data["message"], attempt=self.sup.attempt))
         elif name in ("decision", "planned_restart"):
             self._decision(name, data)
 
@@ -255,11 +237,12 @@ class _Notifications:
         if is_leak and data.get("action", "restart") == "restart":
             if "leak" not in self.told:
                 self.told.add("leak")
-                self.sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
+                self.sender.send(notify.leak(run, data["reason"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
-            self.sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                       data["grad_accum"], figures["cause"].get("summary") if figures else None,
-                                       memory, evidence=data["evidence"], attempt=sup.attempt, **figures))
+            why = figures["cause"].get("summary") if figures else None
+            self.sender.send(notify.recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
+                                              data["grad_accum"], why, memory, evidence=data["evidence"],
+                                              attempt=sup.attempt, **figures))
         elif name == "decision" and data["action"] == "give_up" and figures:
             self.last_cause = figures["cause"]
 
@@ -271,9 +254,9 @@ def _tell_end(sender: notify.Notifier, sup: Supervisor, data: dict[str, Any], gi
         reason = data["reason"]
         if given and given["summary"] not in reason:
             reason += f"\ncause: {given['summary']}"
-        sender.send(gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
+        sender.send(notify.gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
     elif data["to"] == "succeeded":
-        sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
+        sender.send(notify.succeeded(run, summary(sup), attempt=sup.attempt))
 
 
 def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Callable[[], None]:
@@ -288,7 +271,7 @@ def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Call
         seen[0] = sup.degradations.version
         active = {p["component"]: p["message"] for p in sup.degradations.active()}
         for component, message in active.items():
-            if component not in told and not component.startswith(COMPONENT + " "):
+            if component not in told and not component.startswith(notify.COMPONENT + " "):
                 tell(component, message)
         told.intersection_update(active)  # an ended one may be told again when it comes back
         told.update(active)
@@ -395,15 +378,8 @@ def attach_all(sup: Supervisor) -> list[Callable[[], object]]:
 # ``global_batch``, ``asked_global_batch``, ``gpu_bytes``, ``gpu_total_bytes``, ``host_bytes``, ``step``,
 # ``total_steps``, ``samples_per_s``, ``eta_s`` (else estimated from the step rate).
 
-_STATE_STYLE = {
-    "running": "bold green",
-    "starting": "bold cyan",
-    "recovering": "bold yellow",
-    "backoff": "bold yellow",
-    "succeeded": "bold green",
-    "failed": "bold red",
-    "stopped": "bold magenta",
-}
+_STATE_STYLE = {"running": "bold green", "starting": "bold cyan", "recovering": "bold yellow", "backoff": "bold yellow",
+                "succeeded": "bold green", "failed": "bold red", "stopped": "bold magenta"}
 # A change in any of these is worth a log line of its own in plain mode.
 _KEY_FIELDS = ("state", "attempt", "micro_batch", "grad_accum", "world_size")
 
@@ -506,14 +482,8 @@ class EtaEstimator:
 class StatusLine:
     """Live status on a terminal, plain log lines elsewhere; see the module docstring."""
 
-    def __init__(
-        self,
-        stream: TextIO | None = None,
-        *,
-        terminal: bool | None = None,
-        plain_interval_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None, plain_interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._stream = stream if stream is not None else sys.stdout
         self.is_terminal = self._stream.isatty() if terminal is None else terminal
         self._plain_interval_s = plain_interval_s
@@ -522,14 +492,8 @@ class StatusLine:
         self._snapshot: dict[str, Any] = {}
         self._eta_s: float | None = None
         self._last_plain: tuple[tuple[Any, ...], float] | None = None
-        self._console = Console(
-            file=self._stream,
-            force_terminal=self.is_terminal,
-            no_color=not self.is_terminal,
-            highlight=False,
-            emoji=False,
-            markup=False,
-        )
+        self._console = Console(file=self._stream, force_terminal=self.is_terminal, no_color=not self.is_terminal,
+                                highlight=False, emoji=False, markup=False)
         self._live: Live | None = None
         if self.is_terminal:
             self._live = Live(self._render(), console=self._console, auto_refresh=False, transient=False)
