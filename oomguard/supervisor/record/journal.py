@@ -21,8 +21,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import closing, contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -114,12 +114,8 @@ class Journal:
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """Every row, and the statement closed whatever happens: an open statement keeps its
         connection's read snapshot (WAL), and later reads on it would not see newer commits."""
-        with self._lock:
-            cursor = self._db.execute(sql, args)
-            try:
-                return cursor.fetchall()
-            finally:
-                cursor.close()
+        with self._lock, closing(self._db.execute(sql, args)) as cursor:
+            return cursor.fetchall()
 
     # --- writes (the supervisor) -------------------------------------------------------------
 
@@ -237,14 +233,14 @@ class Journal:
             db.execute("UPDATE checkpoints SET bad = 0, reason = NULL, mtime = ? WHERE path = ?", (mtime, path))
 
     def attempts(self) -> list[dict[str, Any]]:
-        rows = [dict(r) for r in self._query("SELECT * FROM attempts ORDER BY attempt")]
-        for row in rows:
-            row["command"] = json.loads(row["command"])
-        return rows
+        rows = self._query("SELECT * FROM attempts ORDER BY attempt")
+        return [{**dict(r), "command": json.loads(r["command"])} for r in rows]
 
     def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
-        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+        return self._events("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
+
+    def _events(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [{**dict(r), "data": json.loads(r["data"])} for r in self._query(sql, args)]
 
     def last_event_id(self) -> int:
         """The id of the newest event (0 when there is none): where a reader starts following."""
@@ -253,9 +249,7 @@ class Journal:
 
     def event_data(self, kind: str) -> dict[int, dict[str, Any]]:
         """The data of the newest event of ``kind`` for each attempt."""
-        rows = self._query("SELECT attempt, data FROM events WHERE kind = ? AND attempt IS NOT NULL ORDER BY id",
-                           (kind,))
-        return {r["attempt"]: json.loads(r["data"]) for r in rows}
+        return {attempt: data for attempt, data in self.all_event_data(kind) if attempt is not None}
 
     def data_version(self) -> int:
         """SQLite's count of commits by other connections as this connection sees them: unchanged
@@ -269,8 +263,7 @@ class Journal:
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         """Every event of ``kind``, oldest first (the memory breakdowns: one per rank per failure)."""
-        rows = self._query("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))
-        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+        return self._events("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))
 
     def last_activity(self, attempt: int) -> float | None:
         """When an attempt was last heard of (its newest event or memory sample): when it ended, for
@@ -491,18 +484,12 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
 
 # The journal when the disk under it fills up: writes degrade, supervision goes on.
 #
-# ``database or disk is full`` (or any I/O error) from a journal write used to end the supervisor,
-# whose ``finally`` then killed the healthy worker. ``ResilientJournal`` guards every write: a memory
-# sample that cannot be written is dropped (they are many and expendable), a fact that matters (a
-# transition, an attempt's start or end, an event, the plan) is kept in memory and written, in order,
-# as soon as the journal can be written again. While degraded only one write every ``PROBE_EVERY``
-# seconds touches the disk. The degradation is said once (``Degradations``) and journaled as a
-# ``degraded`` event when it ends.
-#
-# ``Degradations``: our own bookkeeping failing (the journal, the attempt logs, the dashboard, the
-# hooks, the sampler), none of which may stop supervision or kill a healthy worker. The first failure
-# of a component is said and kept for ``oomguard status``; later ones only count; the first success
-# after that says the recovery and what was lost meanwhile.
+# ``database or disk is full`` from a journal write used to end the supervisor, whose ``finally``
+# then killed the healthy worker. ``ResilientJournal`` drops a memory sample that cannot be written
+# and keeps a fact that matters (a transition, an attempt's start or end, an event) in memory, to be
+# written in order once the disk takes writes again; meanwhile one write every ``PROBE_EVERY`` seconds
+# tries. ``Degradations``: any of our own bookkeeping failing (journal, logs, dashboard, hooks,
+# sampler), said once when it starts and once when it ends, kept for ``oomguard status``.
 
 
 @dataclass
@@ -515,8 +502,7 @@ class Problem:
     said: bool = True  # logged (a relapse soon after a recovery is not said again)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"component": self.component, "message": self.message, "since": self.since, "lost": self.lost,
-                "unit": self.unit}
+        return {k: v for k, v in asdict(self).items() if k != "said"}
 
 
 RELAPSE_QUIET = 60.0  # seconds after a recovery in which a new failure of it is not said again
@@ -649,31 +635,22 @@ class ResilientJournal(Journal):
         for problem in self.degradations.drain():
             self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
 
-    def _important(self, write: Callable[[], T], default: T) -> T:
-        """A write that must reach the journal: now, or in order once it can be written."""
+    def _guard(self, write: Callable[[], T], default: T, keep: bool = True) -> T:
+        """A write now; else, for a fact that must reach the journal (``keep``), in order once it can
+        be written, and for one that may be lost (a memory sample, downsampling), dropped."""
         if self._may_write() and self._flush():
-            ok, value = self._try(write, RETRIES if not self.degradations.is_degraded(COMPONENT) else 0)
+            ok, value = self._try(write, RETRIES if keep and not self.degradations.is_degraded(COMPONENT) else 0)
             if ok:
                 self._flush()  # a recovery noticed by this write
                 return value  # type: ignore[return-value]
-        self._keep(write)
-        return default
-
-    def _expendable(self, write: Callable[[], T], default: T) -> T:
-        """A write that may be lost (a memory sample, downsampling): dropped while degraded."""
-        if self._may_write() and self._flush():
-            ok, value = self._try(write, 0)
-            if ok:
-                self._flush()
-                return value  # type: ignore[return-value]
-        self.degradations.failed(COMPONENT, "dropping writes", lost=1)
-        return default
-
-    def _keep(self, write: Callable[[], object]) -> None:
+        if not keep:
+            self.degradations.failed(COMPONENT, "dropping writes", lost=1)
+            return default
         self._pending.append(write)
         if len(self._pending) > MAX_PENDING:
             del self._pending[0]
         self.degradations.failed(COMPONENT, "keeping writes in memory", lost=1)
+        return default
 
     def close(self) -> None:
         """The last chance for what was kept: a few tries now, whatever the probe interval, then
@@ -696,36 +673,36 @@ class ResilientJournal(Journal):
     # --- the writes ---------------------------------------------------------------------------
 
     def set_meta(self, **values: Any) -> None:
-        self._important(functools.partial(super().set_meta, **values), None)
+        self._guard(functools.partial(super().set_meta, **values), None)
 
     def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
-        return self._important(functools.partial(super().event, name, attempt, **data), 0)
+        return self._guard(functools.partial(super().event, name, attempt, **data), 0)
 
     def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
-        self._important(functools.partial(super().transition, old, new, reason, attempt), None)
+        self._guard(functools.partial(super().transition, old, new, reason, attempt), None)
 
     def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
                       command: list[str], log_path: str) -> None:
-        self._important(functools.partial(super().start_attempt, attempt, pid, plan, checkpoint, command,
-                                          log_path), None)
+        self._guard(functools.partial(super().start_attempt, attempt, pid, plan, checkpoint, command, log_path),
+                    None)
 
     def end_attempt(self, attempt: int, **fields: Any) -> None:
-        self._important(functools.partial(super().end_attempt, attempt, **fields), None)
+        self._guard(functools.partial(super().end_attempt, attempt, **fields), None)
 
     def mark_bad(self, path: str, reason: str) -> None:
-        self._important(functools.partial(super().mark_bad, path, reason), None)
+        self._guard(functools.partial(super().mark_bad, path, reason), None)
 
     def clear_bad(self, path: str, mtime: float) -> None:
-        self._important(functools.partial(super().clear_bad, path, mtime), None)
+        self._guard(functools.partial(super().clear_bad, path, mtime), None)
 
     def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
                       step: int | None, progress: dict[str, Any] | None) -> None:
-        self._expendable(functools.partial(super().record_sample, attempt, data, t, rss, gpu, step, progress),
-                         None)
+        self._guard(functools.partial(super().record_sample, attempt, data, t, rss, gpu, step, progress), None,
+                    keep=False)
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
         # Not kept: the loop asks again on every scan, so a checkpoint is recorded once writes work.
-        return self._expendable(functools.partial(super().checkpoint_seen, path, step, mtime, attempt), False)
+        return self._guard(functools.partial(super().checkpoint_seen, path, step, mtime, attempt), False, keep=False)
 
     def thin_samples(self, now: float | None = None) -> int:
-        return self._expendable(functools.partial(super().thin_samples, now), 0)
+        return self._guard(functools.partial(super().thin_samples, now), 0, keep=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import psutil
@@ -109,9 +109,9 @@ class Attempt:
     last_step: int | None
     peak_rss: int | None
     peak_gpu: int | None
-    peak_allocated: int | None
     ending: Ending | None  # None while it runs
     stop_reason: str | None
+    peak_allocated: int | None
     breakdowns: tuple[MemoryBreakdown, ...] = ()  # memory_breakdown events, one per rank per failure
 
     @property
@@ -125,28 +125,20 @@ class Attempt:
         return exit_text(self.exit_code, self.signal, self.returncode)
 
     def row(self) -> dict[str, Any]:
-        """The journal row's shape, with the ending migrated: what the API's attempts list gives."""
-        return {"attempt": self.number, "started": self.started, "ended": self.ended, "pid": self.pid,
-                "micro_batch": self.micro_batch, "grad_accum": self.grad_accum, "global_batch": self.global_batch,
-                "world_size": self.world_size, "checkpoint": self.checkpoint, "command": list(self.command),
-                "log_path": self.log_path, "expandable_segments": int(self.expandable_segments),
-                "fallbacks_applied": self.fallbacks_applied, "returncode": self.returncode,
-                "exit_code": self.exit_code, "signal": self.signal, "kind": self.kind, "evidence": self.evidence,
-                "decision": self.decision, "last_step": self.last_step, "peak_rss": self.peak_rss,
-                "peak_gpu": self.peak_gpu, "ending": None if self.ending is None else self.ending.value,
-                "stop_reason": self.stop_reason, "peak_allocated": self.peak_allocated}
+        """The journal row's shape (its columns in order), with the ending migrated: what the API's
+        attempts list gives."""
+        columns = {f.name: getattr(self, f.name) for f in fields(self)[1:-1]}  # not number, breakdowns
+        return {"attempt": self.number, **columns, "command": list(self.command),
+                "expandable_segments": int(self.expandable_segments),
+                "ending": None if self.ending is None else self.ending.value}
 
     @classmethod
     def of(cls, row: Data, breakdowns: tuple[MemoryBreakdown, ...] = ()) -> Attempt:
-        return cls(number=row["attempt"], started=row["started"], ended=row["ended"], pid=row["pid"],
-                   micro_batch=row["micro_batch"], grad_accum=row["grad_accum"], global_batch=row["global_batch"],
-                   world_size=row["world_size"], checkpoint=row["checkpoint"], command=tuple(row["command"]),
-                   log_path=row["log_path"], expandable_segments=bool(row["expandable_segments"]),
-                   fallbacks_applied=row["fallbacks_applied"], returncode=row["returncode"],
-                   exit_code=row["exit_code"], signal=row["signal"], kind=row["kind"], evidence=row["evidence"],
-                   decision=row["decision"], last_step=row["last_step"], peak_rss=row["peak_rss"],
-                   peak_gpu=row["peak_gpu"], peak_allocated=row.get("peak_allocated"), ending=ending_of(row),
-                   stop_reason=row.get("stop_reason"), breakdowns=breakdowns)
+        """From a journal row; one written before a column existed lacks it (None)."""
+        columns: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls)[1:-1]}
+        columns.update(command=tuple(row["command"]), expandable_segments=bool(row["expandable_segments"]),
+                       ending=ending_of(row))
+        return cls(number=row["attempt"], breakdowns=breakdowns, **columns)
 
 
 @dataclass(frozen=True)
@@ -162,8 +154,7 @@ class Checkpoint:
     reason: str | None
 
     def row(self) -> dict[str, Any]:
-        return {"path": self.path, "step": self.step, "mtime": self.mtime, "first_seen": self.first_seen,
-                "attempt": self.attempt, "bad": int(self.bad), "reason": self.reason}
+        return {**asdict(self), "bad": int(self.bad)}
 
 
 @dataclass(frozen=True)
@@ -302,8 +293,7 @@ def _plan(meta: Data) -> Plan:
 
 
 def _checkpoint(row: Data) -> Checkpoint:
-    return Checkpoint(path=row["path"], step=row["step"], mtime=row["mtime"], first_seen=row["first_seen"],
-                      attempt=row["attempt"], bad=bool(row["bad"]), reason=row["reason"])
+    return Checkpoint(**{**row, "bad": bool(row["bad"])})
 
 
 def _breakdowns(journal: Journal) -> dict[int, tuple[MemoryBreakdown, ...]]:
