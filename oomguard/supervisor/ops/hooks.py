@@ -149,16 +149,11 @@ def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = Non
 
 def _socket_address(address: str) -> str | bytes:
     # "@name" is the abstract namespace: a leading NUL byte on the wire.
-    if address.startswith("@"):
-        return b"\0" + address[1:].encode()
-    return address
+    return b"\0" + address[1:].encode() if address.startswith("@") else address
 
 
 def _status_field(text: str | None) -> list[str]:
-    if text is None:
-        return []
-    one_line = " ".join(text.split())
-    return [f"STATUS={one_line[:_STATUS_MAX]}"]
+    return [] if text is None else [f"STATUS={' '.join(text.split())[:_STATUS_MAX]}"]
 
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -399,17 +394,12 @@ def format_duration(seconds: float) -> str:
 
 def status_parts(snapshot: Mapping[str, Any], eta_s: float | None, times: str = "×") -> list[tuple[str, str]]:
     """The status line as (text, style) parts; pure, shared by both modes."""
-    parts: list[tuple[str, str]] = []
     state = str(snapshot.get("state", "starting"))
-    parts.append((state, _STATE_STYLE.get(state, "bold")))
+    parts = [(state, _STATE_STYLE.get(state, "bold"))]
     if snapshot.get("attempt") is not None:
         parts.append((f"attempt {snapshot['attempt']}", ""))
-    batch = _batch_text(snapshot, times)
-    if batch:
-        parts.append((batch, "cyan"))
-    memory = _memory_text(snapshot)
-    if memory:
-        parts.append((memory, ""))
+    parts += [(text, style) for text, style in ((_batch_text(snapshot, times), "cyan"), (_memory_text(snapshot), ""))
+              if text]
     parts += _progress_parts(snapshot, eta_s)
     if snapshot.get("forecast"):
         parts.append((str(snapshot["forecast"]), "yellow"))
@@ -469,9 +459,7 @@ class EtaEstimator:
             self._rate = None  # resumed from an older checkpoint: the old rate says nothing
         elif last is not None and step > last[1] and now > last[0]:
             rate = (step - last[1]) / (now - last[0])
-            self._rate = (
-                rate if self._rate is None else self._smoothing * rate + (1 - self._smoothing) * self._rate
-            )
+            self._rate = rate if self._rate is None else self._smoothing * rate + (1 - self._smoothing) * self._rate
         if last is None or step != last[1]:
             self._last = (now, step)
         if not total or not self._rate:
@@ -552,13 +540,9 @@ class StatusLine:
         return text
 
     def _maybe_plain_status(self) -> None:
-        key = tuple(self._snapshot.get(name) for name in _KEY_FIELDS)
-        now = self._clock()
-        if self._last_plain is not None:
-            last_key, last_time = self._last_plain
-            if key == last_key and now - last_time < self._plain_interval_s:
-                return
-        self._write_plain_status()
+        key, last = tuple(self._snapshot.get(name) for name in _KEY_FIELDS), self._last_plain
+        if last is None or key != last[0] or self._clock() - last[1] >= self._plain_interval_s:
+            self._write_plain_status()
 
     def _write_plain_status(self) -> None:
         key = tuple(self._snapshot.get(name) for name in _KEY_FIELDS)
