@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.journal import Degradations, Journal, open_existing
-from oomguard.supervisor.record.picture import supervisor_alive
+from oomguard.supervisor.record.picture import TERMINAL, supervisor_alive
 
 # The supervisor's own messages: one path, the stdlib logger ``oomguard``.
 #
@@ -193,12 +193,10 @@ class AttemptLog:
         quarter = max(1, self.max_bytes // 4)
         if self._size - self._cut_at <= 2 * quarter:
             return
-        # One byte more than the quarter: the tail starts after a newline, with a whole line.
+        # One byte more than the quarter: the tail starts after a newline, with a whole line (a line
+        # longer than the quarter is kept as its end).
         newest = os.pread(self._fd, quarter + 1, self._size - quarter - 1)
-        if (newline := newest.find(b"\n")) >= 0:
-            newest = newest[newline + 1:]
-        else:
-            newest = newest[1:]  # one line longer than the quarter: kept as its end
+        newest = newest[max(newest.find(b"\n"), 0) + 1:]
         os.ftruncate(self._fd, self._cut_at)  # O_APPEND: the next write lands at the new end
         self._size = self._cut_at
         self._raw(newest)
@@ -228,7 +226,6 @@ class AttemptLog:
 
 
 POLL = 0.2  # seconds between looks at the log and the journal while following
-TERMINAL = ("succeeded", "failed", "stopped")
 _LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
 _CHUNK = 1 << 16
 SEEN = 4096  # bytes of what was printed last, kept to find our place again in a compacted log
@@ -256,13 +253,10 @@ def choose_attempt(run_dir: Path, wanted: int | None) -> int | None:
     if wanted < 1:
         raise UsageError("--attempt", f"{wanted} is not an attempt number", "attempts count from 1")
     if wanted not in known:
-        have = f"attempts with logs: {_ranges(known)}" if known else "no attempt has started yet"
+        ranges = f"{known[0]}-{known[-1]}" if len(known) > 1 else str(known[0]) if known else ""
+        have = f"attempts with logs: {ranges}" if known else "no attempt has started yet"
         raise UsageError("--attempt", f"attempt {wanted} has no log in {run_dir / 'logs'}", have)
     return wanted
-
-
-def _ranges(numbers: list[int]) -> str:
-    return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
 class LogReader:

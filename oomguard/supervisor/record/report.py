@@ -527,8 +527,7 @@ def _checkpoint_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = _header(report)
-    lines.append("batch configuration over time:")
+    lines = [*_header(report), "batch configuration over time:"]
     asked = report.get("asked_global_batch")
     if asked is not None:
         lines.append(f"  the script takes no accumulation: its global batch is micro × world (asked {asked})")
@@ -539,23 +538,20 @@ def format_report(report: dict[str, Any]) -> str:
     if (worlds := worlds_text(report.get("worlds") or [])) is not None:
         lines.append(f"time at each world size: {worlds}")
     lines.append("failures:" if report["failures"] else "failures:    none")
-    for failure in report["failures"]:
-        lines += _failure_lines(failure)
-    if report.get("planned_restarts"):
-        count = len(report["planned_restarts"])
-        lines.append(f"planned restarts (before the limit, right after a checkpoint): {count}")
-        for r in report["planned_restarts"]:
+    lines += [line for failure in report["failures"] for line in _failure_lines(failure)]
+    if planned := report.get("planned_restarts"):
+        lines.append(f"planned restarts (before the limit, right after a checkpoint): {len(planned)}")
+        for r in planned:
             lines.append(f"  attempt {r['attempt']}: {r['reason']}")
             if r["cause"]:
                 lines.append(f"    cause:    {r['cause']['summary']}")
-    for stop in report.get("stops") or []:
-        lines.append(f"stopped:     attempt {stop['attempt']} at {_clock(stop['at'])}, {stop['reason']}")
+    lines += [f"stopped:     attempt {stop['attempt']} at {_clock(stop['at'])}, {stop['reason']}"
+              for stop in report.get("stops") or []]
     redone = [r for r in report.get("restarts") or [] if r["steps_lost"] or r["steps_lost"] is None]
     if redone:
         lines.append("redone after restarts that were no failure (counted in steps lost):")
         lines += [f"  attempt {r['attempt']} ({r['ending']}): {_steps_text(r)}" for r in redone]
-    for warning in report.get("warnings") or []:
-        lines.append(f"warning:     attempt {warning['attempt']}: {warning['message']}")
+    lines += [f"warning:     attempt {w['attempt']}: {w['message']}" for w in report.get("warnings") or []]
     lines += _checkpoint_lines(report["checkpoints"])
     if any(p.get("peak_allocated") for p in report.get("peaks") or []):
         lines.append("memory per attempt (allocated: the allocator's highest step peak, from the probe):")

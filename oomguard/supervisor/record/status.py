@@ -210,8 +210,8 @@ def read_status(run_dir: Path) -> dict[str, Any]:
 
 def format_status(doc: dict[str, Any]) -> str:
     lines = [
-        f"state:      {doc['state']}" + ("" if doc["supervisor_alive"] or doc["state"] in
-                                          ("succeeded", "failed", "stopped") else " (supervisor not running)"),
+        f"state:      {doc['state']}"
+        + ("" if doc["supervisor_alive"] or doc["state"] in TERMINAL else " (supervisor not running)"),
         f"reason:     {doc['reason']}",
         f"attempt:    {doc['attempt']}",
         f"batch:      micro {doc['micro_batch']} × accum {doc['grad_accum']} × world {doc['world_size']}"
@@ -251,11 +251,9 @@ def _note_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):
         lines.append(f"liveness:   {doc['liveness']['text']} (not a hang)")
-    for problem in doc.get("degraded") or []:
-        lines.append(f"degraded:   {problem['component']}: {problem['message']} "
-                     f"({problem['lost']} {problem.get('unit', '')} lost so far)")
-    for warning in doc.get("warnings") or []:
-        lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
+    lines += [f"degraded:   {p['component']}: {p['message']} ({p['lost']} {p.get('unit', '')} lost so far)"
+              for p in doc.get("degraded") or []]
+    lines += [f"warning:    attempt {w['attempt']}: {w['message']}" for w in doc.get("warnings") or []]
     if doc.get("resume_command"):
         lines.append(f"resume:     {doc['resume_command']}")
     return lines
@@ -320,11 +318,7 @@ DAMAGED = "damaged"  # the state of a run whose journal cannot be read
 
 def find_runs(roots: Sequence[Path], max_depth: int = MAX_DEPTH) -> list[Path]:
     """Every run directory (one holding a journal) at or below each root, each once, sorted."""
-    found: dict[Path, None] = {}
-    for root in roots:
-        for run_dir in _walk(Path(root).resolve(), max_depth):
-            found.setdefault(run_dir, None)
-    return sorted(found)
+    return sorted({run_dir for root in roots for run_dir in _walk(Path(root).resolve(), max_depth)})
 
 
 def _walk(directory: Path, depth: int) -> Iterator[Path]:
@@ -338,8 +332,7 @@ def _walk(directory: Path, depth: int) -> Iterator[Path]:
     except OSError:  # unreadable or vanished meanwhile: nothing to list there
         return
     for entry in entries:
-        hidden = entry.name.startswith(".")
-        if not hidden and entry.name not in SKIP and entry.is_dir(follow_symlinks=False):
+        if not entry.name.startswith(".") and entry.name not in SKIP and entry.is_dir(follow_symlinks=False):
             yield from _walk(Path(entry.path), depth - 1)
 
 
@@ -355,11 +348,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         doc = status_of(picture)
         # on a network bind, the address others open (web/addresses.py), not this machine's loopback
         web_url = (picture.meta.get("web_public") or [picture.meta.get("web_url")])[0]
-    except sqlite3.OperationalError as exc:
+    except sqlite3.DatabaseError as exc:
         if str(exc).startswith("no such table"):  # journal.check let it through: a supervisor is creating it
             return {**_unreadable(run_dir, "the journal is being created"), "state": "starting"}
-        return _unreadable(run_dir, f"the journal cannot be read: {exc}")
-    except sqlite3.DatabaseError as exc:
         return _unreadable(run_dir, f"the journal cannot be read: {exc}")
     finally:
         journal.close()
