@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -331,11 +331,7 @@ def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                         help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
     parser.add_argument("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
-    parser.set_defaults(func=_cmd_doctor)
-
-
-def _cmd_doctor(args: argparse.Namespace, command: Sequence[str]) -> int:
-    return run_doctor_command(args)
+    parser.set_defaults(func=lambda args, command: run_doctor_command(args))
 
 
 def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> int:

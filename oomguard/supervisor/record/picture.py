@@ -217,10 +217,6 @@ class RunPicture:
     def good_checkpoints(self) -> tuple[Checkpoint, ...]:
         return tuple(c for c in self.checkpoints if not c.bad)
 
-    @property
-    def finished(self) -> bool:
-        return self.state in TERMINAL
-
 
 def supervisor_alive(meta: Data) -> bool:
     """Is the supervisor that wrote this journal still running? (pid and start time must match, so a

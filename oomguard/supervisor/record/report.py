@@ -151,11 +151,6 @@ def restarts_of(history: RunHistory) -> list[dict[str, Any]]:
     return out
 
 
-def _written_during(writes: tuple[Write, ...], start: float, end: float) -> list[Write]:
-    """Good checkpoint writes made while the attempt ran, newest first."""
-    return sorted((w for w in writes if not w.bad and start <= w.mtime <= end), key=lambda w: w.mtime, reverse=True)
-
-
 def _last_step(attempt: Attempt, reported: int | None, written: list[Write],
                resumed_step: int | None) -> tuple[int | None, str | None]:
     """The attempt's last step and where that figure comes from."""
@@ -232,7 +227,9 @@ def _figures(attempt: Attempt, nxt: Attempt | None, history: RunHistory) -> dict
     n, start = attempt.number, attempt.started
     # Closed later by the next supervisor: when that happened says nothing of when the attempt died.
     end = (None if attempt.ending is Ending.INTERRUPTED else attempt.ended) or history.last_activity.get(n, start)
-    written = _written_during(history.writes, start, end)
+    # good checkpoint writes made while the attempt ran, newest first
+    written = sorted((w for w in history.writes if not w.bad and start <= w.mtime <= end), key=lambda w: w.mtime,
+                     reverse=True)
     own = _resume_point(attempt, history) if attempt.checkpoint else None
     last_step, source = _last_step(attempt, history.steps.get(n), written, own.step if own else None)
     resume = _next_resume(nxt, history)

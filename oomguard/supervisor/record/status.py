@@ -125,6 +125,7 @@ def status_of(run: RunPicture) -> StatusDoc:
     """The picture of the run as status, the API and the pages give it."""
     alive, meta, plan, current = run.supervisor.alive, run.meta, run.plan, run.current
     good = run.good_checkpoints
+    row = {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint} if current else {}
     return StatusDoc(
         state=run.state, reason=run.reason, supervisor_alive=alive, supervisor_pid=run.supervisor.pid,
         run_dir=run.run_dir, command=None if run.command is None else list(run.command), attempt=run.attempt,
@@ -135,8 +136,7 @@ def status_of(run: RunPicture) -> StatusDoc:
         worker_pid=meta.get("worker_pid") if alive else None,
         rank_pids=dict(meta.get("rank_pids") or {}) if alive else {},
         checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
-        progress=current_progress(dict(run.progress) if run.progress is not None else None,
-                                  _current_row(current), run.resume_points),
+        progress=current_progress(dict(run.progress) if run.progress is not None else None, row, run.resume_points),
         peaks=attempt_peaks(run.attempts),
         memory=None if run.latest_sample is None else dict(run.latest_sample),
         started=run.started, updated=run.updated,
@@ -148,12 +148,6 @@ def status_of(run: RunPicture) -> StatusDoc:
         resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None,
         memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)],
         worlds=by_world(run.attempts, time.time() if alive else None))
-
-
-def _current_row(current: Attempt | None) -> dict[str, Any]:
-    if current is None:
-        return {}
-    return {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint}
 
 
 def current_progress(progress: dict[str, Any] | None, current: dict[str, Any],
