@@ -251,22 +251,13 @@ def check_shadowing(ctx: DoctorContext) -> list[Check]:
     """oomguard 0.1 installed top-level ``supervisor``/``worker``/``web`` packages; a leftover copy
     shadows supervisord's ``supervisor`` (its ``supervisord`` then fails to start)."""
     ours = Path(__file__).resolve().parents[1]
-    stale = [p for p in _supervisor_packages_on_path() if (p / "launch.py").is_file() or (p / "loop.py").is_file()
-             or (p / "run" / "loop.py").is_file()]
-    stale = [p for p in stale if p != ours]
+    packages = (Path(entry or ".") / "supervisor" / "__init__.py" for entry in sys.path)
+    found = dict.fromkeys(p.resolve().parent for p in packages if p.is_file())
+    stale = [p for p in found if p != ours and any((p / f).is_file() for f in ("launch.py", "loop.py", "run/loop.py"))]
     if stale:
         fix = "remove the old copy (pip uninstall oomguard, then install it again): it shadows supervisord"
         return [Check("import-name", WARN, f"an old oomguard 'supervisor' package is on sys.path: {stale}", fix)]
     return [Check("import-name", OK, f"oomguard imports as 'oomguard' ({ours.parent})")]
-
-
-def _supervisor_packages_on_path() -> list[Path]:
-    found = []
-    for entry in sys.path:
-        candidate = Path(entry or ".") / "supervisor" / "__init__.py"
-        if candidate.is_file():
-            found.append(candidate.resolve().parent)
-    return list(dict.fromkeys(found))
 
 
 def check_port(ctx: DoctorContext) -> list[Check]:

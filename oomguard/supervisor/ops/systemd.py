@@ -208,11 +208,7 @@ def _escape_specifiers(text: str) -> str:
 
 
 def _c_escape(ch: str) -> str:
-    if ch in _C_ESCAPES:
-        return _C_ESCAPES[ch]
-    if ord(ch) < 0x20 or ord(ch) == 0x7F:
-        return f"\\x{ord(ch):02x}"
-    return ch
+    return _C_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
 
 
 def _one_line(text: str) -> str:
@@ -368,11 +364,7 @@ def _bits(path: Path, uid: int, groups: Sequence[int]) -> int:
     if uid == 0:
         return 0o7
     st = path.stat()
-    if st.st_uid == uid:
-        return (st.st_mode >> 6) & 0o7
-    if st.st_gid in groups:
-        return (st.st_mode >> 3) & 0o7
-    return st.st_mode & 0o7
+    return (st.st_mode >> (6 if st.st_uid == uid else 3 if st.st_gid in groups else 0)) & 0o7
 
 
 def _write_unit(path: Path, text: str) -> None:

@@ -82,8 +82,7 @@ class Journal:
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(self.path)
-            uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=10)
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
         else:
             self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
             self._db.execute("PRAGMA journal_mode=WAL")

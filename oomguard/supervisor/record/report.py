@@ -33,19 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.lifecycle.states import Ending, StopReason
-from oomguard.supervisor.record import memoryparts
+from oomguard.supervisor.record import memoryparts, picture
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import (
-    INTERRUPTED,
-    TERMINAL,
-    Attempt,
-    Checkpoint,
-    Data,
-    RunPicture,
-    attempt_peaks,
-    by_world,
-    read_picture,
-)
+from oomguard.supervisor.record.picture import INTERRUPTED, TERMINAL, Attempt, Checkpoint, Data, RunPicture, by_world
 from oomguard.supervisor.units import format_size
 
 _PAGE = 5000
@@ -87,12 +77,11 @@ class RunHistory:
 
 
 def read_history(journal: Journal) -> RunHistory:
-    picture = read_picture(journal)
+    run = picture.read_picture(journal)
     events, steps, last_t = _scan(journal)
     by_attempt = [e for e in events if e.attempt is not None]
     return RunHistory(
-        picture=picture, events=tuple(events), steps=steps, last_activity=last_t,
-        writes=_writes(journal, picture.checkpoints),
+        picture=run, events=tuple(events), steps=steps, last_activity=last_t, writes=_writes(journal, run.checkpoints),
         decisions={e.attempt: e.data for e in by_attempt if e.kind == "decision" and e.attempt},
         # a checkpoint file rewritten in place (nanoGPT's ckpt.pt) has a newer step in the table by now
         resume_steps={e.attempt: e.data["step"] for e in by_attempt
@@ -360,7 +349,7 @@ def build_report(journal: Journal) -> dict[str, Any]:
         **_steps_lost([*failures, *restarts]),
         "checkpoints": _checkpoint_summary(run.checkpoints),
         "progress": run.meta.get("progress"),
-        "peaks": attempt_peaks(run.attempts),
+        "peaks": picture.attempt_peaks(run.attempts),
         "planned_restarts": [{"attempt": a.number, "reason": a.decision, "cause": _data(run.causes.get(a.number))}
                              for a in run.attempts if a.ending is Ending.PLANNED_RESTART
                              and a.stop_reason != StopReason.RESTART.value],
