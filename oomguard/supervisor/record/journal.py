@@ -353,20 +353,14 @@ def _check_size(path: Path, head: bytes, size: int) -> None:
 
 def _probe(path: Path, thorough: bool) -> None:
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
             db.execute("SELECT count(*) FROM meta").fetchone()
-            if thorough:
-                result = db.execute("PRAGMA quick_check").fetchone()[0]
-                if result != "ok":
-                    raise JournalDamaged(path, f"SQLite's quick_check says {result}")
-        finally:
-            db.close()
-    except sqlite3.OperationalError as exc:
+            result = db.execute("PRAGMA quick_check").fetchone()[0] if thorough else "ok"
+            if result != "ok":
+                raise JournalDamaged(path, f"SQLite's quick_check says {result}")
+    except sqlite3.DatabaseError as exc:  # OperationalError too
         if str(exc).startswith("no such table") and not thorough and _young(path):
             return  # the creating supervisor has not written the schema yet
-        raise JournalDamaged(path, str(exc)) from None
-    except sqlite3.DatabaseError as exc:
         raise JournalDamaged(path, str(exc)) from None
 
 

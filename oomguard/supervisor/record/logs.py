@@ -23,6 +23,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import BinaryIO
 
@@ -329,30 +330,27 @@ def run_over(journal: Journal) -> Callable[[], str | None]:
 def follow(run_dir: Path, attempt: int | None, out: BinaryIO, over: Callable[[], str | None],
            poll: float = POLL) -> str:
     """Print ``attempt``'s log and every later one as it grows until ``over()`` says why to stop."""
-    current = attempt
-    source: BinaryIO | None = None
-    reader: LogReader | None = None
+    current, reader = attempt, None
     try:
         while True:
             why = over()  # asked before reading, so nothing written before the end is missed
-            if source is None and current is not None and log_file(run_dir, current).exists():
-                source = open(log_file(run_dir, current), "rb")  # closed in finally
-                reader = LogReader(source)
+            if reader is None and current is not None and log_file(run_dir, current).exists():
+                reader = LogReader(open(log_file(run_dir, current), "rb"))  # closed in finally
             if reader is not None:
                 reader.copy_new(out)
             nxt = _next_attempt(run_dir, current)
             if nxt is not None:
-                if source is not None:
-                    source.close()
-                source, reader, current = None, None, nxt
+                if reader is not None:
+                    reader.source.close()
+                reader, current = None, nxt
                 out.write(f"\n==> {log_file(run_dir, nxt).name} <==\n".encode())
                 continue
             if why is not None:
                 return why
             time.sleep(poll)
     finally:
-        if source is not None:
-            source.close()
+        if reader is not None:
+            reader.source.close()
 
 
 def _next_attempt(run_dir: Path, current: int | None) -> int | None:
@@ -368,8 +366,7 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
         raise UsageError("logs", "takes no command after --",
                          f"run: oomguard logs --run-dir {shlex.quote(str(args.run_dir))}")
     run_dir = Path(args.run_dir)
-    journal = open_existing(run_dir)
-    try:
+    with closing(open_existing(run_dir)) as journal:
         attempt = choose_attempt(run_dir, args.attempt)
         out = sys.stdout.buffer
         if not args.follow:
@@ -378,11 +375,8 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
             with open(log_file(run_dir, attempt), "rb") as source:
                 LogReader(source).copy_new(out)
             return 0
-        why = follow(run_dir, attempt, out, run_over(journal))
-        say(why)
+        say(follow(run_dir, attempt, out, run_over(journal)))
         return 0
-    finally:
-        journal.close()
 
 
 def add_logs_command(subparsers: argparse._SubParsersAction) -> None:
