@@ -96,8 +96,7 @@ def unit_file_name(name: str) -> str:
 
 def default_name(cwd: Path) -> str:
     """``oomguard-<directory>``, the directory name reduced to characters a unit name allows."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", cwd.name).strip("-.") or "run"
-    return f"oomguard-{stem}"
+    return "oomguard-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cwd.name).strip("-.") or "run")
 
 
 def quote_word(word: str) -> str:
@@ -229,8 +228,7 @@ def find_oomguard() -> str:
     beside_python = Path(sys.executable).parent / "oomguard"
     if beside_python.is_file() and os.access(beside_python, os.X_OK):
         return str(beside_python)
-    found = shutil.which("oomguard")
-    if found:
+    if found := shutil.which("oomguard"):
         return os.path.abspath(found)
     raise ServiceError("the oomguard executable was not found: install oomguard (pip install oomguard) or pass "
                        "--exec PATH")

@@ -142,9 +142,9 @@ class Journal:
                       command: list[str], log_path: str) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO attempts (attempt, started, pid, micro_batch, grad_accum, "
-                "global_batch, world_size, checkpoint, command, log_path, expandable_segments, "
-                "fallbacks_applied) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO attempts (attempt, started, pid, micro_batch, grad_accum, global_batch, "
+                "world_size, checkpoint, command, log_path, expandable_segments, fallbacks_applied) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (attempt, time.time(), pid, plan["micro_batch"], plan["grad_accum"], plan["global_batch"],
                  plan["world_size"], checkpoint, json.dumps(command), log_path,
                  int(plan.get("expandable_segments", False)), plan.get("fallbacks_applied", 0)))
@@ -182,8 +182,7 @@ class Journal:
         it, in ``checkpoint_writes``: a file rewritten later under the same name (Lightning re-saves the
         one it resumed from) or deleted by rotation still counts for the attempt that wrote it."""
         with self._write() as db:
-            db.execute("INSERT OR IGNORE INTO checkpoint_writes (path, mtime, step, attempt, seen) "
-                       "VALUES (?, ?, ?, ?, ?)",
+            db.execute("INSERT OR IGNORE INTO checkpoint_writes (path, mtime, step, attempt, seen) VALUES (?,?,?,?,?)",
                        (path, mtime, step, attempt, time.time()))
             cur = db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen, attempt) "
                              "VALUES (?, ?, ?, ?, ?)", (path, step, mtime, time.time(), attempt))

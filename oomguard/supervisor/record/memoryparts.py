@@ -210,9 +210,8 @@ def fullest(values: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
 def per_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
     """One breakdown per attempt and moment (a failure, or the peak of an attempt that fit), the
     fullest rank's, in attempt order: the bars of the dashboard."""
-    newest: dict[tuple[int, str, int | None], MemoryBreakdown] = {}
-    for b in values:  # a later event for the same rank and moment is the newer reading
-        newest[(b.attempt, b.at, b.rank)] = b
+    # a later event for the same rank and moment is the newer reading
+    newest = {(b.attempt, b.at, b.rank): b for b in values}
     groups: dict[tuple[int, str], list[MemoryBreakdown]] = {}
     for (attempt, at, _rank), b in newest.items():
         groups.setdefault((attempt, at), []).append(b)
@@ -222,13 +221,8 @@ def per_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
 def newest_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
     """Every rank's breakdown of the newest attempt that has one (the newest event per rank):
     what ``/metrics`` exports."""
-    if not values:
-        return []
-    last = max(b.attempt for b in values)
-    ranks: dict[int | None, MemoryBreakdown] = {}
-    for b in values:
-        if b.attempt == last:
-            ranks[b.rank] = b
+    last = max((b.attempt for b in values), default=None)
+    ranks = {b.rank: b for b in values if b.attempt == last}
     return [ranks[r] for r in sorted(ranks, key=lambda r: -1 if r is None else r)]
 
 

@@ -257,15 +257,14 @@ def by_world(attempts: Sequence[Attempt], now: float | None) -> list[dict[str, A
 def read_picture(journal: Journal) -> RunPicture:
     """The run's picture from one journal connection (and the OS, for whether its supervisor runs)."""
     meta = journal.meta()
-    alive = supervisor_alive(meta)
     breakdowns = _breakdowns(journal)
     attempts = tuple(Attempt.of(row, breakdowns.get(row["attempt"], ())) for row in journal.attempts())
     latest = journal.latest_samples(1)
     return RunPicture(
         run_dir=meta.get("run_dir"), state=meta.get("state", "starting"), reason=meta.get("reason", ""),
         command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
-        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), alive),
-        attempts=attempts, checkpoints=tuple(_checkpoint(c) for c in journal.checkpoints()),
+        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), supervisor_alive(meta)),
+        attempts=attempts, checkpoints=tuple(Checkpoint(**{**c, "bad": bool(c["bad"])}) for c in journal.checkpoints()),
         breakdowns=tuple(b for found in breakdowns.values() for b in found),
         progress=meta.get("progress"), resume_points=journal.event_data("resume_point"),
         causes=journal.event_data("attribution"),
@@ -288,15 +287,10 @@ def _plan(meta: Data) -> Plan:
                 fallbacks_applied=plan.get("fallbacks_applied", 0))
 
 
-def _checkpoint(row: Data) -> Checkpoint:
-    return Checkpoint(**{**row, "bad": bool(row["bad"])})
-
-
 def _breakdowns(journal: Journal) -> dict[int, tuple[MemoryBreakdown, ...]]:
     """Every ``memory_breakdown`` event, by attempt, in the order they were written."""
     found: dict[int, list[MemoryBreakdown]] = {}
     for attempt, data in journal.all_event_data("memory_breakdown"):
-        if attempt is not None:
-            if (value := memoryparts.parse(data, attempt)) is not None:
-                found.setdefault(attempt, []).append(value)
+        if attempt is not None and (value := memoryparts.parse(data, attempt)) is not None:
+            found.setdefault(attempt, []).append(value)
     return {n: tuple(items) for n, items in found.items()}
