@@ -105,9 +105,8 @@ def _nvml_devices(nvml: Any) -> list[Check]:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         name = _text(nvml.nvmlDeviceGetName(handle))
-        free_share = memory.free / memory.total if memory.total else 0.0
         detail = f"{name}: {memory.free / GIB:.1f} of {memory.total / GIB:.1f} GiB free"
-        busy = free_share < 0.9
+        busy = (memory.free / memory.total if memory.total else 0.0) < 0.9
         fix = "another process holds GPU memory: see nvidia-smi, stop it or pick another GPU" if busy else ""
         checks.append(Check(f"gpu{index}", WARN if busy else OK, detail, fix))
     return checks

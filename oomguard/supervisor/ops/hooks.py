@@ -2,12 +2,8 @@
 
 Each hook subscribes to ``Supervisor.listeners`` (events) and ``Supervisor.tickers`` (every loop
 tick); none of them can block or stop supervision (the loop catches their errors, notifications
-are sent from their own threads, sd_notify is one datagram).
-
-Also here:
-
-- The sd_notify protocol: telling systemd that the supervisor is ready, what it does, and alive.
-- The compact live status line beneath the worker's output, and its journald-friendly twin.
+are sent from their own threads, sd_notify is one datagram). Also here: the sd_notify protocol, and
+the live status line beneath the worker's output with its journald-friendly twin.
 """
 
 from __future__ import annotations
@@ -52,9 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-READY = "READY=1"
-STOPPING = "STOPPING=1"
-WATCHDOG = "WATCHDOG=1"
 _STATUS_MAX = 200  # systemctl status shows one line; keep it short
 
 
@@ -87,16 +80,16 @@ class SystemdNotifier:
         return True
 
     def ready(self, status: str | None = None) -> bool:
-        return self.send(READY, *_status_field(status))
+        return self.send("READY=1", *_status_field(status))
 
     def status(self, text: str) -> bool:
         return self.send(*_status_field(text))
 
     def stopping(self, status: str | None = None) -> bool:
-        return self.send(STOPPING, *_status_field(status))
+        return self.send("STOPPING=1", *_status_field(status))
 
     def watchdog(self) -> bool:
-        return self.send(WATCHDOG)
+        return self.send("WATCHDOG=1")
 
     def _warn(self, error: OSError) -> None:
         if not self._warned:  # systemd going away must not flood the log once per tick

@@ -4,13 +4,9 @@ Every attempt's output is tee'd to ``RUN_DIR/logs/attempt-N.log``. ``-f`` keeps 
 worker writes, moves on to the next attempt's log when the supervisor starts one (with a
 ``==> attempt-N.log <==`` line, as ``tail`` marks a new file), and ends once the run reaches a
 terminal state or its supervisor is gone. Bytes are copied unchanged: the worker's own output
-(progress bars, colour codes) is not ours to decode.
-
-Also here:
-
-- One attempt's log file: buffered, capped, and never the reason the worker stops.
-- The supervisor's own messages: one path, the stdlib logger ``oomguard`` (tested in
-  tests/e2e/test_supervisor.py, what a real run prints).
+(progress bars, colour codes) is not ours to decode. Also here: one attempt's log file (buffered,
+capped, never the reason the worker stops), and the supervisor's own messages through one path, the
+stdlib logger ``oomguard`` (tested in tests/e2e/test_supervisor.py, what a real run prints).
 """
 
 from __future__ import annotations
@@ -74,9 +70,7 @@ def show_through(handler: logging.Handler) -> None:
 
 def reset() -> None:
     """Back to stderr (after the status line closes)."""
-    for old in list(LOGGER.handlers):
-        LOGGER.removeHandler(old)
-    _ensure_handler()
+    show_through(_Stderr())
 
 
 # One attempt's log file: buffered, capped, and never the reason the worker stops.

@@ -317,12 +317,9 @@ def _worker_batch_entry(change: Event, attempts: tuple[Attempt, ...]) -> dict[st
 
 def _checkpoint_summary(checkpoints: tuple[Checkpoint, ...]) -> dict[str, Any]:
     good = [c for c in checkpoints if not c.bad]
-    newest = good[0] if good else None
-    return {
-        "count": len(good),
-        "newest": None if newest is None else {"path": newest.path, "step": newest.step, "mtime": newest.mtime},
-        "bad": [{"path": c.path, "step": c.step, "reason": c.reason} for c in checkpoints if c.bad],
-    }
+    newest = {"path": good[0].path, "step": good[0].step, "mtime": good[0].mtime} if good else None
+    return {"count": len(good), "newest": newest,
+            "bad": [{"path": c.path, "step": c.step, "reason": c.reason} for c in checkpoints if c.bad]}
 
 
 def build_report(journal: Journal) -> dict[str, Any]:
