@@ -148,15 +148,17 @@ def own_cgroup_dir(ctx: DoctorContext, version: str) -> Path | None:
 def check_cgroup(ctx: DoctorContext) -> list[Check]:
     version = cgroup_version(ctx)
     if version is None:
-        fix = "enable the memory controller (cgroup_enable=memory); else --memory-limit watches RSS"
-        return [Check("cgroup", WARN, "no cgroup memory controller found", fix)]
+        return [Check("cgroup", WARN, "no cgroup memory controller found",
+                      "enable the memory controller (cgroup_enable=memory); else --memory-limit watches RSS")]
     parent = own_cgroup_dir(ctx, version)
     if parent is None:
         return [Check("cgroup", WARN, f"cgroup {version}, but this process's memory cgroup is unknown")]
     error = probe_child_cgroup(parent, version)
     if error:
-        return [Check("cgroup", WARN, f"cgroup {version} at {parent}; cannot create a limited child: {error}",
-                      _cgroup_fix(version))]
+        fix = ("run under a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes oomguard run ...; "
+               "else --memory-limit falls back to watching RSS" if version == "v2" else
+               "run as root or give this user a writable memory cgroup; else --memory-limit watches RSS")
+        return [Check("cgroup", WARN, f"cgroup {version} at {parent}; cannot create a limited child: {error}", fix)]
     return [Check("cgroup", OK, f"cgroup {version}; a memory limit can be enforced under {parent}")]
 
 
@@ -173,22 +175,11 @@ def probe_child_cgroup(parent: Path, version: str) -> str | None:
     except OSError as error:
         return f"{limit_file}: {error.strerror or error}"
     finally:
-        _remove_cgroup(child)
+        try:
+            child.rmdir()  # a cgroup directory is removed with rmdir even though it lists files
+        except OSError as error:
+            print(f"oomguard doctor: could not remove probe cgroup {child}: {error}", file=sys.stderr)
     return None
-
-
-def _remove_cgroup(child: Path) -> None:
-    try:
-        child.rmdir()  # a cgroup directory is removed with rmdir even though it lists files
-    except OSError as error:
-        print(f"oomguard doctor: could not remove probe cgroup {child}: {error}", file=sys.stderr)
-
-
-def _cgroup_fix(version: str) -> str:
-    if version == "v2":
-        return ("run under a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes oomguard run ...; "
-                "else --memory-limit falls back to watching RSS")
-    return "run as root or give this user a writable memory cgroup; else --memory-limit watches RSS"
 
 
 def check_psi(ctx: DoctorContext) -> list[Check]:
@@ -221,9 +212,8 @@ def check_disk(ctx: DoctorContext) -> list[Check]:
     if not os.access(where, os.W_OK):
         return [Check("disk", FAIL, f"{where} is not writable", "choose a writable --run-dir")]
     if usage.free < ctx.min_free_bytes:
-        want = ctx.min_free_bytes / GIB
-        fix = f"free space or point --run-dir and checkpoints elsewhere (want {want:.0f} GiB)"
-        return [Check("disk", WARN, detail, fix)]
+        return [Check("disk", WARN, detail, "free space or point --run-dir and checkpoints elsewhere "
+                      f"(want {ctx.min_free_bytes / GIB:.0f} GiB)")]
     return [Check("disk", OK, detail)]
 
 
@@ -335,11 +325,8 @@ def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> i
         print(f"oomguard doctor: error: {error}", file=sys.stderr)
         return 2
     results = run_checks(ctx)
-    if args.json:
-        print(json.dumps([asdict(check) for check in results], indent=2), file=stream)
-    else:
-        for check in results:
-            print(format_check(check), file=stream)
+    text = "\n".join(map(format_check, results))
+    print(json.dumps([asdict(check) for check in results], indent=2) if args.json else text, file=stream)
     return exit_code(results)
 
 

@@ -129,12 +129,11 @@ class Watchdog:
 
 def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = None) -> float | None:
     """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off or meant for another PID."""
-    raw = env.get("WATCHDOG_USEC", "")
     owner = env.get("WATCHDOG_PID", "")
     if owner and owner != str(pid if pid is not None else os.getpid()):
         return None
     try:
-        usec = int(raw)
+        usec = int(env.get("WATCHDOG_USEC", ""))
     except ValueError:
         return None
     return usec / 2_000_000 if usec > 0 else None

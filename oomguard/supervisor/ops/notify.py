@@ -89,11 +89,8 @@ def recovered(run: str, kind: str, old_micro: int, new_micro: int, grad_accum: i
               memory: str | None = None, **details: Any) -> Notification:
     """``why``: the attribution's summary, with its figures (why the batch was, or was not, to blame);
     ``memory``: what filled memory at the failure (``memory_line``)."""
-    message = f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
-    if why:
-        message += f"\ncause: {why}"
-    if memory:
-        message += f"\nmemory: {memory}"
+    message = (f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
+               + (f"\ncause: {why}" if why else "") + (f"\nmemory: {memory}" if memory else ""))
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
 
 

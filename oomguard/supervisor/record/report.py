@@ -146,9 +146,7 @@ def _last_step(attempt: Attempt, reported: int | None, written: list[Write],
     known = [s for s in (attempt.last_step, reported) if s is not None]
     if known:
         return max(known), "progress"
-    bounds = [w.step for w in written if w.step is not None]
-    if resumed_step is not None:
-        bounds.append(resumed_step)
+    bounds = [s for s in (*(w.step for w in written), resumed_step) if s is not None]
     return (max(bounds), "checkpoint") if bounds else (None, None)
 
 

@@ -165,10 +165,9 @@ def _pid_text(doc: dict[str, Any]) -> str:
     pid = doc.get("worker_pid")
     if not pid:
         return "-"
-    ranks = doc.get("rank_pids") or {}
     name = _process_name(pid)
     text = f"{pid}" + (f" ({name})" if name else "")
-    if ranks:
+    if ranks := doc.get("rank_pids"):
         text += "; ranks " + ", ".join(f"{rank}: {p}" for rank, p in ranks.items())
     return text
 
@@ -265,8 +264,7 @@ def probe_text(probe: dict[str, Any]) -> str:
         text = f"loaded in {count} process{'es' if count != 1 else ''}"
         if probe.get("ranks"):
             text += " (ranks " + ", ".join(str(rank) for rank in probe["ranks"]) + ")"
-        partial = probe.get("partial") or []
-        if partial:
+        if partial := probe.get("partial"):
             text += f"; not done in {len(partial)}: {partial[0]['detail']}"
         return text + (f"; a part failed in {len(failures)}: {failures[0]['detail']}" if failures else "")
     if state == "failed":
