@@ -27,8 +27,7 @@ from typing import Any
 
 from oomguard.supervisor.errors import UsageError
 from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import supervisor_alive
-from oomguard.supervisor.record.status import read_status
+from oomguard.supervisor.record.status import read_status, supervisor_alive
 
 TIMEOUT = 5.0
 ACTIONS = {"checkpoint": "ask the running worker to write a checkpoint now",

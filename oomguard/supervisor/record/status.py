@@ -28,6 +28,7 @@ from oomguard.supervisor.lifecycle.states import exit_text
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import JOURNAL_NAME, Journal, open_existing
 from oomguard.supervisor.record.picture import TERMINAL, Attempt, RunPicture, attempt_peaks, by_world, read_picture
+from oomguard.supervisor.record.picture import supervisor_alive as supervisor_alive  # status's, for web/client.py
 from oomguard.supervisor.record.report import peak_text, progress_text, worlds_text
 from oomguard.supervisor.units import format_size
 
