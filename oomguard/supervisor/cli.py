@@ -19,7 +19,8 @@ from oomguard import __version__
 from oomguard.supervisor.config import add_arguments, build_config
 from oomguard.supervisor.lifecycle import EXIT_CRASHED, UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
-from oomguard.supervisor.record import logs, report, runs
+from oomguard.supervisor.record import logs, report
+from oomguard.supervisor.record import status as runs
 from oomguard.supervisor.run.preflight import OptionParser, notices
 from oomguard.supervisor.run.preflight import check as preflight
 from oomguard.web.client import fetch_status, register_dashboard

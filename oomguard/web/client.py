@@ -143,7 +143,7 @@ def _cmd_dashboard(args: argparse.Namespace, command: Sequence[str]) -> int:
 
 
 def register_dashboard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from oomguard.supervisor.record.runs import MAX_DEPTH, depth
+    from oomguard.supervisor.record.status import MAX_DEPTH, depth
 
     parser = sub.add_parser("dashboard", help="serve one page listing every run under directories, live, each "
                             "linked to its own view")

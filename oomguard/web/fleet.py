@@ -3,7 +3,7 @@
 Tested in tests/e2e/web/test_fleet.py.
 
 Nothing here depends on a run's own server being up. The list is read from the journals
-(``record/runs.py``, the same rows as ``oomguard ls --json``), and each run's own view is served here
+(``record/status.py``, the same rows as ``oomguard ls --json``), and each run's own view is served here
 too, read-only, at ``/runs/<key>/``: the run dashboard's app with no control, so a finished run or
 one whose supervisor was killed can still be looked at. A run whose supervisor is alive also links
 to its own dashboard, the one that takes control requests (with that run's token).
@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from oomguard.supervisor.record.runs import MAX_DEPTH, find_runs, summarize
+from oomguard.supervisor.record.status import MAX_DEPTH, find_runs, summarize
 from oomguard.web import exposure as redact
 from oomguard.web.app import CSP, STATIC, create_app
 from oomguard.web.exposure import ASGIApp, Receive, Scope, Send, is_loopback

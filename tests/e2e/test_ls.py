@@ -1,5 +1,6 @@
 """``oomguard ls`` on real runs: one that finished after a real OOM, one whose supervisor is alive with its
-dashboard and then killed with SIGKILL, and a damaged journal (the rest: tests/unit/supervisor/record/test_runs.py)."""
+dashboard and then killed with SIGKILL, and a damaged journal
+(the rest: tests/unit/supervisor/record/test_status.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from support import ROOT, WORKER, oomguard
 
-from oomguard.supervisor.record import runs
+from oomguard.supervisor.record import status as runs
 from oomguard.supervisor.record.journal import Journal
 
 

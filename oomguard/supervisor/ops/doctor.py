@@ -2,11 +2,8 @@
 
 Each check is a small function of a ``DoctorContext`` returning a ``Check``; nothing here changes
 the machine except a probe cgroup that is removed at once. The exit code is 1 when a check failed
-(the run would not work as intended), else 0; warnings name what oomguard will do without.
-
-Also here:
-
-- ``oomguard doctor`` for runs of several ranks and nodes: the collective backends torch has here
+(the run would not work as intended), else 0; warnings name what oomguard will do without. Runs of
+several ranks and nodes also get the collective backends and the rendezvous endpoint checked.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,20 +30,10 @@ INFO = "info"
 GIB = 1024**3
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-_ALLOC_CONF_KEYS = frozenset(
-    {
-        "backend",
-        "max_split_size_mb",
-        "roundup_power2_divisions",
-        "max_non_split_rounding_mb",
-        "garbage_collection_threshold",
-        "expandable_segments",
-        "release_lock_on_cudamalloc",
-        "pinned_use_cuda_host_register",
-        "pinned_num_register_threads",
-        "pinned_use_background_threads",
-    }
-)
+_ALLOC_CONF_KEYS = frozenset({
+    "backend", "max_split_size_mb", "roundup_power2_divisions", "max_non_split_rounding_mb",
+    "garbage_collection_threshold", "expandable_segments", "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register", "pinned_num_register_threads", "pinned_use_background_threads"})
 
 
 class DoctorError(UsageError):
@@ -99,14 +86,9 @@ def check_nvml(ctx: DoctorContext) -> list[Check]:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
-        return [
-            Check(
-                "nvml",
-                WARN,
-                f"NVML not reachable ({error}); GPU memory will not be watched, CUDA OOMs are still caught",
-                "install the NVIDIA driver; in Docker run with --gpus all (or the compose GPU reservation)",
-            )
-        ]
+        return [Check("nvml", WARN, f"NVML not reachable ({error}); GPU memory will not be watched, CUDA OOMs "
+                      "are still caught", "install the NVIDIA driver; in Docker run with --gpus all (or the "
+                      "compose GPU reservation)")]
     try:
         return _nvml_devices(pynvml)
     finally:
@@ -118,20 +100,15 @@ def _nvml_devices(nvml: Any) -> list[Check]:
     count = nvml.nvmlDeviceGetCount()
     checks = [Check("nvml", OK, f"driver {driver}, {count} GPU(s)")]
     if count == 0:
-        checks.append(
-            Check("gpus", WARN, "NVML sees no GPU", "check CUDA_VISIBLE_DEVICES and the container's GPUs")
-        )
+        checks.append(Check("gpus", WARN, "NVML sees no GPU", "check CUDA_VISIBLE_DEVICES and the container's GPUs"))
     for index in range(count):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         name = _text(nvml.nvmlDeviceGetName(handle))
-        free_share = memory.free / memory.total if memory.total else 0.0
         detail = f"{name}: {memory.free / GIB:.1f} of {memory.total / GIB:.1f} GiB free"
-        if free_share < 0.9:
-            fix = "another process holds GPU memory: see nvidia-smi, stop it or pick another GPU"
-            checks.append(Check(f"gpu{index}", WARN, detail, fix))
-        else:
-            checks.append(Check(f"gpu{index}", OK, detail))
+        busy = (memory.free / memory.total if memory.total else 0.0) < 0.9
+        fix = "another process holds GPU memory: see nvidia-smi, stop it or pick another GPU" if busy else ""
+        checks.append(Check(f"gpu{index}", WARN if busy else OK, detail, fix))
     return checks
 
 
@@ -171,19 +148,17 @@ def own_cgroup_dir(ctx: DoctorContext, version: str) -> Path | None:
 def check_cgroup(ctx: DoctorContext) -> list[Check]:
     version = cgroup_version(ctx)
     if version is None:
-        fix = "enable the memory controller (cgroup_enable=memory); else --memory-limit watches RSS"
-        return [Check("cgroup", WARN, "no cgroup memory controller found", fix)]
+        return [Check("cgroup", WARN, "no cgroup memory controller found",
+                      "enable the memory controller (cgroup_enable=memory); else --memory-limit watches RSS")]
     parent = own_cgroup_dir(ctx, version)
     if parent is None:
         return [Check("cgroup", WARN, f"cgroup {version}, but this process's memory cgroup is unknown")]
     error = probe_child_cgroup(parent, version)
     if error:
-        fix = _cgroup_fix(version)
-        return [
-            Check(
-                "cgroup", WARN, f"cgroup {version} at {parent}; cannot create a limited child: {error}", fix
-            )
-        ]
+        fix = ("run under a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes oomguard run ...; "
+               "else --memory-limit falls back to watching RSS" if version == "v2" else
+               "run as root or give this user a writable memory cgroup; else --memory-limit watches RSS")
+        return [Check("cgroup", WARN, f"cgroup {version} at {parent}; cannot create a limited child: {error}", fix)]
     return [Check("cgroup", OK, f"cgroup {version}; a memory limit can be enforced under {parent}")]
 
 
@@ -200,24 +175,11 @@ def probe_child_cgroup(parent: Path, version: str) -> str | None:
     except OSError as error:
         return f"{limit_file}: {error.strerror or error}"
     finally:
-        _remove_cgroup(child)
+        try:
+            child.rmdir()  # a cgroup directory is removed with rmdir even though it lists files
+        except OSError as error:
+            print(f"oomguard doctor: could not remove probe cgroup {child}: {error}", file=sys.stderr)
     return None
-
-
-def _remove_cgroup(child: Path) -> None:
-    try:
-        child.rmdir()  # a cgroup directory is removed with rmdir even though it lists files
-    except OSError as error:
-        print(f"oomguard doctor: could not remove probe cgroup {child}: {error}", file=sys.stderr)
-
-
-def _cgroup_fix(version: str) -> str:
-    if version == "v2":
-        return (
-            "run under a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes oomguard run ...; "
-            "else --memory-limit falls back to watching RSS"
-        )
-    return "run as root or give this user a writable memory cgroup; else --memory-limit watches RSS"
 
 
 def check_psi(ctx: DoctorContext) -> list[Check]:
@@ -225,11 +187,7 @@ def check_psi(ctx: DoctorContext) -> list[Check]:
     try:
         first = path.read_text().splitlines()[0]
     except (OSError, IndexError):
-        return [
-            Check(
-                "psi", WARN, "memory pressure (PSI) unavailable", "boot the kernel with psi=1 (Linux 4.20+)"
-            )
-        ]
+        return [Check("psi", WARN, "memory pressure (PSI) unavailable", "boot the kernel with psi=1 (Linux 4.20+)")]
     return [Check("psi", OK, f"memory pressure: {first}")]
 
 
@@ -254,9 +212,8 @@ def check_disk(ctx: DoctorContext) -> list[Check]:
     if not os.access(where, os.W_OK):
         return [Check("disk", FAIL, f"{where} is not writable", "choose a writable --run-dir")]
     if usage.free < ctx.min_free_bytes:
-        want = ctx.min_free_bytes / GIB
-        fix = f"free space or point --run-dir and checkpoints elsewhere (want {want:.0f} GiB)"
-        return [Check("disk", WARN, detail, fix)]
+        return [Check("disk", WARN, detail, "free space or point --run-dir and checkpoints elsewhere "
+                      f"(want {ctx.min_free_bytes / GIB:.0f} GiB)")]
     return [Check("disk", OK, detail)]
 
 
@@ -270,16 +227,12 @@ def _existing_parent(path: Path) -> Path:
 def check_alloc_conf(ctx: DoctorContext) -> list[Check]:
     value = ctx.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if not value:
-        detail = (
-            "PYTORCH_CUDA_ALLOC_CONF unset; oomguard adds expandable_segments:True if it sees fragmentation"
-        )
-        return [Check("alloc-conf", INFO, detail)]
+        return [Check("alloc-conf", INFO, "PYTORCH_CUDA_ALLOC_CONF unset; oomguard adds expandable_segments:True "
+                      "if it sees fragmentation")]
     unknown = [item for item in value.split(",") if item.split(":", 1)[0].strip() not in _ALLOC_CONF_KEYS]
     if unknown or any(":" not in item for item in value.split(",")):
-        fix = "write key:value pairs separated by commas, e.g. expandable_segments:True"
-        return [
-            Check("alloc-conf", WARN, f"PYTORCH_CUDA_ALLOC_CONF={value!r} has unknown parts {unknown}", fix)
-        ]
+        return [Check("alloc-conf", WARN, f"PYTORCH_CUDA_ALLOC_CONF={value!r} has unknown parts {unknown}",
+                      "write key:value pairs separated by commas, e.g. expandable_segments:True")]
     return [Check("alloc-conf", OK, f"PYTORCH_CUDA_ALLOC_CONF={value}")]
 
 
@@ -287,22 +240,13 @@ def check_shadowing(ctx: DoctorContext) -> list[Check]:
     """oomguard 0.1 installed top-level ``supervisor``/``worker``/``web`` packages; a leftover copy
     shadows supervisord's ``supervisor`` (its ``supervisord`` then fails to start)."""
     ours = Path(__file__).resolve().parents[1]
-    stale = [p for p in _supervisor_packages_on_path() if (p / "launch.py").is_file() or (p / "loop.py").is_file()
-             or (p / "run" / "loop.py").is_file()]
-    stale = [p for p in stale if p != ours]
+    packages = (Path(entry or ".") / "supervisor" / "__init__.py" for entry in sys.path)
+    found = dict.fromkeys(p.resolve().parent for p in packages if p.is_file())
+    stale = [p for p in found if p != ours and any((p / f).is_file() for f in ("launch.py", "loop.py", "run/loop.py"))]
     if stale:
         fix = "remove the old copy (pip uninstall oomguard, then install it again): it shadows supervisord"
         return [Check("import-name", WARN, f"an old oomguard 'supervisor' package is on sys.path: {stale}", fix)]
     return [Check("import-name", OK, f"oomguard imports as 'oomguard' ({ours.parent})")]
-
-
-def _supervisor_packages_on_path() -> list[Path]:
-    found = []
-    for entry in sys.path:
-        candidate = Path(entry or ".") / "supervisor" / "__init__.py"
-        if candidate.is_file():
-            found.append(candidate.resolve().parent)
-    return list(dict.fromkeys(found))
 
 
 def check_port(ctx: DoctorContext) -> list[Check]:
@@ -312,37 +256,25 @@ def check_port(ctx: DoctorContext) -> list[Check]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             sock.bind((ctx.host, ctx.port))
     except OSError as error:
-        fix = f"pass --port with a free port, or find the owner: ss -ltnp 'sport = :{ctx.port}'"
-        return [
-            Check("port", FAIL, f"dashboard address {ctx.host}:{ctx.port} unavailable: {error.strerror}", fix)
-        ]
+        return [Check("port", FAIL, f"dashboard address {ctx.host}:{ctx.port} unavailable: {error.strerror}",
+                      f"pass --port with a free port, or find the owner: ss -ltnp 'sport = :{ctx.port}'")]
     return [Check("port", OK, f"dashboard address {ctx.host}:{ctx.port} is free")]
 
 
 def check_distributed(ctx: DoctorContext) -> list[Check]:
     """Collective backends, and with --rdzv-endpoint the multi-node rendezvous."""
-    from oomguard.supervisor.ops import doctor as distcheck
-
     if not (ctx.distributed or ctx.rdzv_endpoint):
         return []
     gpus = ctx.env.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1") or Path("/dev/nvidia0").exists()
-    lines = [("backends", *line) for line in distcheck.backend_lines(distcheck.probe_backends(), gpus)]
+    checks = [Check("backends", *line) for line in backend_lines(probe_backends(), gpus)]
     if ctx.rdzv_endpoint:
-        lines += [("rendezvous", *line) for line in distcheck.rendezvous_lines(ctx.rdzv_endpoint, ctx.node_rank)]
-    return [Check(name, status, detail, fix) for name, status, detail, fix in lines]
+        checks += [Check("rendezvous", *line) for line in rendezvous_lines(ctx.rdzv_endpoint, ctx.node_rank)]
+    return checks
 
 
 CHECKS: tuple[Callable[[DoctorContext], list[Check]], ...] = (
-    check_nvml,
-    check_cgroup,
-    check_psi,
-    check_host_memory,
-    check_disk,
-    check_alloc_conf,
-    check_shadowing,
-    check_port,
-    check_distributed,
-)
+    check_nvml, check_cgroup, check_psi, check_host_memory, check_disk, check_alloc_conf, check_shadowing,
+    check_port, check_distributed)
 
 
 def run_checks(ctx: DoctorContext) -> list[Check]:
@@ -379,31 +311,22 @@ def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                         help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
     parser.add_argument("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
-    parser.set_defaults(func=_cmd_doctor)
-
-
-def _cmd_doctor(args: argparse.Namespace, command: Sequence[str]) -> int:
-    return run_doctor_command(args)
+    parser.set_defaults(func=lambda args, command: run_doctor_command(args))
 
 
 def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run every check and print one line each; 1 if any failed, 2 on bad input."""
     stream = out if out is not None else sys.stdout
     try:
-        ctx = DoctorContext(
-            run_dir=args.run_dir, host=args.host, port=args.port, min_free_bytes=int(args.min_free_gb * GIB),
-            rdzv_endpoint=getattr(args, "rdzv_endpoint", None), node_rank=getattr(args, "node_rank", None),
-            distributed=getattr(args, "distributed", False),
-        )
+        ctx = DoctorContext(args.run_dir, args.host, args.port, min_free_bytes=int(args.min_free_gb * GIB),
+                            rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
+                            node_rank=getattr(args, "node_rank", None), distributed=getattr(args, "distributed", False))
     except DoctorError as error:
         print(f"oomguard doctor: error: {error}", file=sys.stderr)
         return 2
     results = run_checks(ctx)
-    if args.json:
-        print(json.dumps([asdict(check) for check in results], indent=2), file=stream)
-    else:
-        for check in results:
-            print(format_check(check), file=stream)
+    text = "\n".join(map(format_check, results))
+    print(json.dumps([asdict(check) for check in results], indent=2) if args.json else text, file=stream)
     return exit_code(results)
 
 

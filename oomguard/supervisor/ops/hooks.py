@@ -2,12 +2,8 @@
 
 Each hook subscribes to ``Supervisor.listeners`` (events) and ``Supervisor.tickers`` (every loop
 tick); none of them can block or stop supervision (the loop catches their errors, notifications
-are sent from their own threads, sd_notify is one datagram).
-
-Also here:
-
-- The sd_notify protocol: telling systemd that the supervisor is ready, what it does, and alive.
-- The compact live status line beneath the worker's output, and its journald-friendly twin.
+are sent from their own threads, sd_notify is one datagram). Also here: the sd_notify protocol, and
+the live status line beneath the worker's output with its journald-friendly twin.
 """
 
 from __future__ import annotations
@@ -25,16 +21,6 @@ from rich.live import Live
 from rich.text import Text
 
 from oomguard.supervisor.ops import notify
-from oomguard.supervisor.ops.notify import (
-    COMPONENT,
-    degraded,
-    gave_up,
-    leak,
-    notify_config,
-    recovered,
-    succeeded,
-    warning,
-)
 from oomguard.supervisor.record import logs
 from oomguard.supervisor.run.runparts import WARNING_EVENTS
 from oomguard.supervisor.units import GIB, format_size
@@ -62,9 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-READY = "READY=1"
-STOPPING = "STOPPING=1"
-WATCHDOG = "WATCHDOG=1"
 _STATUS_MAX = 200  # systemctl status shows one line; keep it short
 
 
@@ -97,16 +80,16 @@ class SystemdNotifier:
         return True
 
     def ready(self, status: str | None = None) -> bool:
-        return self.send(READY, *_status_field(status))
+        return self.send("READY=1", *_status_field(status))
 
     def status(self, text: str) -> bool:
         return self.send(*_status_field(text))
 
     def stopping(self, status: str | None = None) -> bool:
-        return self.send(STOPPING, *_status_field(status))
+        return self.send("STOPPING=1", *_status_field(status))
 
     def watchdog(self) -> bool:
-        return self.send(WATCHDOG)
+        return self.send("WATCHDOG=1")
 
     def _warn(self, error: OSError) -> None:
         if not self._warned:  # systemd going away must not flood the log once per tick
@@ -117,24 +100,16 @@ class SystemdNotifier:
 class Watchdog:
     """Pings systemd's watchdog at half of ``WATCHDOG_USEC``; ``tick()`` sends only when due."""
 
-    def __init__(
-        self,
-        notifier: SystemdNotifier,
-        interval_s: float | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, notifier: SystemdNotifier, interval_s: float | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._notifier = notifier
         self.interval_s = interval_s if notifier.enabled else None
         self._clock = clock
         self._next: float | None = None
 
     @classmethod
-    def from_env(
-        cls,
-        notifier: SystemdNotifier,
-        env: Mapping[str, str] = os.environ,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> Watchdog:
+    def from_env(cls, notifier: SystemdNotifier, env: Mapping[str, str] = os.environ,
+                 clock: Callable[[], float] = time.monotonic) -> Watchdog:
         return cls(notifier, watchdog_interval(env), clock)
 
     @property
@@ -154,12 +129,11 @@ class Watchdog:
 
 def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = None) -> float | None:
     """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off or meant for another PID."""
-    raw = env.get("WATCHDOG_USEC", "")
     owner = env.get("WATCHDOG_PID", "")
     if owner and owner != str(pid if pid is not None else os.getpid()):
         return None
     try:
-        usec = int(raw)
+        usec = int(env.get("WATCHDOG_USEC", ""))
     except ValueError:
         return None
     return usec / 2_000_000 if usec > 0 else None
@@ -167,16 +141,11 @@ def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = Non
 
 def _socket_address(address: str) -> str | bytes:
     # "@name" is the abstract namespace: a leading NUL byte on the wire.
-    if address.startswith("@"):
-        return b"\0" + address[1:].encode()
-    return address
+    return b"\0" + address[1:].encode() if address.startswith("@") else address
 
 
 def _status_field(text: str | None) -> list[str]:
-    if text is None:
-        return []
-    one_line = " ".join(text.split())
-    return [f"STATUS={one_line[:_STATUS_MAX]}"]
+    return [] if text is None else [f"STATUS={' '.join(text.split())[:_STATUS_MAX]}"]
 
 
 MEMORY_KINDS = ("cuda_oom", "host_oom", "memory_limit")
@@ -213,10 +182,10 @@ def attach_notifications(sup: Supervisor) -> Callable[[], object] | None:
     """--notify: gave up, succeeded, recovered from an OOM, leak found, degraded (ops/notify.py)."""
     if not sup.config.notify.targets:
         return None
-    sender = notify.Notifier(notify_config(sup.config.notify.targets), health=sup.degradations)
+    sender = notify.Notifier(notify.notify_config(sup.config.notify.targets), health=sup.degradations)
     sup.listeners.append(_Notifications(sup, sender).on_event)
     run = sup.run_dir.name
-    sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(degraded(run, c, m, attempt=sup.attempt))))
+    sup.tickers.append(_on_degradation(sup, lambda c, m: sender.send(notify.degraded(run, c, m, attempt=sup.attempt))))
     return lambda: sender.close(10.0)
 
 
@@ -241,7 +210,7 @@ class _Notifications:
             _tell_end(self.sender, self.sup, data, self.last_cause)
         elif name in WARNING_EVENTS and name not in self.told:
             self.told.add(name)
-            self.sender.send(warning(self.run, data["message"], attempt=self.sup.attempt))
+            self.sender.send(notify.warning(self.run, data["message"], attempt=self.sup.attempt))
         elif name in ("decision", "planned_restart"):
             self._decision(name, data)
 
@@ -255,11 +224,12 @@ class _Notifications:
         if is_leak and data.get("action", "restart") == "restart":
             if "leak" not in self.told:
                 self.told.add("leak")
-                self.sender.send(leak(run, data["reason"], attempt=sup.attempt, **figures))
+                self.sender.send(notify.leak(run, data["reason"], attempt=sup.attempt, **figures))
         elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
-            self.sender.send(recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                       data["grad_accum"], figures["cause"].get("summary") if figures else None,
-                                       memory, evidence=data["evidence"], attempt=sup.attempt, **figures))
+            why = figures["cause"].get("summary") if figures else None
+            self.sender.send(notify.recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
+                                              data["grad_accum"], why, memory, evidence=data["evidence"],
+                                              attempt=sup.attempt, **figures))
         elif name == "decision" and data["action"] == "give_up" and figures:
             self.last_cause = figures["cause"]
 
@@ -271,9 +241,9 @@ def _tell_end(sender: notify.Notifier, sup: Supervisor, data: dict[str, Any], gi
         reason = data["reason"]
         if given and given["summary"] not in reason:
             reason += f"\ncause: {given['summary']}"
-        sender.send(gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
+        sender.send(notify.gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
     elif data["to"] == "succeeded":
-        sender.send(succeeded(run, summary(sup), attempt=sup.attempt))
+        sender.send(notify.succeeded(run, summary(sup), attempt=sup.attempt))
 
 
 def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Callable[[], None]:
@@ -288,7 +258,7 @@ def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Call
         seen[0] = sup.degradations.version
         active = {p["component"]: p["message"] for p in sup.degradations.active()}
         for component, message in active.items():
-            if component not in told and not component.startswith(COMPONENT + " "):
+            if component not in told and not component.startswith(notify.COMPONENT + " "):
                 tell(component, message)
         told.intersection_update(active)  # an ended one may be told again when it comes back
         told.update(active)
@@ -395,15 +365,8 @@ def attach_all(sup: Supervisor) -> list[Callable[[], object]]:
 # ``global_batch``, ``asked_global_batch``, ``gpu_bytes``, ``gpu_total_bytes``, ``host_bytes``, ``step``,
 # ``total_steps``, ``samples_per_s``, ``eta_s`` (else estimated from the step rate).
 
-_STATE_STYLE = {
-    "running": "bold green",
-    "starting": "bold cyan",
-    "recovering": "bold yellow",
-    "backoff": "bold yellow",
-    "succeeded": "bold green",
-    "failed": "bold red",
-    "stopped": "bold magenta",
-}
+_STATE_STYLE = {"running": "bold green", "starting": "bold cyan", "recovering": "bold yellow", "backoff": "bold yellow",
+                "succeeded": "bold green", "failed": "bold red", "stopped": "bold magenta"}
 # A change in any of these is worth a log line of its own in plain mode.
 _KEY_FIELDS = ("state", "attempt", "micro_batch", "grad_accum", "world_size")
 
@@ -423,17 +386,12 @@ def format_duration(seconds: float) -> str:
 
 def status_parts(snapshot: Mapping[str, Any], eta_s: float | None, times: str = "×") -> list[tuple[str, str]]:
     """The status line as (text, style) parts; pure, shared by both modes."""
-    parts: list[tuple[str, str]] = []
     state = str(snapshot.get("state", "starting"))
-    parts.append((state, _STATE_STYLE.get(state, "bold")))
+    parts = [(state, _STATE_STYLE.get(state, "bold"))]
     if snapshot.get("attempt") is not None:
         parts.append((f"attempt {snapshot['attempt']}", ""))
-    batch = _batch_text(snapshot, times)
-    if batch:
-        parts.append((batch, "cyan"))
-    memory = _memory_text(snapshot)
-    if memory:
-        parts.append((memory, ""))
+    parts += [(text, style) for text, style in ((_batch_text(snapshot, times), "cyan"), (_memory_text(snapshot), ""))
+              if text]
     parts += _progress_parts(snapshot, eta_s)
     if snapshot.get("forecast"):
         parts.append((str(snapshot["forecast"]), "yellow"))
@@ -493,9 +451,7 @@ class EtaEstimator:
             self._rate = None  # resumed from an older checkpoint: the old rate says nothing
         elif last is not None and step > last[1] and now > last[0]:
             rate = (step - last[1]) / (now - last[0])
-            self._rate = (
-                rate if self._rate is None else self._smoothing * rate + (1 - self._smoothing) * self._rate
-            )
+            self._rate = rate if self._rate is None else self._smoothing * rate + (1 - self._smoothing) * self._rate
         if last is None or step != last[1]:
             self._last = (now, step)
         if not total or not self._rate:
@@ -506,14 +462,8 @@ class EtaEstimator:
 class StatusLine:
     """Live status on a terminal, plain log lines elsewhere; see the module docstring."""
 
-    def __init__(
-        self,
-        stream: TextIO | None = None,
-        *,
-        terminal: bool | None = None,
-        plain_interval_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None, plain_interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._stream = stream if stream is not None else sys.stdout
         self.is_terminal = self._stream.isatty() if terminal is None else terminal
         self._plain_interval_s = plain_interval_s
@@ -522,14 +472,8 @@ class StatusLine:
         self._snapshot: dict[str, Any] = {}
         self._eta_s: float | None = None
         self._last_plain: tuple[tuple[Any, ...], float] | None = None
-        self._console = Console(
-            file=self._stream,
-            force_terminal=self.is_terminal,
-            no_color=not self.is_terminal,
-            highlight=False,
-            emoji=False,
-            markup=False,
-        )
+        self._console = Console(file=self._stream, force_terminal=self.is_terminal, no_color=not self.is_terminal,
+                                highlight=False, emoji=False, markup=False)
         self._live: Live | None = None
         if self.is_terminal:
             self._live = Live(self._render(), console=self._console, auto_refresh=False, transient=False)
@@ -588,13 +532,9 @@ class StatusLine:
         return text
 
     def _maybe_plain_status(self) -> None:
-        key = tuple(self._snapshot.get(name) for name in _KEY_FIELDS)
-        now = self._clock()
-        if self._last_plain is not None:
-            last_key, last_time = self._last_plain
-            if key == last_key and now - last_time < self._plain_interval_s:
-                return
-        self._write_plain_status()
+        key, last = tuple(self._snapshot.get(name) for name in _KEY_FIELDS), self._last_plain
+        if last is None or key != last[0] or self._clock() - last[1] >= self._plain_interval_s:
+            self._write_plain_status()
 
     def _write_plain_status(self) -> None:
         key = tuple(self._snapshot.get(name) for name in _KEY_FIELDS)

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from oomguard.supervisor.lifecycle import UsageError
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.resilient import Degradations
+from oomguard.supervisor.record.journal import Degradations
 
 if TYPE_CHECKING:
     from apprise.plugins.base import NotifyBase
@@ -85,17 +85,12 @@ def succeeded(run: str, summary: str, **details: Any) -> Notification:
     return Notification(SUCCEEDED, run, f"oomguard: {run} finished", summary, details)
 
 
-def recovered(
-    run: str, kind: str, old_micro: int, new_micro: int, grad_accum: int, why: str | None = None,
-    memory: str | None = None, **details: Any
-) -> Notification:
+def recovered(run: str, kind: str, old_micro: int, new_micro: int, grad_accum: int, why: str | None = None,
+              memory: str | None = None, **details: Any) -> Notification:
     """``why``: the attribution's summary, with its figures (why the batch was, or was not, to blame);
     ``memory``: what filled memory at the failure (``memory_line``)."""
-    message = f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
-    if why:
-        message += f"\ncause: {why}"
-    if memory:
-        message += f"\nmemory: {memory}"
+    message = (f"{kind} at micro-batch {old_micro}; restarting at {new_micro} x {grad_accum} accumulation"
+               + (f"\ncause: {why}" if why else "") + (f"\nmemory: {memory}" if memory else ""))
     return Notification(RECOVERED, run, f"oomguard: {run} recovered from {kind}", message, details)
 
 
@@ -114,8 +109,7 @@ class FailureMemory:
         return True
 
     def take(self) -> str | None:
-        line = memory_line(self.events)
-        self.events.clear()
+        line, self.events = memory_line(self.events), []
         return line
 
 
@@ -248,10 +242,9 @@ def deliver(target: Target, note: Notification, timeout_s: float) -> str | None:
 
     plugin = _plugin(target.url)
     plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout_s
-    kind = {FAILED: apprise.NotifyType.FAILURE, SUCCEEDED: apprise.NotifyType.SUCCESS,
-            LEAK: apprise.NotifyType.WARNING, DEGRADED: apprise.NotifyType.WARNING,
-            WARNING: apprise.NotifyType.WARNING}.get(note.event,
-                                                                                         apprise.NotifyType.INFO)
+    warn = apprise.NotifyType.WARNING
+    kind = {FAILED: apprise.NotifyType.FAILURE, SUCCEEDED: apprise.NotifyType.SUCCESS, LEAK: warn, DEGRADED: warn,
+            WARNING: warn}.get(note.event, apprise.NotifyType.INFO)
     with _apprise_log() as said:
         try:
             ok = plugin.notify(body=note.body, title=note.title, notify_type=kind)
@@ -319,14 +312,12 @@ class NotifyConfig:
     events: frozenset[str] = frozenset(EVENTS)
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise NotifyConfigError("the delivery timeout must be a positive number of seconds", "")
-        if self.retries < 0:
-            raise NotifyConfigError("retries must be 0 or more", "")
-        if self.queue_size < 1:
-            raise NotifyConfigError("the queue must hold at least 1 notification", "")
-        unknown = set(self.events) - set(EVENTS)
-        if unknown:
+        for bad, problem in ((self.timeout_s <= 0, "the delivery timeout must be a positive number of seconds"),
+                             (self.retries < 0, "retries must be 0 or more"),
+                             (self.queue_size < 1, "the queue must hold at least 1 notification")):
+            if bad:
+                raise NotifyConfigError(problem, "")
+        if unknown := set(self.events) - set(EVENTS):
             raise NotifyConfigError(f"events {sorted(unknown)} unknown", f"use {', '.join(EVENTS)}")
 
 

@@ -63,7 +63,7 @@ class UnitOptions:
     restart_sec: int = 30
     start_limit_burst: int = 5
     start_limit_interval_s: int = 3600
-    notify: bool = True  # Type=notify: the supervisor sends READY=1 (supervisor/sdnotify.py)
+    notify: bool = True  # Type=notify: the supervisor sends READY=1 (ops/hooks.py)
     watchdog_s: int = 120  # 0 disables WatchdogSec; the loop pings at half of it
     no_restart_exit_codes: tuple[int, ...] = exits.NO_RESTART  # give-ups: a restart cannot help
     success_exit_codes: tuple[int, ...] = exits.STOPPED  # the operator's stop is no failure
@@ -89,17 +89,14 @@ def unit_file_name(name: str) -> str:
     """``name`` with the ``.service`` suffix, after checking it is a valid unit name."""
     stem = name.removesuffix(".service")
     if not stem or not _UNIT_NAME.fullmatch(stem) or len(stem) > 240:
-        raise ServiceError(
-            f"--name {name!r} is not a valid unit name: "
-            "use letters, digits and ':_.-' (e.g. --name oomguard-gpt)"
-        )
+        raise ServiceError(f"--name {name!r} is not a valid unit name: use letters, digits and ':_.-' "
+                           "(e.g. --name oomguard-gpt)")
     return stem + ".service"
 
 
 def default_name(cwd: Path) -> str:
     """``oomguard-<directory>``, the directory name reduced to characters a unit name allows."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", cwd.name).strip("-.") or "run"
-    return f"oomguard-{stem}"
+    return "oomguard-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cwd.name).strip("-.") or "run")
 
 
 def quote_word(word: str) -> str:
@@ -129,14 +126,8 @@ def exec_line(argv: Sequence[str]) -> str:
     return " ".join(quote_word(word) for word in argv)
 
 
-def render_unit(
-    argv: list[str],
-    cwd: Path,
-    env: Mapping[str, str],
-    scope: str,
-    name: str,
-    options: UnitOptions | None = None,
-) -> str:
+def render_unit(argv: list[str], cwd: Path, env: Mapping[str, str], scope: str, name: str,
+                options: UnitOptions | None = None) -> str:
     """The text of a ``.service`` unit running ``argv`` (``[/abs/oomguard, run, ...]``) in ``cwd``."""
     _check_scope(scope)
     opts = options or UnitOptions()
@@ -158,21 +149,16 @@ def render_unit(
 
 
 def _unit_section(stem: str, scope: str, opts: UnitOptions) -> list[str]:
-    lines = [
-        "[Unit]",
-        f"Description=oomguard supervised training ({stem})",
-        # Restart=on-failure is bounded: after this many restarts in the interval the unit stays failed.
-        f"StartLimitIntervalSec={opts.start_limit_interval_s}",
-        f"StartLimitBurst={opts.start_limit_burst}",
-    ]
+    # Restart=on-failure is bounded: after this many restarts in the interval the unit stays failed.
+    lines = ["[Unit]", f"Description=oomguard supervised training ({stem})",
+             f"StartLimitIntervalSec={opts.start_limit_interval_s}", f"StartLimitBurst={opts.start_limit_burst}"]
     if scope == SYSTEM:  # webhooks need the network; the user manager has no network-online.target
         lines += ["Wants=network-online.target", "After=network-online.target"]
     return lines
 
 
-def _service_section(
-    argv: Sequence[str], cwd: Path, env: Mapping[str, str], scope: str, stem: str, opts: UnitOptions
-) -> list[str]:
+def _service_section(argv: Sequence[str], cwd: Path, env: Mapping[str, str], scope: str, stem: str,
+                     opts: UnitOptions) -> list[str]:
     lines = ["[Service]"]
     if opts.notify:
         # The supervisor sends READY=1 once the worker runs, and WATCHDOG=1 while its loop is healthy.
@@ -185,11 +171,7 @@ def _service_section(
         lines.append(f"User={_escape_specifiers(opts.user)}")
     lines.append(f"WorkingDirectory={_escape_specifiers(str(cwd))}")
     lines += [f"Environment={quote_env(k, v)}" for k, v in _unit_env(env).items()]
-    lines += [
-        f"ExecStart={exec_line(argv)}",
-        "Restart=on-failure",
-        f"RestartSec={opts.restart_sec}",
-    ]
+    lines += [f"ExecStart={exec_line(argv)}", "Restart=on-failure", f"RestartSec={opts.restart_sec}"]
     if opts.no_restart_exit_codes:
         lines.append("RestartPreventExitStatus=" + " ".join(str(c) for c in opts.no_restart_exit_codes))
     if opts.success_exit_codes:
@@ -225,11 +207,7 @@ def _escape_specifiers(text: str) -> str:
 
 
 def _c_escape(ch: str) -> str:
-    if ch in _C_ESCAPES:
-        return _C_ESCAPES[ch]
-    if ord(ch) < 0x20 or ord(ch) == 0x7F:
-        return f"\\x{ord(ch):02x}"
-    return ch
+    return _C_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
 
 
 def _one_line(text: str) -> str:
@@ -242,7 +220,7 @@ def _check_scope(scope: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Durable writes and the command line
+# The command line
 
 
 def find_oomguard() -> str:
@@ -250,12 +228,10 @@ def find_oomguard() -> str:
     beside_python = Path(sys.executable).parent / "oomguard"
     if beside_python.is_file() and os.access(beside_python, os.X_OK):
         return str(beside_python)
-    found = shutil.which("oomguard")
-    if found:
+    if found := shutil.which("oomguard"):
         return os.path.abspath(found)
-    raise ServiceError(
-        "the oomguard executable was not found: install oomguard (pip install oomguard) or pass --exec PATH"
-    )
+    raise ServiceError("the oomguard executable was not found: install oomguard (pip install oomguard) or pass "
+                       "--exec PATH")
 
 
 def run_args(raw: Sequence[str]) -> list[str]:
@@ -266,20 +242,16 @@ def run_args(raw: Sequence[str]) -> list[str]:
     if args[:1] == ["run"]:
         args = args[1:]
     if not args:
-        raise ServiceError(
-            "no run arguments: give them after --, e.g. "
-            "oomguard service -- --micro-batch 8 --global-batch 64 -- python train.py"
-        )
+        raise ServiceError("no run arguments: give them after --, e.g. "
+                           "oomguard service -- --micro-batch 8 --global-batch 64 -- python train.py")
     return args
 
 
 def add_service_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``oomguard service`` on the CLI's subparsers."""
-    parser = subparsers.add_parser(
-        "service",
-        help="write a systemd unit for an oomguard run command",
-        description="Write (or print) a systemd unit that runs `oomguard run ARGS...` in this directory.",
-    )
+    parser = subparsers.add_parser("service", help="write a systemd unit for an oomguard run command",
+                                   description="Write (or print) a systemd unit that runs `oomguard run ARGS...` "
+                                   "in this directory.")
     add = parser.add_argument
     add("--print", dest="print_only", action="store_true", help="print the unit, write nothing")
     add("--system", action="store_true", help="a system unit in /etc/systemd/system (needs root)")
@@ -362,10 +334,8 @@ def check_writable(user: str, cwd: Path, run_dir: Path) -> None:
     wanted = [cwd, existing, *(sorted(run_dir.iterdir()) if run_dir.is_dir() else [])]
     denied = _denied(account, list(dict.fromkeys(wanted)))
     if denied is not None:
-        raise ServiceError(
-            f"--user {user} cannot write {denied}: give it to that user (sudo chown -R {user}: {denied}), "
-            f"or run `oomguard service` in a directory {user} can write"
-        )
+        raise ServiceError(f"--user {user} cannot write {denied}: give it to that user (sudo chown -R {user}: "
+                           f"{denied}), or run `oomguard service` in a directory {user} can write")
 
 
 def _denied(account: pwd.struct_passwd, paths: Sequence[Path]) -> Path | None:
@@ -392,36 +362,22 @@ def _bits(path: Path, uid: int, groups: Sequence[int]) -> int:
     if uid == 0:
         return 0o7
     st = path.stat()
-    if st.st_uid == uid:
-        return (st.st_mode >> 6) & 0o7
-    if st.st_gid in groups:
-        return (st.st_mode >> 3) & 0o7
-    return st.st_mode & 0o7
+    return (st.st_mode >> (6 if st.st_uid == uid else 3 if st.st_gid in groups else 0)) & 0o7
 
 
 def _write_unit(path: Path, text: str) -> None:
     try:
         write_atomic(path, text)
     except PermissionError as error:
-        hint = (
-            "run with sudo, or use --print | sudo tee" if path.is_relative_to("/etc") else "check permissions"
-        )
+        hint = "run with sudo, or use --print | sudo tee" if path.is_relative_to("/etc") else "check permissions"
         raise ServiceError(f"cannot write {path}: {error.strerror}; {hint}") from error
 
 
 def next_steps(path: Path, scope: str, name: str) -> str:
     """What to run after the unit is written, as exact commands."""
-    if scope == SYSTEM:
-        ctl, journal = "sudo systemctl", "journalctl"
-    else:
-        ctl, journal = "systemctl --user", "journalctl --user"
-    lines = [
-        f"Wrote {path}",
-        f"  {ctl} daemon-reload",
-        f"  {ctl} enable --now {name}",
-        f"  {ctl} status {name}",
-        f"  {journal} -u {name} -f",
-    ]
+    ctl, journal = ("sudo systemctl", "journalctl") if scope == SYSTEM else ("systemctl --user", "journalctl --user")
+    lines = [f"Wrote {path}", f"  {ctl} daemon-reload", f"  {ctl} enable --now {name}", f"  {ctl} status {name}",
+             f"  {journal} -u {name} -f"]
     if scope == USER:
         user = pwd.getpwuid(os.getuid()).pw_name
         lines.append(f"So that it keeps running after you log out: loginctl enable-linger {user}")

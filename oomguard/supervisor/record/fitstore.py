@@ -1,14 +1,12 @@
 """Remembering what fits across runs, so a new run of the same job starts at a size that worked.
 
 Records are keyed by a fingerprint of what decides whether a micro-batch fits: the training command
-(with any path that lies in a place the run writes to, its checkpoint directories and run directory,
-taken out, whether an argument, a flag's value or a ``key=value`` override: a new output directory is
-the same job), the content of the files the command names as an argument, a flag's
-value or an override's (``cfg=model.yaml``): the script and its configs, the model as far as the
-supervisor can see it), the GPU model and memory,
-the world size and, without a GPU, the memory limit the run fits under. The per-process batch is
-not in the key because memory depends on the micro-batch alone; a new run picks the largest divisor
-of its own per-process batch that is at or below the remembered size.
+with the paths the run writes to taken out (a new output directory is the same job), the content of
+the files it names (the script, its configs: ``cfg=model.yaml``), the GPU model and memory, the
+world size and, without a GPU, the memory limit. Not the per-process batch: memory depends on the
+micro-batch alone. A record also keeps the models it was measured with (``ModelPrint``, the probe's
+digest of the optimizer's parameters): what the key cannot see (an imported ``model.py`` edited, a
+hub model changed) the probe can, and a run that finds another model replaces the record.
 
 A record also keeps the models it was measured with (``ModelPrint``: the digest the probe takes of
 the optimizer's parameters at a process's first step, probe/steps.py): what the key cannot see (an
@@ -61,8 +59,7 @@ _SELECT = ("SELECT f.fingerprint, f.description, f.micro_batch, f.failed_micro, 
 
 def default_cache_dir() -> Path:
     """Where the fit store lives unless the caller says otherwise."""
-    explicit = os.environ.get("OOMGUARD_CACHE_DIR")
-    if explicit:
+    if explicit := os.environ.get("OOMGUARD_CACHE_DIR"):
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "oomguard"
@@ -228,11 +225,8 @@ class FitStore:
 
 
 def _write(db: sqlite3.Connection, record: FitRecord) -> None:
-    db.execute(
-        "INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)",
-        (record.fingerprint, record.description, record.micro_batch, record.failed_micro,
-         _encode(record.points), record.updated_wall),
-    )
+    db.execute("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)", (record.fingerprint, record.description,
+               record.micro_batch, record.failed_micro, _encode(record.points), record.updated_wall))
     if record.models:
         models = json.dumps([[m.digest, m.params, m.tensors] for m in record.models])
         db.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (record.fingerprint, models))
@@ -246,8 +240,6 @@ def _encode(points: Sequence[Point]) -> str:
 
 def _decode(row: tuple[str, str, int | None, int | None, str, float, str | None]) -> FitRecord:
     fp, description, micro, failed, points, updated, models = row
-    decoded = tuple(
-        Point(int(m), None if peak is None else int(peak), bool(ok)) for m, peak, ok in json.loads(points)
-    )
+    decoded = tuple(Point(int(m), None if peak is None else int(peak), bool(ok)) for m, peak, ok in json.loads(points))
     prints = tuple(ModelPrint(str(d), int(n), int(t)) for d, n, t in json.loads(models)) if models else ()
     return FitRecord(fp, description, micro, failed, decoded, updated, prints)

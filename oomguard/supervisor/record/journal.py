@@ -5,27 +5,26 @@ they ended, decisions, checkpoints seen (and which were bad), state changes, the
 plan, memory samples. WAL with ``synchronous=FULL`` makes every committed write survive ``kill -9``
 (and power loss); readers in other processes or threads never block the supervisor's writes.
 
-Also here:
-
-- A journal that cannot be read: found out at open, said in one line, never overwritten.
-- Bounded storage for memory samples: which journal rows to keep as they age.
-- One way to write a small file that must survive ``kill -9`` and never be read half-written
-  (``write_atomic``).
+Also here: a journal that cannot be read (found out at open, said in one line, never overwritten);
+bounded storage for memory samples; ``write_atomic`` for a small file that must survive ``kill -9``
+and never be read half-written; and the journal when the disk under it fills up (``ResilientJournal``,
+tested in tests/e2e/faults/test_disk_full.py): writes degrade, supervision goes on.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from oomguard.supervisor.lifecycle import UsageError
 
@@ -67,8 +66,6 @@ def journal_path(run_dir: Path) -> Path:
 
 def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
-    from oomguard.supervisor.lifecycle import UsageError
-
     missing = UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
     try:
         return Journal(run_dir, readonly=True)
@@ -80,15 +77,12 @@ class Journal:
     """One connection to a run's journal. Thread-safe; each process opens its own."""
 
     def __init__(self, run_dir: Path, readonly: bool = False) -> None:
-        from oomguard.supervisor.record.journal import check
-
         self.path = journal_path(run_dir)
         check(self.path, thorough=not readonly)  # a damaged journal: one line, and never overwritten
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(self.path)
-            uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=10)
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
         else:
             self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -119,12 +113,8 @@ class Journal:
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """Every row, and the statement closed whatever happens: an open statement keeps its
         connection's read snapshot (WAL), and later reads on it would not see newer commits."""
-        with self._lock:
-            cursor = self._db.execute(sql, args)
-            try:
-                return cursor.fetchall()
-            finally:
-                cursor.close()
+        with self._lock, closing(self._db.execute(sql, args)) as cursor:
+            return cursor.fetchall()
 
     # --- writes (the supervisor) -------------------------------------------------------------
 
@@ -152,9 +142,9 @@ class Journal:
                       command: list[str], log_path: str) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO attempts (attempt, started, pid, micro_batch, grad_accum, "
-                "global_batch, world_size, checkpoint, command, log_path, expandable_segments, "
-                "fallbacks_applied) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO attempts (attempt, started, pid, micro_batch, grad_accum, global_batch, "
+                "world_size, checkpoint, command, log_path, expandable_segments, fallbacks_applied) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (attempt, time.time(), pid, plan["micro_batch"], plan["grad_accum"], plan["global_batch"],
                  plan["world_size"], checkpoint, json.dumps(command), log_path,
                  int(plan.get("expandable_segments", False)), plan.get("fallbacks_applied", 0)))
@@ -192,8 +182,7 @@ class Journal:
         it, in ``checkpoint_writes``: a file rewritten later under the same name (Lightning re-saves the
         one it resumed from) or deleted by rotation still counts for the attempt that wrote it."""
         with self._write() as db:
-            db.execute("INSERT OR IGNORE INTO checkpoint_writes (path, mtime, step, attempt, seen) "
-                       "VALUES (?, ?, ?, ?, ?)",
+            db.execute("INSERT OR IGNORE INTO checkpoint_writes (path, mtime, step, attempt, seen) VALUES (?,?,?,?,?)",
                        (path, mtime, step, attempt, time.time()))
             cur = db.execute("INSERT OR IGNORE INTO checkpoints (path, step, mtime, first_seen, attempt) "
                              "VALUES (?, ?, ?, ?, ?)", (path, step, mtime, time.time(), attempt))
@@ -216,8 +205,6 @@ class Journal:
 
     def thin_samples(self, now: float | None = None) -> int:
         """Downsample old memory samples (each attempt's peak is kept for ever); rows deleted."""
-        from oomguard.supervisor.record.journal import SampleRow, rows_to_drop
-
         rows = [SampleRow(r["id"], r["attempt"] or 0, r["t"], d.get("worker_rss_bytes"), d.get("gpu_worker_bytes"))
                 for r in self._query("SELECT id, attempt, t, data FROM samples")
                 for d in (json.loads(r["data"]),)]
@@ -244,14 +231,14 @@ class Journal:
             db.execute("UPDATE checkpoints SET bad = 0, reason = NULL, mtime = ? WHERE path = ?", (mtime, path))
 
     def attempts(self) -> list[dict[str, Any]]:
-        rows = [dict(r) for r in self._query("SELECT * FROM attempts ORDER BY attempt")]
-        for row in rows:
-            row["command"] = json.loads(row["command"])
-        return rows
+        rows = self._query("SELECT * FROM attempts ORDER BY attempt")
+        return [{**dict(r), "command": json.loads(r["command"])} for r in rows]
 
     def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
-        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+        return self._events("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit))
+
+    def _events(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [{**dict(r), "data": json.loads(r["data"])} for r in self._query(sql, args)]
 
     def last_event_id(self) -> int:
         """The id of the newest event (0 when there is none): where a reader starts following."""
@@ -260,9 +247,7 @@ class Journal:
 
     def event_data(self, kind: str) -> dict[int, dict[str, Any]]:
         """The data of the newest event of ``kind`` for each attempt."""
-        rows = self._query("SELECT attempt, data FROM events WHERE kind = ? AND attempt IS NOT NULL ORDER BY id",
-                           (kind,))
-        return {r["attempt"]: json.loads(r["data"]) for r in rows}
+        return {attempt: data for attempt, data in self.all_event_data(kind) if attempt is not None}
 
     def data_version(self) -> int:
         """SQLite's count of commits by other connections as this connection sees them: unchanged
@@ -276,8 +261,7 @@ class Journal:
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         """Every event of ``kind``, oldest first (the memory breakdowns: one per rank per failure)."""
-        rows = self._query("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))
-        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+        return self._events("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))
 
     def last_activity(self, attempt: int) -> float | None:
         """When an attempt was last heard of (its newest event or memory sample): when it ended, for
@@ -368,20 +352,14 @@ def _check_size(path: Path, head: bytes, size: int) -> None:
 
 def _probe(path: Path, thorough: bool) -> None:
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
             db.execute("SELECT count(*) FROM meta").fetchone()
-            if thorough:
-                result = db.execute("PRAGMA quick_check").fetchone()[0]
-                if result != "ok":
-                    raise JournalDamaged(path, f"SQLite's quick_check says {result}")
-        finally:
-            db.close()
-    except sqlite3.OperationalError as exc:
+            result = db.execute("PRAGMA quick_check").fetchone()[0] if thorough else "ok"
+            if result != "ok":
+                raise JournalDamaged(path, f"SQLite's quick_check says {result}")
+    except sqlite3.DatabaseError as exc:  # OperationalError too
         if str(exc).startswith("no such table") and not thorough and _young(path):
             return  # the creating supervisor has not written the schema yet
-        raise JournalDamaged(path, str(exc)) from None
-    except sqlite3.DatabaseError as exc:
         raise JournalDamaged(path, str(exc)) from None
 
 
@@ -424,12 +402,10 @@ class Retention:
             raise ValueError("retention tiers must have increasing ages and positive bucket widths")
 
     def bucket_width(self, age: float) -> float | None:
-        """Bucket width for a row this old, or None while it is recent."""
-        width = None
-        for min_age, tier_width in self.tiers:
-            if age >= min_age:
-                width = tier_width
-        return width if age >= self.recent_s else None
+        """Bucket width for a row this old (its oldest tier's), or None while it is recent."""
+        if age < self.recent_s:
+            return None
+        return next((width for min_age, width in reversed(self.tiers) if age >= min_age), None)
 
 
 def rows_to_drop(rows: Iterable[SampleRow], now: float, policy: Retention | None = None) -> list[int]:
@@ -453,13 +429,9 @@ def _attempt_peaks(rows: Sequence[SampleRow]) -> set[int]:
     """Ids of each attempt's highest host row and highest GPU row (earliest on ties)."""
     best: dict[tuple[int, str], SampleRow] = {}
     for row in rows:
-        for kind, value in (("host", row.host_bytes), ("gpu", row.gpu_bytes)):
-            if value is None:
-                continue
-            current = best.get((row.attempt, kind))
-            if current is None or value > _value(current, kind) or (
-                value == _value(current, kind) and row.t < current.t
-            ):
+        for kind in ("host_bytes", "gpu_bytes"):
+            value, current = getattr(row, kind), best.get((row.attempt, kind))
+            if value is not None and (current is None or (value, -row.t) > (getattr(current, kind), -current.t)):
                 best[(row.attempt, kind)] = row
     return {row.id for row in best.values()}
 
@@ -469,11 +441,6 @@ def _bucket_keepers(members: Sequence[SampleRow]) -> set[int]:
     if any(r.gpu_bytes is not None for r in members):
         keepers.add(max(members, key=lambda r: (r.gpu_bytes or 0, -r.t)).id)
     return keepers
-
-
-def _value(row: SampleRow, kind: str) -> int:
-    value = row.host_bytes if kind == "host" else row.gpu_bytes
-    return value or 0
 
 
 # One way to write a small file that must survive ``kill -9`` and never be read half-written.
@@ -505,3 +472,229 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
     finally:
         os.close(dir_fd)
     return path
+
+
+# The journal when the disk under it fills up: writes degrade, supervision goes on.
+#
+# ``database or disk is full`` from a journal write used to end the supervisor, whose ``finally``
+# then killed the healthy worker. ``ResilientJournal`` drops a memory sample that cannot be written
+# and keeps a fact that matters (a transition, an attempt's start or end, an event) in memory, to be
+# written in order once the disk takes writes again; meanwhile one write every ``PROBE_EVERY`` seconds
+# tries. ``Degradations``: any of our own bookkeeping failing (journal, logs, dashboard, hooks,
+# sampler), said once when it starts and once when it ends, kept for ``oomguard status``.
+
+
+@dataclass
+class Problem:
+    component: str  # "journal", "log", "web", "hooks", "sampling", "output"
+    message: str  # the first failure, e.g. "database or disk is full"
+    since: float  # wall clock, for people
+    lost: int = 0  # writes, samples or bytes dropped while degraded
+    unit: str = "writes"  # what ``lost`` counts
+    said: bool = True  # logged (a relapse soon after a recovery is not said again)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "said"}
+
+
+RELAPSE_QUIET = 60.0  # seconds after a recovery in which a new failure of it is not said again
+
+
+class Degradations:
+    """Thread-safe: the output thread, the web thread and the loop all report here. A nearly full disk
+    flaps (one write fits, the next does not); a relapse within ``RELAPSE_QUIET`` seconds of a recovery
+    is tracked but not said, and neither is its end."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._active: dict[str, Problem] = {}
+        self._lock = threading.Lock()
+        self.history: list[Problem] = []  # ended degradations, for the journal once it can be written
+        self.version = 0  # bumped at every start and end of a degradation (the loop republishes then)
+        self._recovered_at: dict[str, float] = {}
+
+    def failed(self, component: str, error: BaseException | str, lost: int = 1, what: str = "",
+               unit: str = "writes") -> bool:
+        """Record a failure; True (and one log line) when it starts a degradation."""
+        with self._lock:
+            problem = self._active.get(component)
+            if problem is not None:
+                problem.lost += lost
+                return False
+            message = _describe(error)
+            relapse = time.monotonic() - self._recovered_at.get(component, -RELAPSE_QUIET) < RELAPSE_QUIET
+            self._active[component] = Problem(component, message, time.time(), lost, unit, said=not relapse)
+            self.version += 1
+        if not relapse:
+            self._quiet_say(f"{component} degraded: {message}{what}; the worker keeps running")
+        return not relapse
+
+    def recovered(self, component: str) -> Problem | None:
+        """Record a success; the degradation it ends (and one log line), or None."""
+        with self._lock:
+            problem = self._active.pop(component, None)
+            if problem is None:
+                return None
+            self.history.append(problem)
+            self.version += 1
+            self._recovered_at[component] = time.monotonic()
+        if problem.said:
+            self._quiet_say(f"{component} recovered after {time.time() - problem.since:.0f} s "
+                            f"({problem.lost} {problem.unit} lost while degraded)")
+        return problem
+
+    def drain(self) -> list[Problem]:
+        """The degradations that ended since the last call (to journal them)."""
+        with self._lock:
+            ended, self.history = self.history, []
+        return ended
+
+    def is_degraded(self, component: str) -> bool:
+        return component in self._active
+
+    def active(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [p.as_dict() for p in self._active.values()]
+
+    def _quiet_say(self, text: str) -> None:
+        try:
+            self._say(text)
+        except Exception:  # the console itself may be what failed; nothing is left to tell
+            return
+
+
+def _describe(error: BaseException | str) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}" + (f" ({error.filename})" if error.filename else "")
+    return str(error) or type(error).__name__
+
+
+T = TypeVar("T")
+PROBE_EVERY = 2.0  # seconds between tries to write while the journal is degraded
+RETRIES = 2  # extra tries of an important write before it is queued
+RETRY_DELAY = 0.05
+MAX_PENDING = 10_000  # important writes kept while degraded; the oldest are dropped past this
+COMPONENT = "journal"
+_FAILURES = (sqlite3.Error, OSError)
+
+
+class ResilientJournal(Journal):
+    """A ``Journal`` whose writes never raise (reads still do: they are the callers' business)."""
+
+    def __init__(self, run_dir: Path, degradations: Degradations, probe_every: float = PROBE_EVERY) -> None:
+        super().__init__(run_dir)
+        self.degradations = degradations
+        self.probe_every = probe_every
+        self._pending: list[Callable[[], object]] = []
+        self._next_probe = 0.0
+
+    # --- the guard ----------------------------------------------------------------------------
+
+    def _try(self, write: Callable[[], T], retries: int) -> tuple[bool, T | None]:
+        for attempt in range(retries + 1):
+            try:
+                return True, write()
+            except _FAILURES as exc:
+                if attempt == retries:
+                    self.degradations.failed(COMPONENT, exc, lost=0, what=f" ({self.path})")
+                else:
+                    time.sleep(RETRY_DELAY)
+        return False, None
+
+    def _may_write(self) -> bool:
+        """Healthy, or degraded and due for a probe."""
+        if not self.degradations.is_degraded(COMPONENT):
+            return True
+        now = time.monotonic()
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + self.probe_every
+        return True
+
+    def _flush(self) -> bool:
+        """Write what was kept while degraded, oldest first; True once nothing is left."""
+        while self._pending:
+            ok, _ = self._try(self._pending[0], 0)
+            if not ok:
+                return False
+            self._pending.pop(0)
+        problem = self.degradations.recovered(COMPONENT)
+        if problem is not None or self.degradations.history:
+            self._journal_history()
+        return True
+
+    def _journal_history(self) -> None:
+        for problem in self.degradations.drain():
+            self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
+
+    def _guard(self, write: Callable[[], T], default: T, keep: bool = True) -> T:
+        """A write now; else, for a fact that must reach the journal (``keep``), in order once it can
+        be written, and for one that may be lost (a memory sample, downsampling), dropped."""
+        if self._may_write() and self._flush():
+            ok, value = self._try(write, RETRIES if keep and not self.degradations.is_degraded(COMPONENT) else 0)
+            if ok:
+                self._flush()  # a recovery noticed by this write
+                return value  # type: ignore[return-value]
+        if not keep:
+            self.degradations.failed(COMPONENT, "dropping writes", lost=1)
+            return default
+        self._pending.append(write)
+        if len(self._pending) > MAX_PENDING:
+            del self._pending[0]
+        self.degradations.failed(COMPONENT, "keeping writes in memory", lost=1)
+        return default
+
+    def close(self) -> None:
+        """The last chance for what was kept: a few tries now, whatever the probe interval, then
+        say what is lost (the supervisor is exiting; memory is all it had)."""
+        for _ in range(3):
+            self._next_probe = 0.0
+            if not self._pending or (self._may_write() and self._flush()):
+                break
+            time.sleep(0.2)
+        if self._pending:
+            self.degradations.failed(COMPONENT, "exiting", lost=0)
+            self.degradations._say(f"{len(self._pending)} journal writes could not be saved: the disk under "
+                                   f"{self.path} is still full")
+        super().close()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # --- the writes ---------------------------------------------------------------------------
+
+    def set_meta(self, **values: Any) -> None:
+        self._guard(functools.partial(super().set_meta, **values), None)
+
+    def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
+        return self._guard(functools.partial(super().event, name, attempt, **data), 0)
+
+    def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
+        self._guard(functools.partial(super().transition, old, new, reason, attempt), None)
+
+    def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
+                      command: list[str], log_path: str) -> None:
+        self._guard(functools.partial(super().start_attempt, attempt, pid, plan, checkpoint, command, log_path),
+                    None)
+
+    def end_attempt(self, attempt: int, **fields: Any) -> None:
+        self._guard(functools.partial(super().end_attempt, attempt, **fields), None)
+
+    def mark_bad(self, path: str, reason: str) -> None:
+        self._guard(functools.partial(super().mark_bad, path, reason), None)
+
+    def clear_bad(self, path: str, mtime: float) -> None:
+        self._guard(functools.partial(super().clear_bad, path, mtime), None)
+
+    def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
+                      step: int | None, progress: dict[str, Any] | None) -> None:
+        self._guard(functools.partial(super().record_sample, attempt, data, t, rss, gpu, step, progress), None,
+                    keep=False)
+
+    def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
+        # Not kept: the loop asks again on every scan, so a checkpoint is recorded once writes work.
+        return self._guard(functools.partial(super().checkpoint_seen, path, step, mtime, attempt), False, keep=False)
+
+    def thin_samples(self, now: float | None = None) -> int:
+        return self._guard(functools.partial(super().thin_samples, now), 0, keep=False)

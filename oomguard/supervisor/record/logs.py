@@ -4,13 +4,9 @@ Every attempt's output is tee'd to ``RUN_DIR/logs/attempt-N.log``. ``-f`` keeps 
 worker writes, moves on to the next attempt's log when the supervisor starts one (with a
 ``==> attempt-N.log <==`` line, as ``tail`` marks a new file), and ends once the run reaches a
 terminal state or its supervisor is gone. Bytes are copied unchanged: the worker's own output
-(progress bars, colour codes) is not ours to decode.
-
-Also here:
-
-- One attempt's log file: buffered, capped, and never the reason the worker stops.
-- The supervisor's own messages: one path, the stdlib logger ``oomguard`` (tested in
-  tests/e2e/test_supervisor.py, what a real run prints).
+(progress bars, colour codes) is not ours to decode. Also here: one attempt's log file (buffered,
+capped, never the reason the worker stops), and the supervisor's own messages through one path, the
+stdlib logger ``oomguard`` (tested in tests/e2e/test_supervisor.py, what a real run prints).
 """
 
 from __future__ import annotations
@@ -23,13 +19,13 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import BinaryIO
 
 from oomguard.supervisor.lifecycle import UsageError
-from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.resilient import Degradations
-from oomguard.supervisor.record.status import supervisor_alive
+from oomguard.supervisor.record.journal import Degradations, Journal, open_existing
+from oomguard.supervisor.record.picture import TERMINAL, supervisor_alive
 
 # The supervisor's own messages: one path, the stdlib logger ``oomguard``.
 #
@@ -74,9 +70,7 @@ def show_through(handler: logging.Handler) -> None:
 
 def reset() -> None:
     """Back to stderr (after the status line closes)."""
-    for old in list(LOGGER.handlers):
-        LOGGER.removeHandler(old)
-    _ensure_handler()
+    show_through(_Stderr())
 
 
 # One attempt's log file: buffered, capped, and never the reason the worker stops.
@@ -194,12 +188,10 @@ class AttemptLog:
         quarter = max(1, self.max_bytes // 4)
         if self._size - self._cut_at <= 2 * quarter:
             return
-        # One byte more than the quarter: the tail starts after a newline, with a whole line.
+        # One byte more than the quarter: the tail starts after a newline, with a whole line (a line
+        # longer than the quarter is kept as its end).
         newest = os.pread(self._fd, quarter + 1, self._size - quarter - 1)
-        if (newline := newest.find(b"\n")) >= 0:
-            newest = newest[newline + 1:]
-        else:
-            newest = newest[1:]  # one line longer than the quarter: kept as its end
+        newest = newest[max(newest.find(b"\n"), 0) + 1:]
         os.ftruncate(self._fd, self._cut_at)  # O_APPEND: the next write lands at the new end
         self._size = self._cut_at
         self._raw(newest)
@@ -229,7 +221,6 @@ class AttemptLog:
 
 
 POLL = 0.2  # seconds between looks at the log and the journal while following
-TERMINAL = ("succeeded", "failed", "stopped")
 _LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
 _CHUNK = 1 << 16
 SEEN = 4096  # bytes of what was printed last, kept to find our place again in a compacted log
@@ -257,13 +248,10 @@ def choose_attempt(run_dir: Path, wanted: int | None) -> int | None:
     if wanted < 1:
         raise UsageError("--attempt", f"{wanted} is not an attempt number", "attempts count from 1")
     if wanted not in known:
-        have = f"attempts with logs: {_ranges(known)}" if known else "no attempt has started yet"
+        ranges = f"{known[0]}-{known[-1]}" if len(known) > 1 else str(known[0]) if known else ""
+        have = f"attempts with logs: {ranges}" if known else "no attempt has started yet"
         raise UsageError("--attempt", f"attempt {wanted} has no log in {run_dir / 'logs'}", have)
     return wanted
-
-
-def _ranges(numbers: list[int]) -> str:
-    return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
 class LogReader:
@@ -336,30 +324,27 @@ def run_over(journal: Journal) -> Callable[[], str | None]:
 def follow(run_dir: Path, attempt: int | None, out: BinaryIO, over: Callable[[], str | None],
            poll: float = POLL) -> str:
     """Print ``attempt``'s log and every later one as it grows until ``over()`` says why to stop."""
-    current = attempt
-    source: BinaryIO | None = None
-    reader: LogReader | None = None
+    current, reader = attempt, None
     try:
         while True:
             why = over()  # asked before reading, so nothing written before the end is missed
-            if source is None and current is not None and log_file(run_dir, current).exists():
-                source = open(log_file(run_dir, current), "rb")  # closed in finally
-                reader = LogReader(source)
+            if reader is None and current is not None and log_file(run_dir, current).exists():
+                reader = LogReader(open(log_file(run_dir, current), "rb"))  # closed in finally
             if reader is not None:
                 reader.copy_new(out)
             nxt = _next_attempt(run_dir, current)
             if nxt is not None:
-                if source is not None:
-                    source.close()
-                source, reader, current = None, None, nxt
+                if reader is not None:
+                    reader.source.close()
+                reader, current = None, nxt
                 out.write(f"\n==> {log_file(run_dir, nxt).name} <==\n".encode())
                 continue
             if why is not None:
                 return why
             time.sleep(poll)
     finally:
-        if source is not None:
-            source.close()
+        if reader is not None:
+            reader.source.close()
 
 
 def _next_attempt(run_dir: Path, current: int | None) -> int | None:
@@ -375,8 +360,7 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
         raise UsageError("logs", "takes no command after --",
                          f"run: oomguard logs --run-dir {shlex.quote(str(args.run_dir))}")
     run_dir = Path(args.run_dir)
-    journal = open_existing(run_dir)
-    try:
+    with closing(open_existing(run_dir)) as journal:
         attempt = choose_attempt(run_dir, args.attempt)
         out = sys.stdout.buffer
         if not args.follow:
@@ -385,11 +369,8 @@ def _cmd_logs(args: argparse.Namespace, command: Sequence[str]) -> int:
             with open(log_file(run_dir, attempt), "rb") as source:
                 LogReader(source).copy_new(out)
             return 0
-        why = follow(run_dir, attempt, out, run_over(journal))
-        say(why)
+        say(follow(run_dir, attempt, out, run_over(journal)))
         return 0
-    finally:
-        journal.close()
 
 
 def add_logs_command(subparsers: argparse._SubParsersAction) -> None:

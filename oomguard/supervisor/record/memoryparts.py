@@ -11,15 +11,12 @@ said "not seen", never guessed.
 ``weights`` counts every parameter; ``frozen_weights`` is the share of them that trains not (no
 gradient, no optimizer state: a LoRA fine-tune's base model), so it is said inside the weights.
 
-The report says more of a failure: its snapshot and largest allocations. ``memory_breakdown`` journals an
-attempt's ``memory_breakdown`` events (observe/allocator.py) and, where two attempts at different
-micro-batches have them, a ``memory_comparison``: the activations at each and what one sample adds,
-the fixed part (weights, gradients, optimizer state) at both, e.g. "activations 13.8 GiB at
-micro-batch 32, 6.9 GiB at 16: about 0.43 GiB a sample; weights, gradients and AdamW state 2.0 GiB
-at both". Where the fixed part alone leaves less room under the limit than
-one sample's activations, it says so with the figures, and names what would change them, before
-halving down to 1 spends the restarts. Every figure is the allocator's or the optimizer's (or the
-process's own memory on the host); a per-sample figure is a difference of two of them, said "about".
+Where two attempts at different micro-batches have breakdowns, ``memory_breakdown`` journals a
+``memory_comparison`` ("activations 13.8 GiB at micro-batch 32, 6.9 GiB at 16: about 0.43 GiB a
+sample; weights, gradients and AdamW state 2.0 GiB at both") and, where the fixed part alone leaves
+less room under the limit than one sample's activations, says so and names what would change it
+before halving down to 1 spends the restarts. A per-sample figure is a difference of two readings,
+said "about".
 """
 
 from __future__ import annotations
@@ -181,7 +178,7 @@ def processes_text(processes: Sequence[Process]) -> str:
 def parts_text(value: MemoryBreakdown) -> str:
     """``weights 1.2 GiB, gradients 1.2 GiB, optimizer state 2.4 GiB (AdamW), activations 13.8 GiB,
     cache not seen; limit 20.0 GiB (gpu)``; with the per-process reading where there is one."""
-    seen = [p for p in value.parts if p.bytes is not None]
+    seen = any(p.bytes is not None for p in value.parts)
     text = ", ".join(part_text(p, value) for p in value.parts) if seen else "no part seen"
     if value.baseline:
         text += f", held before the model {format_size(value.baseline)}"
@@ -190,17 +187,13 @@ def parts_text(value: MemoryBreakdown) -> str:
     return f"{text}; {limit_text(value)}"
 
 
-def headline(value: MemoryBreakdown) -> str:
-    """``attempt 3 at micro-batch 32, rank 0, at the OOM``: whose memory, and when it was read."""
+def line(value: MemoryBreakdown) -> str:
+    """One line for the notification and status: whose memory, when it was read (``attempt 3 at
+    micro-batch 32, rank 0, at the OOM``), and its parts."""
     where = f"attempt {value.attempt}" + (f" at micro-batch {value.micro_batch}" if value.micro_batch else "")
     if value.rank is not None:
         where += f", rank {value.rank}"
-    return f"{where}, {AT_WORDS[value.at]}"
-
-
-def line(value: MemoryBreakdown) -> str:
-    """One line for the notification and status: whose memory, when, and its parts."""
-    return f"{headline(value)}: {parts_text(value)}"
+    return f"{where}, {AT_WORDS[value.at]}: {parts_text(value)}"
 
 
 # --- which to show ----------------------------------------------------------------------------
@@ -217,9 +210,8 @@ def fullest(values: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
 def per_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
     """One breakdown per attempt and moment (a failure, or the peak of an attempt that fit), the
     fullest rank's, in attempt order: the bars of the dashboard."""
-    newest: dict[tuple[int, str, int | None], MemoryBreakdown] = {}
-    for b in values:  # a later event for the same rank and moment is the newer reading
-        newest[(b.attempt, b.at, b.rank)] = b
+    # a later event for the same rank and moment is the newer reading
+    newest = {(b.attempt, b.at, b.rank): b for b in values}
     groups: dict[tuple[int, str], list[MemoryBreakdown]] = {}
     for (attempt, at, _rank), b in newest.items():
         groups.setdefault((attempt, at), []).append(b)
@@ -229,13 +221,8 @@ def per_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
 def newest_attempt(values: Sequence[MemoryBreakdown]) -> list[MemoryBreakdown]:
     """Every rank's breakdown of the newest attempt that has one (the newest event per rank):
     what ``/metrics`` exports."""
-    if not values:
-        return []
-    last = max(b.attempt for b in values)
-    ranks: dict[int | None, MemoryBreakdown] = {}
-    for b in values:
-        if b.attempt == last:
-            ranks[b.rank] = b
+    last = max((b.attempt for b in values), default=None)
+    ranks = {b.rank: b for b in values if b.attempt == last}
     return [ranks[r] for r in sorted(ranks, key=lambda r: -1 if r is None else r)]
 
 

@@ -6,14 +6,14 @@ supervisor wrote for people (a decision's reason is shown as written, never read
 written before a structured field existed is brought up to date once, as it is read (``ending_of``:
 the one place that reads the words a supervisor wrote, once per row). ``read_picture`` is cheap
 enough for every status poll; the report's full history (every event, every checkpoint write) is
-``record/lostwork.py``'s.
+``record/report.py``'s.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import psutil
@@ -109,9 +109,9 @@ class Attempt:
     last_step: int | None
     peak_rss: int | None
     peak_gpu: int | None
-    peak_allocated: int | None
     ending: Ending | None  # None while it runs
     stop_reason: str | None
+    peak_allocated: int | None
     breakdowns: tuple[MemoryBreakdown, ...] = ()  # memory_breakdown events, one per rank per failure
 
     @property
@@ -125,28 +125,20 @@ class Attempt:
         return exit_text(self.exit_code, self.signal, self.returncode)
 
     def row(self) -> dict[str, Any]:
-        """The journal row's shape, with the ending migrated: what the API's attempts list gives."""
-        return {"attempt": self.number, "started": self.started, "ended": self.ended, "pid": self.pid,
-                "micro_batch": self.micro_batch, "grad_accum": self.grad_accum, "global_batch": self.global_batch,
-                "world_size": self.world_size, "checkpoint": self.checkpoint, "command": list(self.command),
-                "log_path": self.log_path, "expandable_segments": int(self.expandable_segments),
-                "fallbacks_applied": self.fallbacks_applied, "returncode": self.returncode,
-                "exit_code": self.exit_code, "signal": self.signal, "kind": self.kind, "evidence": self.evidence,
-                "decision": self.decision, "last_step": self.last_step, "peak_rss": self.peak_rss,
-                "peak_gpu": self.peak_gpu, "ending": None if self.ending is None else self.ending.value,
-                "stop_reason": self.stop_reason, "peak_allocated": self.peak_allocated}
+        """The journal row's shape (its columns in order), with the ending migrated: what the API's
+        attempts list gives."""
+        columns = {f.name: getattr(self, f.name) for f in fields(self)[1:-1]}  # not number, breakdowns
+        return {"attempt": self.number, **columns, "command": list(self.command),
+                "expandable_segments": int(self.expandable_segments),
+                "ending": None if self.ending is None else self.ending.value}
 
     @classmethod
     def of(cls, row: Data, breakdowns: tuple[MemoryBreakdown, ...] = ()) -> Attempt:
-        return cls(number=row["attempt"], started=row["started"], ended=row["ended"], pid=row["pid"],
-                   micro_batch=row["micro_batch"], grad_accum=row["grad_accum"], global_batch=row["global_batch"],
-                   world_size=row["world_size"], checkpoint=row["checkpoint"], command=tuple(row["command"]),
-                   log_path=row["log_path"], expandable_segments=bool(row["expandable_segments"]),
-                   fallbacks_applied=row["fallbacks_applied"], returncode=row["returncode"],
-                   exit_code=row["exit_code"], signal=row["signal"], kind=row["kind"], evidence=row["evidence"],
-                   decision=row["decision"], last_step=row["last_step"], peak_rss=row["peak_rss"],
-                   peak_gpu=row["peak_gpu"], peak_allocated=row.get("peak_allocated"), ending=ending_of(row),
-                   stop_reason=row.get("stop_reason"), breakdowns=breakdowns)
+        """From a journal row; one written before a column existed lacks it (None)."""
+        columns: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls)[1:-1]}
+        columns.update(command=tuple(row["command"]), expandable_segments=bool(row["expandable_segments"]),
+                       ending=ending_of(row))
+        return cls(number=row["attempt"], breakdowns=breakdowns, **columns)
 
 
 @dataclass(frozen=True)
@@ -162,8 +154,7 @@ class Checkpoint:
     reason: str | None
 
     def row(self) -> dict[str, Any]:
-        return {"path": self.path, "step": self.step, "mtime": self.mtime, "first_seen": self.first_seen,
-                "attempt": self.attempt, "bad": int(self.bad), "reason": self.reason}
+        return {**asdict(self), "bad": int(self.bad)}
 
 
 @dataclass(frozen=True)
@@ -226,10 +217,6 @@ class RunPicture:
     def good_checkpoints(self) -> tuple[Checkpoint, ...]:
         return tuple(c for c in self.checkpoints if not c.bad)
 
-    @property
-    def finished(self) -> bool:
-        return self.state in TERMINAL
-
 
 def supervisor_alive(meta: Data) -> bool:
     """Is the supervisor that wrote this journal still running? (pid and start time must match, so a
@@ -270,15 +257,14 @@ def by_world(attempts: Sequence[Attempt], now: float | None) -> list[dict[str, A
 def read_picture(journal: Journal) -> RunPicture:
     """The run's picture from one journal connection (and the OS, for whether its supervisor runs)."""
     meta = journal.meta()
-    alive = supervisor_alive(meta)
     breakdowns = _breakdowns(journal)
     attempts = tuple(Attempt.of(row, breakdowns.get(row["attempt"], ())) for row in journal.attempts())
     latest = journal.latest_samples(1)
     return RunPicture(
         run_dir=meta.get("run_dir"), state=meta.get("state", "starting"), reason=meta.get("reason", ""),
         command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
-        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), alive),
-        attempts=attempts, checkpoints=tuple(_checkpoint(c) for c in journal.checkpoints()),
+        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), supervisor_alive(meta)),
+        attempts=attempts, checkpoints=tuple(Checkpoint(**{**c, "bad": bool(c["bad"])}) for c in journal.checkpoints()),
         breakdowns=tuple(b for found in breakdowns.values() for b in found),
         progress=meta.get("progress"), resume_points=journal.event_data("resume_point"),
         causes=journal.event_data("attribution"),
@@ -301,16 +287,10 @@ def _plan(meta: Data) -> Plan:
                 fallbacks_applied=plan.get("fallbacks_applied", 0))
 
 
-def _checkpoint(row: Data) -> Checkpoint:
-    return Checkpoint(path=row["path"], step=row["step"], mtime=row["mtime"], first_seen=row["first_seen"],
-                      attempt=row["attempt"], bad=bool(row["bad"]), reason=row["reason"])
-
-
 def _breakdowns(journal: Journal) -> dict[int, tuple[MemoryBreakdown, ...]]:
     """Every ``memory_breakdown`` event, by attempt, in the order they were written."""
     found: dict[int, list[MemoryBreakdown]] = {}
     for attempt, data in journal.all_event_data("memory_breakdown"):
-        if attempt is not None:
-            if (value := memoryparts.parse(data, attempt)) is not None:
-                found.setdefault(attempt, []).append(value)
+        if attempt is not None and (value := memoryparts.parse(data, attempt)) is not None:
+            found.setdefault(attempt, []).append(value)
     return {n: tuple(items) for n, items in found.items()}

@@ -1,34 +1,36 @@
-"""The status document: what ``oomguard status --json``, the API and the dashboard all show.
+"""The status document (what ``oomguard status --json``, the API and the dashboard all show), and
+the runs on a machine found by their journals (what ``oomguard ls`` and the many-runs page list).
 
-Tested in tests/unit/supervisor/run/test_preflight.py, tests/unit/probe/test_steps.py, tests/e2e/.
+Tested in tests/unit/supervisor/record/test_status.py, tests/unit/supervisor/run/test_preflight.py,
+tests/unit/probe/test_steps.py, tests/e2e/.
 
-Built from the journal alone, so it works whether or not the supervisor is still running.
+Built from the journal alone (its picture, ``picture.read_picture``), so a finished run, a run whose
+supervisor was killed and a running one read the same way and no run's server has to be up. A
+journal that cannot be read is listed by ``ls`` with the reason ``journal.check`` found, never a
+traceback and never the end of the listing.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import sqlite3
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oomguard.supervisor.lifecycle import exit_text
+from oomguard.supervisor.lifecycle import UsageError, exit_text
 from oomguard.supervisor.record import memoryparts
-from oomguard.supervisor.record.journal import Journal, open_existing
-from oomguard.supervisor.record.picture import (
-    Attempt,
-    RunPicture,
-    attempt_peaks,
-    by_world,
-    read_picture,
-    supervisor_alive,
-)
-from oomguard.supervisor.record.reporttext import peak_text, progress_text, worlds_text
+from oomguard.supervisor.record.journal import JOURNAL_NAME, Journal, open_existing
+from oomguard.supervisor.record.picture import TERMINAL, Attempt, RunPicture, attempt_peaks, by_world, read_picture
+from oomguard.supervisor.record.picture import supervisor_alive as supervisor_alive  # status's, for web/client.py
+from oomguard.supervisor.record.report import peak_text, progress_text, worlds_text
 from oomguard.supervisor.units import format_size
 
-__all__ = ["FailureRecord", "StatusDoc", "format_status", "read_status", "status_document", "status_of",
-           "supervisor_alive"]
 
 @dataclass(frozen=True)
 class FailureRecord:
@@ -116,6 +118,7 @@ def status_of(run: RunPicture) -> StatusDoc:
     """The picture of the run as status, the API and the pages give it."""
     alive, meta, plan, current = run.supervisor.alive, run.meta, run.plan, run.current
     good = run.good_checkpoints
+    row = {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint} if current else {}
     return StatusDoc(
         state=run.state, reason=run.reason, supervisor_alive=alive, supervisor_pid=run.supervisor.pid,
         run_dir=run.run_dir, command=None if run.command is None else list(run.command), attempt=run.attempt,
@@ -126,8 +129,7 @@ def status_of(run: RunPicture) -> StatusDoc:
         worker_pid=meta.get("worker_pid") if alive else None,
         rank_pids=dict(meta.get("rank_pids") or {}) if alive else {},
         checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
-        progress=current_progress(dict(run.progress) if run.progress is not None else None,
-                                  _current_row(current), run.resume_points),
+        progress=current_progress(dict(run.progress) if run.progress is not None else None, row, run.resume_points),
         peaks=attempt_peaks(run.attempts),
         memory=None if run.latest_sample is None else dict(run.latest_sample),
         started=run.started, updated=run.updated,
@@ -139,12 +141,6 @@ def status_of(run: RunPicture) -> StatusDoc:
         resume_command=meta.get("resume_command") if run.state == "stopped" and not alive else None,
         memory_breakdown=[b.as_dict() for b in memoryparts.per_attempt(run.breakdowns)],
         worlds=by_world(run.attempts, time.time() if alive else None))
-
-
-def _current_row(current: Attempt | None) -> dict[str, Any]:
-    if current is None:
-        return {}
-    return {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint}
 
 
 def current_progress(progress: dict[str, Any] | None, current: dict[str, Any],
@@ -169,10 +165,9 @@ def _pid_text(doc: dict[str, Any]) -> str:
     pid = doc.get("worker_pid")
     if not pid:
         return "-"
-    ranks = doc.get("rank_pids") or {}
     name = _process_name(pid)
     text = f"{pid}" + (f" ({name})" if name else "")
-    if ranks:
+    if ranks := doc.get("rank_pids"):
         text += "; ranks " + ", ".join(f"{rank}: {p}" for rank, p in ranks.items())
     return text
 
@@ -195,17 +190,14 @@ def _liveness(meta: Mapping[str, Any], alive: bool) -> dict[str, Any] | None:
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:
-    journal = open_existing(run_dir)
-    try:
+    with closing(open_existing(run_dir)) as journal:
         return status_document(journal)
-    finally:
-        journal.close()
 
 
 def format_status(doc: dict[str, Any]) -> str:
     lines = [
-        f"state:      {doc['state']}" + ("" if doc["supervisor_alive"] or doc["state"] in
-                                          ("succeeded", "failed", "stopped") else " (supervisor not running)"),
+        f"state:      {doc['state']}"
+        + ("" if doc["supervisor_alive"] or doc["state"] in TERMINAL else " (supervisor not running)"),
         f"reason:     {doc['reason']}",
         f"attempt:    {doc['attempt']}",
         f"batch:      micro {doc['micro_batch']} × accum {doc['grad_accum']} × world {doc['world_size']}"
@@ -245,11 +237,9 @@ def _note_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"forecast:   {doc['forecast']['text']}")
     if doc.get("liveness"):
         lines.append(f"liveness:   {doc['liveness']['text']} (not a hang)")
-    for problem in doc.get("degraded") or []:
-        lines.append(f"degraded:   {problem['component']}: {problem['message']} "
-                     f"({problem['lost']} {problem.get('unit', '')} lost so far)")
-    for warning in doc.get("warnings") or []:
-        lines.append(f"warning:    attempt {warning['attempt']}: {warning['message']}")
+    lines += [f"degraded:   {p['component']}: {p['message']} ({p['lost']} {p.get('unit', '')} lost so far)"
+              for p in doc.get("degraded") or []]
+    lines += [f"warning:    attempt {w['attempt']}: {w['message']}" for w in doc.get("warnings") or []]
     if doc.get("resume_command"):
         lines.append(f"resume:     {doc['resume_command']}")
     return lines
@@ -274,8 +264,7 @@ def probe_text(probe: dict[str, Any]) -> str:
         text = f"loaded in {count} process{'es' if count != 1 else ''}"
         if probe.get("ranks"):
             text += " (ranks " + ", ".join(str(rank) for rank in probe["ranks"]) + ")"
-        partial = probe.get("partial") or []
-        if partial:
+        if partial := probe.get("partial"):
             text += f"; not done in {len(partial)}: {partial[0]['detail']}"
         return text + (f"; a part failed in {len(failures)}: {failures[0]['detail']}" if failures else "")
     if state == "failed":
@@ -299,3 +288,181 @@ def _checkpoint_text(doc: dict[str, Any]) -> str:
         return started or "-"
     text = newest["path"] + (f" (step {newest['step']})" if newest.get("step") is not None else "")
     return text + (f"; attempt started from {started}" if started and started != newest["path"] else "")
+
+
+# --- the runs on a machine: ``oomguard ls`` ---------------------------------------------
+
+MAX_DEPTH = 4  # directories below each root that are searched: runs/<project>/<experiment>/<run> and no deeper
+# Never runs, often huge: walking them would make ``ls`` slow for nothing.
+SKIP = frozenset({"node_modules", "__pycache__", "site-packages", "venv", "wandb", "mlruns"})
+
+# The supervisor column: is the process that wrote the journal still there?
+ALIVE, EXITED, GONE = "alive", "exited", "gone"  # gone: killed before it could record an ending
+DAMAGED = "damaged"  # the state of a run whose journal cannot be read
+
+
+def find_runs(roots: Sequence[Path], max_depth: int = MAX_DEPTH) -> list[Path]:
+    """Every run directory (one holding a journal) at or below each root, each once, sorted."""
+    return sorted({run_dir for root in roots for run_dir in _walk(Path(root).resolve(), max_depth)})
+
+
+def _walk(directory: Path, depth: int) -> Iterator[Path]:
+    if (directory / JOURNAL_NAME).is_file():
+        yield directory
+        return  # a run's directory holds its logs and state, not other runs
+    if depth <= 0:
+        return
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:  # unreadable or vanished meanwhile: nothing to list there
+        return
+    for entry in entries:
+        if not entry.name.startswith(".") and entry.name not in SKIP and entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), depth - 1)
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """One run's line as data: state and why, batch, failures, newest checkpoint, last progress,
+    whether its supervisor is alive and where its dashboard is."""
+    try:
+        journal = open_existing(run_dir)
+    except UsageError as exc:  # JournalDamaged, or the journal went away since it was found
+        return _unreadable(run_dir, exc.problem)
+    try:
+        picture = read_picture(journal)
+        doc = status_of(picture)
+        # on a network bind, the address others open (web/addresses.py), not this machine's loopback
+        web_url = (picture.meta.get("web_public") or [picture.meta.get("web_url")])[0]
+    except sqlite3.DatabaseError as exc:
+        if str(exc).startswith("no such table"):  # journal.check let it through: a supervisor is creating it
+            return {**_unreadable(run_dir, "the journal is being created"), "state": "starting"}
+        return _unreadable(run_dir, f"the journal cannot be read: {exc}")
+    finally:
+        journal.close()
+    return _summary(run_dir, doc, web_url)
+
+
+def _summary(run_dir: Path, doc: StatusDoc, web_url: str | None) -> dict[str, Any]:
+    alive = doc.supervisor_alive
+    supervisor = ALIVE if alive else EXITED if doc.state in TERMINAL else GONE
+    kinds = Counter(f.kind for f in doc.failures)
+    newest = doc.newest_checkpoint or {}
+    progress = doc.progress or {}
+    return {
+        "run_dir": str(run_dir), "state": doc.state, "reason": doc.reason, "supervisor": supervisor,
+        "supervisor_pid": doc.supervisor_pid, "attempt": doc.attempt,
+        "micro_batch": doc.micro_batch, "grad_accum": doc.grad_accum, "world_size": doc.world_size,
+        "global_batch": doc.global_batch, "failures": sum(kinds.values()), "failure_kinds": dict(kinds),
+        "checkpoint": newest.get("path"), "checkpoint_step": newest.get("step"),
+        "step": progress.get("step"), "total_steps": progress.get("total_steps"),
+        "progress_time": progress.get("t"), "samples_per_s": progress.get("samples_per_s"),
+        "updated": doc.updated, "dashboard": web_url if alive else None,
+        "degraded": [f"{p['component']}: {p['message']}" for p in doc.degraded],
+        # said while it ran (a glob that missed the checkpoints, a resume that did not happen): a run
+        # that succeeded with one is not plainly "succeeded"
+        "warnings": [str(w["message"]) for w in doc.warnings],
+        "error": None,
+    }
+
+
+def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
+    empty = dict.fromkeys(("supervisor_pid", "attempt", "micro_batch", "grad_accum", "world_size", "global_batch",
+                           "checkpoint", "checkpoint_step", "step", "total_steps", "progress_time",
+                           "samples_per_s", "updated", "dashboard"))
+    return {"run_dir": str(run_dir), "state": DAMAGED, "reason": why, "supervisor": None, **empty,
+            "failures": None, "failure_kinds": {}, "degraded": [], "warnings": [], "error": why}
+
+
+def list_runs(roots: Sequence[Path], max_depth: int = MAX_DEPTH) -> list[dict[str, Any]]:
+    return [summarize(run_dir) for run_dir in find_runs(roots, max_depth)]
+
+
+# --- as text ----------------------------------------------------------------------------------
+
+COLUMNS = ("RUN", "STATE", "ATTEMPT", "BATCH", "FAILURES", "CHECKPOINT", "PROGRESS", "SUPERVISOR", "DASHBOARD",
+           "WHY")
+
+
+def format_runs(rows: list[dict[str, Any]], now: float | None = None, cwd: Path | None = None) -> str:
+    """A table, one run a line; the reason comes last since it is the one long column."""
+    now = time.time() if now is None else now
+    cells = [COLUMNS] + [_cells(row, now, cwd or Path.cwd()) for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]]).rstrip()
+                     for line in cells)
+
+
+def _cells(row: dict[str, Any], now: float, cwd: Path) -> tuple[str, ...]:
+    name = _shown_path(Path(row["run_dir"]), cwd)
+    if row["error"] is not None:
+        return (name, row["state"], *(["-"] * 7), row["reason"])
+    batch = (f"{row['micro_batch']} × {row['grad_accum']} × {row['world_size']} = {row['global_batch']}"
+             if row["grad_accum"] else "-")
+    warned = len(row["warnings"])
+    state = row["state"] + (f", {warned} warning{'s' if warned > 1 else ''}" if warned else "")
+    return (name, state, str(row["attempt"]), batch, _failures(row), _checkpoint(row),
+            _progress(row, now), _supervisor(row), row["dashboard"] or "-", _why(row))
+
+
+def _shown_path(path: Path, cwd: Path) -> str:
+    try:
+        return str(path.relative_to(cwd.resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def _failures(row: dict[str, Any]) -> str:
+    kinds = row["failure_kinds"]
+    if not kinds:
+        return "0"
+    return f"{row['failures']} (" + ", ".join(k if n == 1 else f"{k} ×{n}" for k, n in sorted(kinds.items())) + ")"
+
+
+def _checkpoint(row: dict[str, Any]) -> str:
+    if not row["checkpoint"]:
+        return "-"
+    step = row["checkpoint_step"]
+    return Path(row["checkpoint"]).name + (f" (step {step})" if step is not None else "")
+
+
+def _progress(row: dict[str, Any], now: float) -> str:
+    if row["step"] is None:
+        return "-"
+    total = f"/{row['total_steps']}" if row["total_steps"] else ""
+    when = f" ({ago(now - row['progress_time'])})" if row["progress_time"] else ""
+    return f"step {row['step']}{total}{when}"
+
+
+def ago(seconds: float) -> str:
+    """``12 s ago``, ``4 min ago``, ``3 h ago``, ``2 d ago``."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def _supervisor(row: dict[str, Any]) -> str:
+    if row["supervisor"] == ALIVE:
+        return f"alive (pid {row['supervisor_pid']})"
+    return row["supervisor"] or "-"
+
+
+def _why(row: dict[str, Any]) -> str:
+    why = str(row["reason"])
+    if row["supervisor"] == GONE:
+        why = f"the supervisor (pid {row['supervisor_pid']}) is gone; it last recorded: {why}"
+    return "; ".join([*(f"warning: {w}" for w in row["warnings"]), why, *(f"degraded: {d}" for d in row["degraded"])])
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value

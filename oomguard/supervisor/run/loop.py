@@ -29,10 +29,9 @@ from oomguard.supervisor.distributed.coordination import EXIT_PEER_LOST, PeerLos
 from oomguard.supervisor.lifecycle import Ending, Outcome, RunState, StopReason, UsageError
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import Degradations, Journal, ResilientJournal
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.picture import stopped_by
-from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
 from oomguard.supervisor.run.attempt import Attempt, TrendWatch, render
 from oomguard.supervisor.run.containment import remove_stale
 from oomguard.supervisor.run.process import AttemptFiles, alloc_conf, expandable_already

@@ -37,8 +37,8 @@ from oomguard.supervisor.decide.classify import OwnCode
 from oomguard.supervisor.decide.policy import Plan
 from oomguard.supervisor.observe.checkpoints import Checkpoint
 from oomguard.supervisor.observe.sampler import process_rank
+from oomguard.supervisor.record.journal import Degradations
 from oomguard.supervisor.record.logs import AttemptLog, open_log
-from oomguard.supervisor.record.resilient import Degradations
 
 # Cutting the worker's output stream into lines, cheaply and with a bound, as journald does.
 #

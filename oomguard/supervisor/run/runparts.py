@@ -47,10 +47,9 @@ from oomguard.supervisor.observe.checkpoints import (
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample, Sampler
 from oomguard.supervisor.record.fitstore import FitStore, JobKey
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import Degradations, Journal
 from oomguard.supervisor.record.logs import say as log
 from oomguard.supervisor.record.picture import closing
-from oomguard.supervisor.record.resilient import Degradations
 from oomguard.supervisor.run.containment import Handover
 from oomguard.supervisor.run.preflight import resume_hint
 from oomguard.supervisor.run.spare import Spares

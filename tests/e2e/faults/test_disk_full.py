@@ -13,9 +13,8 @@ from pathlib import Path
 
 from support import ROOT, oomguard
 
-from oomguard.supervisor.record.journal import Journal
+from oomguard.supervisor.record.journal import Degradations, Journal, ResilientJournal
 from oomguard.supervisor.record.logs import AttemptLog
-from oomguard.supervisor.record.resilient import Degradations, ResilientJournal
 
 WORKER = str(Path(__file__).with_name("worker.py"))
 FAST = ["--no-web", "--micro-batch", "1", "--grad-accum", "1", "--backoff", "0.05", "--max-backoff", "0.2"]

@@ -115,7 +115,7 @@ def test_a_live_run_on_a_network_bind_is_linked_at_an_address_others_open(tmp_pa
     import psutil
 
     from oomguard.supervisor.record.journal import Journal
-    from oomguard.supervisor.record.runs import summarize
+    from oomguard.supervisor.record.status import summarize
     from oomguard.web.fleet import Runs
 
     run_dir = tmp_path / "run"

@@ -19,8 +19,7 @@ from harness import REPO, WORKER
 from oomguard.supervisor.cli import build_parser
 from oomguard.supervisor.config import build_config
 from oomguard.supervisor.lifecycle import UsageError
-from oomguard.supervisor.record.journal import Journal
-from oomguard.supervisor.record.resilient import Degradations
+from oomguard.supervisor.record.journal import Degradations, Journal
 from oomguard.supervisor.run.loop import Supervisor
 from oomguard.web import server as server_module
 from oomguard.web.server import check_exposure, start_dashboard, start_server, stop_dashboard

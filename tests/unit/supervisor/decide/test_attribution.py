@@ -346,7 +346,7 @@ def test_a_leak_is_notified_once_however_often_it_restarts_the_worker() -> None:
     from support_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
-    from oomguard.supervisor.record.resilient import Degradations
+    from oomguard.supervisor.record.journal import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
@@ -384,7 +384,7 @@ def test_giving_up_tells_the_cause_of_the_last_failure_with_its_figures() -> Non
     from support_notify import Receiver
 
     from oomguard.supervisor.ops.hooks import attach_notifications
-    from oomguard.supervisor.record.resilient import Degradations
+    from oomguard.supervisor.record.journal import Degradations
 
     server = Receiver()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()

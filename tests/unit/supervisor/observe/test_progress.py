@@ -45,7 +45,7 @@ from oomguard.supervisor.observe.progress import (
     gpu_activity,
 )
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.record.reporttext import progress_text
+from oomguard.supervisor.record.report import progress_text
 from oomguard.supervisor.sizing.memmodel import SizeTuner
 from oomguard.supervisor.sizing.trend import Reading
 from oomguard.supervisor.units import format_size

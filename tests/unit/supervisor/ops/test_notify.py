@@ -17,7 +17,7 @@ from support_notify import Receiver
 
 from oomguard.supervisor.ops import notify
 from oomguard.supervisor.ops.notify import Notifier, NotifyConfig, NotifyConfigError, Target, parse_target
-from oomguard.supervisor.record.resilient import Degradations
+from oomguard.supervisor.record.journal import Degradations
 
 HOST = socket.gethostname()
 

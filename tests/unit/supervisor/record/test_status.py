@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from support import oomguard
 
-from oomguard.supervisor.record import runs
+from oomguard.supervisor.record import status
 
 
 def _ls(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -45,9 +45,9 @@ def test_find_runs_depth_and_skips(tmp_path: Path) -> None:
     for rel in ("a/run", "a/b/c/d/run", "a/b/c/d/e/run", "node_modules/x/run", ".hidden/run", "a/run/nested"):
         (tmp_path / rel).mkdir(parents=True, exist_ok=True)
         (tmp_path / rel / "journal.sqlite").write_bytes(b"")
-    found = [p.relative_to(tmp_path).as_posix() for p in runs.find_runs([tmp_path, tmp_path / "a"])]
+    found = [p.relative_to(tmp_path).as_posix() for p in status.find_runs([tmp_path, tmp_path / "a"])]
     assert found == ["a/b/c/d/run", "a/run"]  # 5 levels is past the default 4; a run's inside is not searched
-    assert [p.name for p in runs.find_runs([tmp_path], max_depth=6)] == ["run", "run", "run"]
+    assert [p.name for p in status.find_runs([tmp_path], max_depth=6)] == ["run", "run", "run"]
 
 
 ROW: dict[str, Any] = {
@@ -63,13 +63,13 @@ ROW: dict[str, Any] = {
 @pytest.mark.parametrize(("seconds", "text"), [(3, "3 s ago"), (240, "4 min ago"), (7300, "2 h ago"),
                                                (200000, "2 d ago"), (-5, "0 s ago")])
 def test_ago(seconds: float, text: str) -> None:
-    assert runs.ago(seconds) == text
+    assert status.ago(seconds) == text
 
 
 def test_format_one_line_each() -> None:
     gone = {**ROW, "run_dir": "/elsewhere/exp2", "supervisor": "gone", "dashboard": None, "degraded": [],
             "failure_kinds": {"cuda_oom": 1, "hang": 1}, "step": None}
-    lines = runs.format_runs([ROW, gone], now=1000.0, cwd=Path("/r")).splitlines()
+    lines = status.format_runs([ROW, gone], now=1000.0, cwd=Path("/r")).splitlines()
     assert lines[1].split("  ")[0] == "runs/exp1"
     for text in ("4 × 16 × 1 = 64", "2 (cuda_oom ×2)", "step-40.pt (step 40)", "step 47/100 (5 s ago)",
                  "alive (pid 41)", "http://127.0.0.1:8765/", "recovered; degraded: journal: database or disk is full"):
@@ -79,7 +79,7 @@ def test_format_one_line_each() -> None:
     assert lines[0].index("DASHBOARD") == lines[1].index("http://")  # columns line up
     warned = {**ROW, "state": "succeeded", "reason": "worker finished (attempt 1)", "supervisor": "exited",
               "warnings": ["--checkpoint 'ck/*.pt' matches nothing, but the script wrote out/step-5.pt: ..."]}
-    line = runs.format_runs([warned], now=1000.0, cwd=Path("/r")).splitlines()[1]
+    line = status.format_runs([warned], now=1000.0, cwd=Path("/r")).splitlines()[1]
     assert "succeeded, 1 warning " in line  # not plainly succeeded
     assert line.endswith("warning: --checkpoint 'ck/*.pt' matches nothing, but the script wrote out/step-5.pt: ...; "
                          "worker finished (attempt 1); degraded: journal: database or disk is full")
