@@ -277,9 +277,17 @@ class RunConfig:
         """What the training command says, read once per config (a frozen config never changes)."""
         dist = self.distributed
         shape = shape_of(self.command, dist.nproc_per_node, dist.nnodes, dist.node_rank, dist.rdzv_endpoint)[0]
-        tokens = (*self.command, self.checkpoints.resume_args, *self.batch.fallback_args)
-        edits = [parse_edit(spec).value for spec in self.batch.edits]
-        return CommandFacts(shape, carrier((*tokens, *edits)), frozenset(used(tokens)))
+        return CommandFacts(shape, carrier((*self.templates, *self.edit_values)), frozenset(used(self.templates)))
+
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """The words rendered into an attempt's argv: the command, --resume-args, --fallback-args."""
+        return (*self.command, self.checkpoints.resume_args, *self.batch.fallback_args)
+
+    @cached_property
+    def edit_values(self) -> tuple[str, ...]:
+        """The values --edit writes (they may hold placeholders)."""
+        return tuple(parse_edit(spec).value for spec in self.batch.edits)
 
     @property
     def accumulation(self) -> Carrier:
@@ -329,15 +337,15 @@ class RunConfig:
         return data | {"world_size": self.world_size, "run_dir": str(self.run_dir)}
 
     def _check_templates(self) -> None:
-        for token in (*self.command, self.checkpoints.resume_args, *self.batch.fallback_args):
+        for token in self.templates:
             check_template(token)
         if self.liveness.progress_pattern:
             try:
                 compile_pattern(self.liveness.progress_pattern)
             except ValueError as exc:
                 raise UsageError("--progress-pattern", str(exc), "see oomguard run --help") from None
-        for spec in self.batch.edits:
-            check_template(parse_edit(spec).value)  # the files themselves are checked when the run opens
+        for value in self.edit_values:
+            check_template(value)  # the files themselves are checked when the run opens
 
     def _check_accumulation(self) -> None:
         """A script told no accumulation trains at accumulation 1, whatever the plan says."""

@@ -118,10 +118,10 @@ def test_a_bad_mark_is_for_one_write_a_rewrite_is_judged_on_its_own(tmp_path: Pa
     try:
         sup.journal.checkpoint_seen(str(ckpt), 65, 1_000_000, 1)
         sup.journal.mark_bad(str(ckpt), "checkpoint is corrupt")
-        assert sup._bad() == {str(ckpt)}  # the marked write is still there
+        assert sup.parts.resume.bad() == {str(ckpt)}  # the marked write is still there
         ckpt.write_text("65 whole END")
         os.utime(ckpt, (1_000_100, 1_000_100))
-        assert sup._bad() == set()
+        assert sup.parts.resume.bad() == set()
         assert sup.journal.bad_checkpoints() == set()
         events = [e["data"] for e in sup.journal.events(limit=10_000) if e["kind"] == "checkpoint_rewritten"]
         assert events == [{"path": str(ckpt)}]

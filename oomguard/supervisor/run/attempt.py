@@ -258,7 +258,7 @@ class Attempt:
         assert worker.returncode is not None
         facts = self._containment.exit_facts(worker.returncode, watch, self.stopped)
         gpus = bool(parts.last_sample and parts.last_sample.gpus)
-        verdict = parts.world.verdict(facts, watch.scanner, gpus, self.number)
+        verdict = parts.world.verdict(facts, watch.scanner, gpus)
         self.stopped = parts.world.stop(self.stopped)  # a node lost or back: a planned restart on every node
         ending = ending_of(self.stopped, verdict, parts.control.stopping)
         kind = verdict.kind.value if verdict.kind is not None and ending.is_failure else None
@@ -421,7 +421,7 @@ class Attempt:
 
     def _check_peers(self) -> None:
         """Another node failed (ours would only wait in a collective), or the nodes regroup (elastic)."""
-        stop = self.parts.world.news(self.number)
+        stop = self.parts.world.news()
         if stop is not None:
             log(f"{stop.detail}; stopping this node's ranks")
             self.stop(stop.reason, stop.detail)

@@ -24,6 +24,7 @@ from oomguard.supervisor.lifecycle import Stop, StopReason
 from oomguard.supervisor.observe.cgroup import MemoryCgroup, make_worker_cgroup, own_memory_cgroup, vmstat_oom_kills
 from oomguard.supervisor.observe.gpu import GpuMonitor, GpuSnapshot
 from oomguard.supervisor.observe.progress import AttemptWatch
+from oomguard.supervisor.record.logs import say as log
 
 
 @dataclass
@@ -179,12 +180,11 @@ def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
 class Handover:
     """Between attempts: the last one's leftovers ended, its GPU memory back, then a fresh cgroup."""
 
-    def __init__(self, event: Callable[..., None], say: Callable[[str], None]) -> None:
+    def __init__(self, event: Callable[..., None]) -> None:
         self.containment: Containment | None = None  # the current attempt's cgroup
         self.procs = AttemptProcesses()  # the current attempt's processes, as sampling sees them
         self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
         self._event = event
-        self._say = say
 
     def next_containment(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
                  settle_timeout: float, adopt: Containment | None = None) -> Containment:
@@ -208,7 +208,7 @@ class Handover:
         if leftovers:
             named = end(leftovers)
             self._event("leftovers_ended", processes=named)
-            self._say(f"ended the last attempt's leftover processes: {', '.join(named)}")
+            log(f"ended the last attempt's leftover processes: {', '.join(named)}")
         if gpu is None:
             return
         if self._gpu_baseline and self.procs.seen:
@@ -216,5 +216,5 @@ class Handover:
             self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
                         holding=done.holding)
             if not done.settled:
-                self._say(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
+                log(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")
         self._gpu_baseline = {g.cuda_index: g.used_bytes for g in gpu.read(()).devices}

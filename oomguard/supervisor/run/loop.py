@@ -95,7 +95,7 @@ class Supervisor:
         self.record.journal = ResilientJournal(self.run_dir, self.degradations)
         meta = self.journal.meta()
         self.attempt = int(meta.get("attempt", 0))
-        self.record.close_interrupted(log)  # first: timed by the attempt's own last event, not by ours below
+        self.record.close_interrupted()  # first: timed by the attempt's own last event, not by ours below
         if (saved := replan.continue_saved(self.plan, meta.get("plan"))) is not None:
             self._replan(saved)
             log(f"continuing run in {self.run_dir} at micro-batch {self.plan.batch.micro_batch} "
@@ -213,7 +213,7 @@ class Supervisor:
     def _resume_point(self) -> Checkpoint | None:
         """The newest valid checkpoint (node 0's plan and checkpoint, with several nodes), with its step."""
         resume, world = self.parts.resume, self.parts.world
-        node0_plan, checkpoint, agreed = world.start_round(self.attempt, self.plan, resume.newest())
+        node0_plan, checkpoint, agreed = world.start_round(self.plan, resume.newest())
         self._replan(replan.agreed(self.plan, node0_plan))
         if agreed:  # every node: node 0's plan and checkpoint
             self._save_plan()
@@ -268,8 +268,8 @@ class Supervisor:
         if failure.own is None:
             self.parts.spares.after_failure(verdict.kind, verdict.signal)
         self.parts.learned(found, self.trend)
-        self.record.notes(found.notes, log)
-        decision = self.parts.world.decision(self.attempt, found.decision)
+        self.record.notes(found.notes)
+        decision = self.parts.world.decision(found.decision)
         self.failures.append(failure)
         self.record.end_attempt(outcome, decision.reason, exit_code=verdict.exit_code, signal=verdict.signal,
                                 kind=verdict.kind.value, evidence=verdict.evidence)
@@ -281,9 +281,6 @@ class Supervisor:
             self.parts.turn_off(failure.own, self.attempt)
         self._replan(replan.after_failure(decision))
         return decision
-
-    def _bad(self) -> set[str]:
-        return self.parts.resume.bad()
 
     def close(self) -> None:
         self.journal.close()

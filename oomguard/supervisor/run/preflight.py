@@ -31,7 +31,6 @@ from oomguard.supervisor.command import (
     Carrier,
     check_edits,
     no_accumulation_line,
-    parse_edit,
     total_warning,
     used,
 )
@@ -192,9 +191,7 @@ def check_resume(config: RunConfig, script: Script | None, cwd: Path) -> None:
     """Checkpoints are watched only to be resumed from: something must hand them to the script."""
     if not config.checkpoints.globs or config.checkpoints.resumes_itself or config.checkpoints.resume_args:
         return
-    if used(config.command) & CHECKPOINT_NAMES:
-        return
-    if any(used([parse_edit(spec).value]) & CHECKPOINT_NAMES for spec in config.batch.edits):
+    if used([*config.command, *config.edit_values]) & CHECKPOINT_NAMES:
         return
     source = locate(script, cwd)
     if source is not None and uses_worker_library(source, cwd):
@@ -313,7 +310,7 @@ def resume_hint(config: RunConfig) -> str:
         return "check --resume-args"
     if used(config.command) & CHECKPOINT_NAMES:
         return "check where the command passes {checkpoint}"
-    if any(used([parse_edit(spec).value]) & CHECKPOINT_NAMES for spec in config.batch.edits):
+    if used(config.edit_values) & CHECKPOINT_NAMES:
         return "check --edit"
     if config.checkpoints.resumes_itself:
         return "--resumes-itself says the script finds its checkpoint by itself, but it did not load it"
@@ -349,8 +346,7 @@ FIX = ("put {micro_batch} where the script takes its batch (e.g. --batch-size {m
 
 def check_steering(config: RunConfig, cwd: Path) -> None:
     """UsageError when a halving would change nothing the command runs."""
-    texts = [*config.command, config.checkpoints.resume_args, *config.batch.fallback_args,
-             *(parse_edit(spec).value for spec in config.batch.edits)]
+    texts = [*config.templates, *config.edit_values]
     if used(texts) & BATCH_PLACEHOLDERS or any("OOMGUARD_" in text for text in texts):
         return
     found = _source(config.command, cwd)
@@ -393,11 +389,12 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
     except (ValueError, KeyError, IndexError) as exc:
         raise UsageError("COMMAND", f"cannot be rendered for a restart ({exc})",
                          "check the placeholders in the command, --resume-args and --fallback-args") from None
-    _check_executable(argv[0], env, cwd or Path.cwd())
+    cwd = cwd or Path.cwd()
+    _check_executable(argv[0], env, cwd)
     script = script_of(config.command)
-    check_files(script, cwd or Path.cwd())  # the script exists,
-    check_resume(config, script, cwd or Path.cwd())  # and something hands it its checkpoint
-    check_steering(config, cwd or Path.cwd())  # and something hands it the batch
+    check_files(script, cwd)  # the script exists,
+    check_resume(config, script, cwd)  # and something hands it its checkpoint
+    check_steering(config, cwd)  # and something hands it the batch
     return argv
 
 

@@ -73,7 +73,6 @@ class LineSplitter:
         self.recent_bytes = max(recent_bytes, line_max)
         self._partial = b""
         self._after_cr = False  # the last read ended in \r: a \n starting the next one is the same end
-        self.lines = 0  # lines handed on
         self.skipped_bytes = 0  # bytes of floods not looked at
 
     def feed(self, chunk: bytes) -> list[bytes]:
@@ -87,12 +86,12 @@ class LineSplitter:
             return self._overlong()
         end = cut - 1 if data[cut - 1:cut + 1] == b"\r\n" else cut
         complete, self._partial = data[:end], data[cut + 1:]
-        return self._handed_on(self._newest(complete)) + self._overlong()
+        return self._newest(complete) + self._overlong()
 
     def flush(self) -> list[bytes]:
         """At the end of the stream: the last line, if it had no newline."""
         rest, self._partial = self._partial, b""
-        return self._handed_on(_pieces(rest, self.line_max)[-OVERLONG_PIECES:]) if rest else []
+        return _pieces(rest, self.line_max)[-OVERLONG_PIECES:] if rest else []
 
     def _newest(self, complete: bytes) -> list[bytes]:
         """The newest lines of ``complete``: all of them, unless it is a flood."""
@@ -100,12 +99,10 @@ class LineSplitter:
         if start > 0:  # begin at a line boundary, so no line is handed on cut in half
             start = max(complete.rfind(b"\n", 0, start), complete.rfind(b"\r", 0, start)) + 1
             self.skipped_bytes += start
-        recent = complete[start:] if start > 0 else complete
+        recent = complete[max(start, 0):]
         lines = _BREAK.split(recent) if b"\r" in recent else recent.split(b"\n")
-        if len(lines) > self.flood_lines:
-            self.skipped_bytes += sum(len(ln) + 1 for ln in lines[:-self.flood_lines])
-            lines = lines[-self.flood_lines:]
-        return _capped(lines, self.line_max)
+        self.skipped_bytes += sum(len(ln) + 1 for ln in lines[:-self.flood_lines])
+        return _capped(lines[-self.flood_lines:], self.line_max)
 
     def _overlong(self) -> list[bytes]:
         """A partial line past the cap goes out in pieces of ``line_max`` now (the newest of them)."""
@@ -115,11 +112,7 @@ class LineSplitter:
         out = _pieces(self._partial[:whole], self.line_max)
         self._partial = self._partial[whole:]
         self.skipped_bytes += sum(len(p) for p in out[:-OVERLONG_PIECES])
-        return self._handed_on(out[-OVERLONG_PIECES:])
-
-    def _handed_on(self, lines: list[bytes]) -> list[bytes]:
-        self.lines += len(lines)
-        return lines
+        return out[-OVERLONG_PIECES:]
 
 
 def _pieces(data: bytes, size: int) -> list[bytes]:
@@ -127,8 +120,6 @@ def _pieces(data: bytes, size: int) -> list[bytes]:
 
 
 def _capped(lines: list[bytes], line_max: int) -> list[bytes]:
-    if all(len(ln) <= line_max for ln in lines):
-        return lines
     return [piece for ln in lines for piece in (_pieces(ln, line_max) if len(ln) > line_max else [ln])]
 
 
@@ -157,7 +148,6 @@ class OutputPump:
         self.splitter = LineSplitter()
         _widen(fd)
         self.last_output = time.monotonic()  # any byte counts: a \r progress bar is output
-        self.bytes = 0
         self._flushed = time.monotonic()
 
     def run(self) -> None:
@@ -184,7 +174,6 @@ class OutputPump:
         if not chunk:
             return False
         self.last_output = time.monotonic()
-        self.bytes += len(chunk)
         self._guard("log", self.log.write, chunk)
         if self.last_output - self._flushed >= FLUSH_EVERY:  # a steady trickle is written out too
             self._flush()
@@ -291,7 +280,7 @@ def with_expandable_segments(current: str | None) -> str:
 
 def merge_alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
     """The allocator variables to set for expandable segments, given the worker's environment."""
-    user = {name: env[name] for name in ALLOC_CONF_NAMES if env.get(name)}
+    user = alloc_conf(env)
     fallback = next(iter(user.values()), None)  # the new name's value first: it wins on new releases
     return {name: with_expandable_segments(user.get(name, fallback)) for name in ALLOC_CONF_NAMES}
 
@@ -337,7 +326,7 @@ def with_probe(pythonpath: str) -> str:
 
 def expandable_already(env: Mapping[str, str]) -> bool:
     """The user set the option under the name their torch reads first (new name, else old)."""
-    value = next((env[name] for name in ALLOC_CONF_NAMES if env.get(name)), "")
+    value = next(iter(alloc_conf(env).values()), "")
     return "expandable_segments:true" in value.replace(" ", "").lower()
 
 

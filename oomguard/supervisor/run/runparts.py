@@ -91,13 +91,13 @@ class Recorder:
         self.journal.event(name, self._attempt() or None, **data)
         self.emit(name, data)
 
-    def notes(self, notes: Sequence[Note], say: Callable[[str], None]) -> None:
+    def notes(self, notes: Sequence[Note]) -> None:
         """A recovery's notes (``decide/recovery.py``), in the order it took them."""
         for note in notes:
             if note.name is not None:
                 self.event(note.name, **note.data)
             if note.say is not None:
-                say(note.say)
+                log(note.say)
 
     def meta(self, **values: Any) -> None:
         """What ``oomguard status`` and the dashboard show of the run now."""
@@ -139,7 +139,7 @@ class Recorder:
                                  decision=decision, last_step=watch.last_step, peak_rss=watch.peak_rss,
                                  peak_allocated=watch.allocator.allocated_peak, **facts)
 
-    def close_interrupted(self, say: Callable[[str], None]) -> None:
+    def close_interrupted(self) -> None:
         """Attempts a killed supervisor left open are closed as interrupted, timed by their last event."""
         stops = self.journal.event_data("stop_requested")  # the user had asked this attempt to stop
         for row in self.journal.attempts():
@@ -150,7 +150,7 @@ class Recorder:
                                          stop_reason=close.stop_reason.value if close.stop_reason else None,
                                          ended=self.journal.last_activity(row["attempt"]))
                 self.journal.event("attempt_interrupted", row["attempt"], pid=row["pid"], stopped=bool(stop))
-                say(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "
+                log(f"attempt {row['attempt']} was interrupted by the end of its supervisor; closed as "
                     + ("stopped by the user" if stop else "interrupted"))
 
 
@@ -251,14 +251,14 @@ class WiringWatch:
     for writing) that looks like a checkpoint and no glob matches, or globs that match nothing while
     it trains and writes nothing like one."""
 
-    def __init__(self, config: RunConfig, cwd: Path, run_dir: Path, say: Callable[[str], None],
-                 event: Callable[..., None], set_meta: Callable[..., None],
+    def __init__(self, config: RunConfig, cwd: Path, run_dir: Path, event: Callable[..., None],
+                 set_meta: Callable[..., None],
                  pids: Callable[[], Sequence[int]] = tuple) -> None:
         self.config = config
         self.pids = pids  # the worker's processes, as last sampled: whose open files are its writes
         self.cwd = cwd
         self.run_dir = run_dir
-        self._say, self._event, self._set_meta = say, event, set_meta
+        self._event, self._set_meta = event, set_meta
         self.warnings: list[dict[str, Any]] = []
         self.lookalikes: LookalikeWatcher | None = None
         self._attempt = 0
@@ -316,7 +316,7 @@ class WiringWatch:
         assert self.lookalikes is not None
         if self.lookalikes.problem and not self._problem_said:  # our own trouble: said once, never fatal
             self._problem_said = True
-            self._say(f"the files the script writes cannot be watched ({self.lookalikes.problem}); a --checkpoint "
+            log(f"the files the script writes cannot be watched ({self.lookalikes.problem}); a --checkpoint "
                       "that matches nothing will only be said after 30 min of training")
         now = time.time()
         if watch.last_step is not None and watch.last_step != self._last_step:
@@ -342,7 +342,7 @@ class WiringWatch:
         self.stop()
 
     def _warn(self, kind: str, message: str, **data: Any) -> None:
-        self._say(message)
+        log(message)
         self._event(kind, message=message, **data)
         entry = {"kind": kind, "attempt": self._attempt, "message": message, "t": time.time()}
         self.warnings = [*self.warnings, entry][-MAX_WARNINGS:]
@@ -350,11 +350,10 @@ class WiringWatch:
 
 
 class ForecastBoard:
-    """The forecast in the meta: rewritten at most every ``every`` seconds, at once when it appears or goes."""
+    """The forecast in the meta: rewritten at most every 5 seconds, at once when it appears or goes."""
 
-    def __init__(self, set_meta: Callable[..., None], every: float = 5.0) -> None:
+    def __init__(self, set_meta: Callable[..., None]) -> None:
         self._set_meta = set_meta
-        self.every = every
         self._written = 0.0
         self._shown = False
 
@@ -362,7 +361,7 @@ class ForecastBoard:
         now = time.monotonic()
         if found is None and not self._shown:
             return
-        if found is not None and self._shown and now - self._written < self.every:
+        if found is not None and self._shown and now - self._written < 5.0:
             return
         self._written = now
         self._shown = found is not None
@@ -463,13 +462,13 @@ class RunParts:
                           margin=max(0.0, 1.0 - config.memory.soft_threshold), memory_limit=config.memory.memory_limit)
         spares = Spares(config.spare, run_dir, cwd, config.memory.memory_limit, event, say=lambda doc: meta(spare=doc))
         parts: RunParts
-        wiring = WiringWatch(config, cwd, run_dir, log, event, meta,  # resumes, globs that miss
+        wiring = WiringWatch(config, cwd, run_dir, event, meta,  # resumes, globs that miss
                              lambda: parts.last_sample.worker_pids if parts.last_sample else ())
         index = CheckpointIndex(config.checkpoints.globs, cwd)
         # the world: ranks and nodes; an elastic run's host takes a node back in after the next checkpoint
         world = World(config.dist_shape, config.distributed.peer_timeout, event, index, lambda: control.stopping)
         parts = cls(config, cwd, run_dir, record, control, ResumePoints(index, record, cwd), Sampler(), tuner, world,
-                    Handover(event, log), spares, wiring, ForecastBoard(meta), tickers)
+                    Handover(event), spares, wiring, ForecastBoard(meta), tickers)
         return parts
 
     def tick(self) -> None:

@@ -33,9 +33,8 @@ class World:
     def __init__(self, shape: Shape | None, peer_timeout: float, event: Event,
                  checkpoints: CheckpointIndex | None = None, stopping: Callable[[], bool] = lambda: False) -> None:
         self.shape = shape  # ranks and nodes under torchrun; None for one process
-        multi = shape is not None and shape.nnodes > 1
         self.nodes = Coordinator(shape, peer_timeout, say=self._say,
-                                 stopping=stopping) if shape is not None and multi else None
+                                 stopping=stopping) if shape is not None and shape.nnodes > 1 else None
         self.ranks: TorchrunAttempt | None = None  # this attempt's torchrun, when there is one
         self.peer_stop: int | None = None  # the node whose failure made us stop this attempt
         self.regroup: str | None = None  # why this round ended for the nodes to regroup (elastic runs)
@@ -59,8 +58,7 @@ class World:
         if self.nodes is not None:
             self.nodes.finish()
 
-    def start_round(self, attempt: int, plan: Plan,
-                    checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, bool]:
+    def start_round(self, plan: Plan, checkpoint: Checkpoint | None) -> tuple[Plan, Checkpoint | None, bool]:
         """Every member: the host's plan and checkpoint for this attempt; True when they were agreed."""
         self.peer_stop, self.regroup, self._back, self._regroup_stop = None, None, None, None
         if self.nodes is None:
@@ -103,7 +101,7 @@ class World:
 
         return both
 
-    def verdict(self, facts: ExitFacts, scanner: OutputScanner, gpus: bool, attempt: int) -> Verdict:
+    def verdict(self, facts: ExitFacts, scanner: OutputScanner, gpus: bool) -> Verdict:
         """How the attempt ended: by its root-cause rank under torchrun, and the same on every node."""
         cause = self.ranks.root_cause() if self.ranks is not None and facts.returncode else None
         if cause is not None:
@@ -128,7 +126,7 @@ class World:
             return Stop(StopReason.PLANNED, self.regroup)
         return None if stop is not None and stop == self._regroup_stop else stop
 
-    def news(self, attempt: int) -> Stop | None:
+    def news(self) -> Stop | None:
         """Why this node's ranks must stop now, once: a member failed, was lost, or is back after a checkpoint."""
         if self.nodes is None or self.peer_stop is not None or self._regroup_stop is not None:
             return None
@@ -157,7 +155,7 @@ class World:
         if newest is not None and _version(newest) != self._back[1]:
             nodes.regroup(f"node {', '.join(map(str, self._back[0]))} back: taken in after {newest.path}")
 
-    def decision(self, attempt: int, decision: Decision) -> Decision:
+    def decision(self, decision: Decision) -> Decision:
         """The host decides for every node."""
         if self.nodes is None:
             return decision
