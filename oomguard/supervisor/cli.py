@@ -30,8 +30,7 @@ from oomguard.web.client import register as web_commands
 def _cmd_run(args: argparse.Namespace, command: Sequence[str]) -> int:
     from oomguard.supervisor.run.loop import Supervisor
 
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "subcommand", "typed")}
-    config = build_config(options, command)
+    config = build_config(vars(args), command)  # the options by name (func, subcommand and typed are none)
     preflight(config)  # what a restart renders, rendered now: a bad quote is exit 2 here, not at 3 a.m.
     supervisor = Supervisor(config)
     supervisor.open()

@@ -92,7 +92,7 @@ def unwrap(command: Sequence[str]) -> list[str]:
     words = list(command)
     for _ in range(16):  # wrappers nest (``nice -n 5 prlimit --as=... python``); a bound, not a budget
         inner = _one_level(words)
-        if inner is None or not inner:
+        if not inner:
             return words
         words = inner
     return words
@@ -270,7 +270,7 @@ def _script_path(program: Sequence[str], cwd: Path) -> Path | None:
         words.pop(0)  # python's own switches (-u, -O, ...)
     if not words or words[0] == "-m":
         return None
-    path = Path(words[0]) if Path(words[0]).is_absolute() else cwd / words[0]
+    path = cwd / words[0]
     return path if path.is_file() else None
 
 
@@ -300,10 +300,6 @@ class Edit:
     file: str  # as the user wrote it (and as the command names it)
     key: str  # dotted: train.micro_batch_size
     value: str  # may hold placeholders
-
-    @property
-    def keys(self) -> list[str]:
-        return self.key.split(".")
 
 
 def parse_edit(spec: str) -> Edit:
@@ -369,7 +365,7 @@ def load_checked(path: Path, option_spec: str) -> Any:
 def _parent(doc: Any, edit: Edit) -> tuple[Any, Any]:
     """The container holding the edited key, and the key (an int for a list index)."""
     node = doc
-    parts = edit.keys
+    parts = edit.key.split(".")
     for depth, part in enumerate(parts):
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             key: Any = int(part)

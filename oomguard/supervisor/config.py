@@ -244,8 +244,8 @@ class RunConfig:
             raise UsageError("--max-backoff", "is below --backoff", "raise --max-backoff")
         if not 0 <= self.web.port <= 65535:
             raise UsageError("--port", f"{self.web.port} is not a TCP port", "use 0-65535 (0: any free port)")
-        if _signal(self.checkpoints.signal) != self.checkpoints.signal:  # the CLI and TOML give the full name
-            raise UsageError("--checkpoint-signal", f"write {_signal(self.checkpoints.signal)}", "its full name")
+        if (name := _signal(self.checkpoints.signal)) != self.checkpoints.signal:  # the CLI and TOML give the full name
+            raise UsageError("--checkpoint-signal", f"write {name}", "its full name")
         if self.memory.sample_interval <= 0:
             raise UsageError("--sample-interval", "must be above 0", "e.g. 1")
         self._check_memory_options()
@@ -515,12 +515,11 @@ def _convert(o: Option, value: Any, source: str) -> Any:
 def load_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except OSError as exc:
         raise UsageError("--config", f"cannot read {path}: {exc.strerror}", "check the path") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError("--config", f"{path} is not valid TOML ({exc})", "fix the file") from None
-    return data
 
 
 def build_config(cli: Mapping[str, Any], command: Sequence[str]) -> RunConfig:

@@ -180,13 +180,9 @@ class Stop:
 
 
 @dataclass(frozen=True)
-class Pending:
+class Pending(Stop):
     """A restart planned for right after the next checkpoint: the forecast's (PLANNED) or ``--grow``'s
     (GROW, with the size); at most one per attempt, its ``Stop`` once the checkpoint lands."""
-
-    reason: StopReason
-    detail: str
-    grow_to: int | None = None
 
     @property
     def on_save_record(self) -> bool:
@@ -216,16 +212,17 @@ class Outcome:
 def ending_of(stop: Stop | None, verdict: Verdict, user_stopped: bool) -> Ending:
     """The user's stop wins over everything; a restart oomguard asked for is no failure whatever the
     worker exited with (a script that saves on SIGTERM may exit 0 or 143)."""
-    if user_stopped or (stop is not None and stop.reason is StopReason.USER):
+    reason = stop.reason if stop is not None else None
+    if user_stopped or reason is StopReason.USER:
         return Ending.STOPPED
-    if stop is not None and stop.reason in (StopReason.PLANNED, StopReason.RESTART):
+    if reason in (StopReason.PLANNED, StopReason.RESTART):
         return Ending.PLANNED_RESTART
-    if stop is not None and stop.reason in (StopReason.GROW, StopReason.MODEL):
+    if reason in (StopReason.GROW, StopReason.MODEL):
         return Ending.GROW  # a larger micro-batch, no failure; the stop reason says which
     if verdict.kind is None:
         return Ending.FINISHED
     if verdict.kind is FailureKind.HANG:
         return Ending.HANG
-    if stop is not None and stop.reason is StopReason.PEER:
+    if reason is StopReason.PEER:
         return Ending.PEER_STOPPED
     return Ending.FAILED

@@ -60,10 +60,11 @@ from oomguard.supervisor.sizing.trend import ALLOCATOR, Forecast, Move, Reading,
 MAX_READINGS = 600  # per budget; past this, every other reading is dropped (the whole attempt stays in view)
 HOST = "worker RSS"
 MACHINE = "host"  # the machine's memory in use against its total: what a kernel OOM kill without a cgroup limit hit
-# Which limit a failure of each kind hit, first choice first: the GPU's capacity, oomguard's own
+# Which limit a failure of each kind hit, first choice first: the allocator's (the probe's step peaks),
+# the GPU's (a CUDA OOM's own per-process capacity before NVML's figure), oomguard's own
 # --memory-limit (a cgroup limit where one is made, so the cgroup's next), the cgroup's, the machine's.
-LIMIT_OF = {
-    FailureKind.CUDA_OOM: ("GPU",),
+LIMIT_OF: dict[FailureKind | None, tuple[str, ...]] = {
+    FailureKind.CUDA_OOM: (ALLOCATOR, "GPU"),
     FailureKind.MEMORY_LIMIT: ("--memory-limit", "cgroup"),
     FailureKind.HOST_OOM: ("cgroup", MACHINE),
 }
@@ -158,11 +159,9 @@ class TrendWatch:
               capacity: int | None = None) -> Limit | None:
         """The limit a failure of ``kind`` hit, with its readings: the allocator's where the probe reports
         step peaks; a CUDA OOM's own per-process ``capacity`` (NVML cannot see it); else LIMIT_OF's."""
-        if kind is FailureKind.CUDA_OOM and self.series.get(ALLOCATOR) and self.limits.get(ALLOCATOR):
-            return Limit(ALLOCATOR, self.limits[ALLOCATOR], self.series[ALLOCATOR], failed_at)
-        if kind is FailureKind.CUDA_OOM and capacity and self.series.get("GPU memory"):
-            return Limit("process's GPU", capacity, self.series["GPU memory"], failed_at)
-        for budget in LIMIT_OF.get(kind, ()) if kind is not None else ():
+        for budget in LIMIT_OF.get(kind, ()):
+            if budget == "GPU" and capacity and self.series.get("GPU memory"):
+                return Limit("process's GPU", capacity, self.series["GPU memory"], failed_at)
             if self.series.get(budget) and self.limits.get(budget):
                 return Limit(budget, self.limits[budget], self.series[budget], failed_at)
         return None

@@ -166,7 +166,7 @@ def settings_files(args: Sequence[str]) -> Iterator[str]:
 def _must_exist(word: str, cwd: Path, what: str) -> None:
     if "{" in word:  # rendered per attempt
         return
-    path = Path(word) if os.path.isabs(word) else cwd / word
+    path = cwd / word  # an absolute word stays itself
     if path.exists():
         return
     fix = "check the path" + (f": did you mean {guess}?" if (guess := _near(path, word)) else "")
@@ -216,7 +216,7 @@ def locate(script: Script | None, cwd: Path) -> Path | None:
     if script.kind == "program" and os.sep not in script.name:  # torchrun --no-python PROGRAM on PATH
         found = shutil.which(script.name)
         return Path(found) if found else None
-    path = Path(script.name) if os.path.isabs(script.name) else cwd / script.name
+    path = cwd / script.name
     return path if path.is_file() else None
 
 
@@ -431,7 +431,7 @@ def _check_executable(program: str, env: dict[str, str], cwd: Path) -> None:
     if not program:
         raise UsageError("COMMAND", "the command is empty", "put the training command after --")
     if os.sep in program:
-        path = program if os.path.isabs(program) else str(cwd / program)
+        path = cwd / program
         if not os.path.exists(path):
             raise UsageError("COMMAND", f"{program} does not exist", "check the path of the training command")
         if os.path.isdir(path) or not os.access(path, os.X_OK):

@@ -453,11 +453,7 @@ class WorkerProcess:
             return []
 
     def signal_group(self, sig: int) -> bool:
-        try:
-            os.killpg(self.pgid, sig)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
+        return _kill(-self.pgid, sig)  # a negative pid: the whole process group
 
     def stop(self, grace: float, interrupted: Callable[[], bool] = lambda: False) -> None:
         """SIGTERM the group, wait up to ``grace`` s (or until ``interrupted``: a second Ctrl-C), SIGKILL."""

@@ -30,7 +30,7 @@ from oomguard.supervisor.decide.attribution import Cause
 from oomguard.supervisor.decide.classify import Addition, OwnFault
 from oomguard.supervisor.decide.policy import Plan, PlanChange, PolicyConfig
 from oomguard.supervisor.decide.recovery import Note, Recovery, RecoveryConfig
-from oomguard.supervisor.lifecycle import Outcome, RunState, UsageError
+from oomguard.supervisor.lifecycle import STOP_SIGNALS, Outcome, RunState, UsageError
 from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import BreakdownWatch
 from oomguard.supervisor.observe.checkpoints import (
@@ -163,17 +163,14 @@ class ControlFlags:
         self._lock = threading.Lock()
 
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_hup)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.wake.set())  # a closed terminal must not end a run
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop_signals += 1
         self.stop_signal = signum
         self.wake.set()
-
-    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
-        self.wake.set()  # not fatal: a closed terminal must not end an overnight run
 
     def request_stop(self) -> None:
         self._on_stop_signal(signal.SIGTERM, None)
