@@ -181,7 +181,7 @@ def render(parts: RunParts, plan: Plan, number: int, checkpoint: Checkpoint | No
     """An attempt's argv and environment for ``plan``."""
     config = parts.config
     values = placeholder_values(config, plan, number, checkpoint)
-    argv = build_argv(config, plan, values, checkpoint is not None)
+    argv = build_argv(config, plan, values)
     if edits:  # --edit: this attempt's copies of the config files, and the argv pointed at them
         argv = apply_edits(edits, argv, values, parts.cwd, parts.run_dir / "edits" / f"attempt-{number}")
     env = build_env(config, plan, values, files)

@@ -384,7 +384,7 @@ def check(config: RunConfig, cwd: Path | None = None) -> list[str]:
     sample = Checkpoint(SAMPLE_CHECKPOINT, 100, 0.0, 1)
     values = placeholder_values(config, plan, 2, sample)
     try:
-        argv = build_argv(config, plan, values, has_checkpoint=True)
+        argv = build_argv(config, plan, values)
         env = build_env(config, plan, values, AttemptFiles.of(config.run_dir, 2))
     except (ValueError, KeyError, IndexError) as exc:
         raise UsageError("COMMAND", f"cannot be rendered for a restart ({exc})",

@@ -251,14 +251,14 @@ def placeholder_values(config: RunConfig, plan: Plan, attempt: int,
     }
 
 
-def build_argv(config: RunConfig, plan: Plan, values: Mapping[str, object], has_checkpoint: bool) -> list[str]:
+def build_argv(config: RunConfig, plan: Plan, values: Mapping[str, object]) -> list[str]:
     """The command with placeholders filled, resume args (only with a checkpoint) and fallbacks."""
-    argv = [render(token, values) for token in config.command]
-    if has_checkpoint and config.checkpoints.resume_args:
-        argv += [render(token, values) for token in shlex.split(config.checkpoints.resume_args)]
+    words = list(config.command)
+    if values["checkpoint"]:
+        words += shlex.split(config.checkpoints.resume_args)
     for extra in config.batch.fallback_args[:plan.fallbacks_applied]:
-        argv += [render(token, values) for token in shlex.split(extra)]
-    return argv
+        words += shlex.split(extra)
+    return [render(word, values) for word in words]
 
 
 # The allocator's settings live under two names. torch 2.13 (read in its installed source,
@@ -290,18 +290,16 @@ def alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
     return {name: env[name] for name in ALLOC_CONF_NAMES if env.get(name)}
 
 
-def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files: AttemptFiles,
-              base: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+# The placeholders' values every attempt's environment carries too, by variable.
+PLACEHOLDER_ENV = {protocol.ENV_MICRO_BATCH: "micro_batch", protocol.ENV_GRAD_ACCUM: "grad_accum",
+                   protocol.ENV_GLOBAL_BATCH: "global_batch", protocol.ENV_WORLD_SIZE: "world_size",
+                   protocol.ENV_CHECKPOINT: "checkpoint", protocol.ENV_CHECKPOINT_STEP: "checkpoint_step",
+                   protocol.ENV_ATTEMPT: "attempt", protocol.ENV_RUN_DIR: "run_dir"}
+
+
+def build_env(config: RunConfig, plan: Plan, values: Mapping[str, object], files: AttemptFiles) -> dict[str, str]:
+    env = {**os.environ, **{name: str(values[key]) for name, key in PLACEHOLDER_ENV.items()}}
     env.update({
-        protocol.ENV_MICRO_BATCH: str(values["micro_batch"]),
-        protocol.ENV_GRAD_ACCUM: str(values["grad_accum"]),
-        protocol.ENV_GLOBAL_BATCH: str(values["global_batch"]),
-        protocol.ENV_WORLD_SIZE: str(values["world_size"]),
-        protocol.ENV_CHECKPOINT: str(values["checkpoint"]),
-        protocol.ENV_CHECKPOINT_STEP: str(values["checkpoint_step"]),
-        protocol.ENV_ATTEMPT: str(values["attempt"]),
-        protocol.ENV_RUN_DIR: str(values["run_dir"]),
         protocol.ENV_EVENTS: str(files.events.resolve()),
         protocol.ENV_CHECKPOINT_REQUEST: str(files.checkpoint_request.resolve()),
         protocol.ENV_CHECKPOINT_SIGNAL: config.checkpoints.signal,

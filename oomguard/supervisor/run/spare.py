@@ -399,10 +399,9 @@ class Spares:
     def observe(self, now: int, trained: bool, pids: Sequence[int] = ()) -> None:
         """The worker's memory at a sample; ``trained``: a step was taken, so the highest figure is its peak.
         ``pids`` get the OOM score that keeps the kernel taking a spare first."""
-        peak = max(now, self.worker.peak or 0, self._seen)
-        self._seen = peak
+        self._seen = max(now, self._seen)  # the peak so far
         self._trained = self._trained or trained
-        self.worker = WorkerMemory(now, peak if self._trained else None, self.memory_limit)
+        self.worker = WorkerMemory(now, self._seen if self._trained else None, self.memory_limit)
         if pids and (self.pool or self._scores):
             self._score(pids)
 
@@ -441,7 +440,6 @@ class Spares:
         """Drop spares killed while they waited: never the worker's death; ``_drop`` ends the reserve."""
         gone = [spare for spare in self.pool if spare.proc is not None and spare.proc.poll() == -signal.SIGKILL]
         for spare in gone:
-            assert spare.proc is not None
             self._drop(spare, "the spare was killed (SIGKILL) while it waited")
         return bool(gone)
 
