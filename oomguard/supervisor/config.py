@@ -165,6 +165,11 @@ class MemoryOptions:
         "GPU memory to be freed (its leftover processes are ended first)", _non_negative, metavar="SECONDS")
 
 
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(self.soft_threshold, self.psi_threshold, self.memory_limit)
+
+
 @dataclass(frozen=True)
 class LivenessOptions:
     """Progress, hangs, stopping a worker, and restarts after crashes."""
@@ -412,7 +417,7 @@ class RunConfig:
         for spec in self.notify.targets:
             parse_target(spec)  # a NotifyConfigError: one line naming --notify
         try:
-            Thresholds(self.memory.soft_threshold, self.memory.psi_threshold, self.memory.memory_limit)
+            self.memory.thresholds  # noqa: B018 - built only to be validated
         except ValueError as exc:
             text = str(exc)
             option = text.split()[0] if text.startswith("--") else "--soft-threshold"

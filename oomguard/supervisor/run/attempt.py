@@ -39,7 +39,7 @@ from oomguard.supervisor.observe import checkpoints as ckptstep
 from oomguard.supervisor.observe.allocator import ProbeReport
 from oomguard.supervisor.observe.checkpoints import Checkpoint, StepEvidence
 from oomguard.supervisor.observe.progress import AttemptWatch, ChannelReader, StepMatcher
-from oomguard.supervisor.observe.sampler import MemoryAction, MemorySample, Thresholds, evaluate
+from oomguard.supervisor.observe.sampler import MemoryAction, MemorySample, evaluate
 from oomguard.supervisor.record.fitstore import ModelPrint
 from oomguard.supervisor.record.journal import write_atomic
 from oomguard.supervisor.record.logs import say as log
@@ -476,9 +476,7 @@ def sample(attempt: Attempt) -> None:
     record.sample(reading, watch.last_step, watch.progress)
     watch.progress = None
     pending = watch.request_pending(attempt.files.checkpoint_request.exists(), time.monotonic())
-    verdict = evaluate(reading,
-                       Thresholds(config.memory.soft_threshold, config.memory.psi_threshold,
-                                  config.memory.memory_limit), pending)
+    verdict = evaluate(reading, config.memory.thresholds, pending)
     if verdict.action is MemoryAction.STOP and attempt.stopped is None:
         why = verdict.evidence or verdict.reason
         log(f"stopping the worker: {why}")

@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
@@ -39,9 +38,9 @@ from oomguard.supervisor.run.runparts import ControlFlags, Recorder, RunLock, Ru
 
 
 class Supervisor:
-    def __init__(self, config: RunConfig, console: BinaryIO | None = None) -> None:
+    def __init__(self, config: RunConfig) -> None:
         self.run_dir, self.cwd = config.run_dir.resolve(), Path.cwd()
-        out = console if console is not None else sys.stdout.buffer
+        out = sys.stdout.buffer
         self.echo: Callable[[bytes], None] = lambda raw: (out.write(raw), out.flush()) and None
         self.state = RunState.STARTING
         self.plan = Plan(config.initial_plan, eval_micro_batch=config.initial_eval_micro_batch,

@@ -314,27 +314,27 @@ class WiringWatch:
         if self.lookalikes.problem and not self._problem_said:  # our own trouble: said once, never fatal
             self._problem_said = True
             log(f"the files the script writes cannot be watched ({self.lookalikes.problem}); a --checkpoint "
-                      "that matches nothing will only be said after 30 min of training")
-        now = time.time()
+                "that matches nothing will only be said after 30 min of training")
+        now, globs = time.time(), self.config.checkpoints.globs
         if watch.last_step is not None and watch.last_step != self._last_step:
             self._last_step, self._last_step_wall = watch.last_step, now
             self._first_step_wall = self._first_step_wall or now
         seen = self.lookalikes.found()
         found = sorted((f for f in seen if f.own), key=lambda f: f.written)  # only what the worker wrote
         self._matched = self._matched or bool(index.refresh())
-        missing = missed(found, self.config.checkpoints.globs, self.cwd, self._matched, self._last_step_wall, now)
+        missing = missed(found, globs, self.cwd, self._matched, self._last_step_wall, now)
         if missing:  # said at once, while the attempt that wrote it runs
-            message: str | None = missed_notice(self.config.checkpoints.globs, missing, self._matched, self.cwd)
+            message: str | None = missed_notice(globs, missing, self._matched, self.cwd)
             found = missing
         elif self._matched:  # the globs match what the script writes: nothing to say yet
             return
         else:
-            message = unmatched_notice(self.config.checkpoints.globs, self._first_step_wall, self._last_step, now,
+            message = unmatched_notice(globs, self._first_step_wall, self._last_step, now,
                                        self.cwd, self.lookalikes.roots, others=len(seen) > len(found))
         if message is None:
             return
         files = [f.path for f in found]
-        self._warn(GLOB_UNMATCHED, message, globs=list(self.config.checkpoints.globs), files=files[-20:],
+        self._warn(GLOB_UNMATCHED, message, globs=list(globs), files=files[-20:],
                    suggestion=suggest_glob(files, self.cwd) if files else None)
         self.stop()
 
