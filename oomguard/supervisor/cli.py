@@ -21,7 +21,7 @@ from oomguard.supervisor.lifecycle import EXIT_CRASHED, UsageError
 from oomguard.supervisor.ops import doctor, notify, systemd
 from oomguard.supervisor.record import logs, report
 from oomguard.supervisor.record import status as runs
-from oomguard.supervisor.run.preflight import OptionParser, notices
+from oomguard.supervisor.run.preflight import OptionParser, notices, split_command
 from oomguard.supervisor.run.preflight import check as preflight
 from oomguard.web.client import fetch_status, register_dashboard
 from oomguard.web.client import register as web_commands
@@ -142,11 +142,7 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, command = argv[:at], argv[at + 1:]
+    argv, command = split_command(sys.argv[1:] if argv is None else argv)
     args = argparse.Namespace()
     try:  # a bad option is a UsageError too (run/preflight.OptionParser)
         args = build_parser().parse_args(argv)

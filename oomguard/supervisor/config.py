@@ -44,7 +44,7 @@ def _opt(default: Any, flag: str, help: str, parse: Callable[[str], Any] | None 
 
 def _whole(value: object, least: int) -> int:
     """An integer, strictly: TOML ``true`` would be 1 and ``8.5`` would be 8 under ``int()``."""
-    if isinstance(value, bool) or isinstance(value, float):
+    if isinstance(value, bool | float):
         raise ValueError("must be a whole number")
     number = int(str(value))
     if number < least:

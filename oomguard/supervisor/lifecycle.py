@@ -21,6 +21,7 @@ An attempt records at most one ``Stop`` (the first reason wins) and returns an `
 from __future__ import annotations
 
 import enum
+import math
 import signal
 import signal as signals
 from dataclasses import dataclass
@@ -157,17 +158,16 @@ def exit_text(exit_code: int | None, signal: int | None, returncode: int | None 
     return "no exit recorded"
 
 
-# Seconds a stopped worker gets between SIGTERM and SIGKILL, as a cap on --grace-period (None: the
+# Seconds a stopped worker gets between SIGTERM and SIGKILL, as a cap on --grace-period (inf: the
 # whole --grace-period). A restart of any kind lets a preemption-aware script save; a worker over
 # its memory budget is pushing the machine towards the kernel's OOM killer, and a hung one or one
 # whose peers are gone will not save anything, so those are not waited for long.
-GRACE_CAP: dict[StopReason, float | None] = {
-    **dict.fromkeys(StopReason), StopReason.MEMORY: 5.0, StopReason.HANG: 10.0, StopReason.PEER: 10.0}
+GRACE_CAP: dict[StopReason, float] = {
+    **dict.fromkeys(StopReason, math.inf), StopReason.MEMORY: 5.0, StopReason.HANG: 10.0, StopReason.PEER: 10.0}
 
 
 def grace(reason: StopReason, grace_period: float) -> float:
-    cap = GRACE_CAP[reason]
-    return grace_period if cap is None else min(grace_period, cap)
+    return min(grace_period, GRACE_CAP[reason])
 
 
 @dataclass(frozen=True)

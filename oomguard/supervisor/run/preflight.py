@@ -566,10 +566,15 @@ def _flags(parser: argparse.ArgumentParser, subcommand: str | None) -> list[str]
     return list(parser._option_string_actions)
 
 
+def split_command(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The words before the first ``--``, and the training command after it."""
+    at = words.index("--") if "--" in words else len(words)
+    return list(words[:at]), list(words[at + 1:])
+
+
 def check_run_args(args: Sequence[str], cwd: Path, subcommand: str = "service") -> RunConfig:
     """The RunConfig ``oomguard run ARGS`` would run in ``cwd``, with its start checks; else UsageError."""
-    args = list(args)
-    options, command = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    options, command = split_command(args)
     parser = OptionParser(prog="oomguard run", add_help=False)
     parser.command = subcommand
     add_arguments(parser)
