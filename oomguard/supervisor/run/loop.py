@@ -203,9 +203,7 @@ class Supervisor:
         self.record.meta(alloc_conf=alloc_conf(env))  # status shows what the worker got
         current = self.current = Attempt(self.parts, self.attempt, self.plan, checkpoint, files, self.trend)
         current.start(argv, env, self.echo)
-        b = self.plan.batch
-        self._transition(RunState.RUNNING, f"attempt {self.attempt}: micro-batch {b.micro_batch}"
-                         f" × accumulation {b.grad_accum} × world {b.world_size} = {b.global_text}"
+        self._transition(RunState.RUNNING, f"attempt {self.attempt}: {self.plan.batch.describe()}"
                          + (f", resuming from {checkpoint.path}" if checkpoint else ""))
         return current.watch_to_end()
 

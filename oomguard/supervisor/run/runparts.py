@@ -379,11 +379,11 @@ class ForecastBoard:
 # the ones marked bad (a load that failed), and the steps an earlier supervisor on this run
 # directory saw them written at.
 
+@dataclass
 class ResumePoints:
-    def __init__(self, index: CheckpointIndex, record: Recorder, cwd: Path) -> None:
-        self.index = index
-        self.record = record
-        self.cwd = cwd
+    index: CheckpointIndex
+    record: Recorder
+    cwd: Path
 
     def newest(self) -> Checkpoint | None:
         """The newest valid checkpoint now; the ones known before an attempt are not its progress."""

@@ -22,7 +22,7 @@ import subprocess
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -186,26 +186,25 @@ def _threads(pid: int) -> list[int]:
         return []
 
 
+@dataclass(eq=False)  # one spare is itself, whatever its figures
 class Spare:
     """One spare interpreter under its launcher, in its own cgroup, waiting for a handover."""
 
-    def __init__(self, target: Target, env: Mapping[str, str], cwd: Path, containment: Containment,
-                 ready_file: Path, worker_adj: int) -> None:
-        self.target = target
-        self.env = dict(env)
-        self.cwd = cwd
-        self.containment = containment
-        self.ready_file = ready_file
-        self.worker_adj = worker_adj
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started = time.monotonic()
-        self.handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
-        self.pid: int | None = None  # its interpreter's (the launcher's child), from its ready record
-        self.lost: str | None = None  # at the handover: it had exited already, and how (decide/classify.py)
-        self._size: int | None = None
-        self.nice = 0  # above the supervisor's, as last set
-        self.start_nice = 0  # what its interpreter sets itself to as it starts (``os.nice``, relative)
-        self.settled = False  # a renice began after its ready record: after its own ``os.nice``, so it holds
+    target: Target
+    env: dict[str, str]
+    cwd: Path
+    containment: Containment
+    ready_file: Path
+    worker_adj: int = field(default_factory=worker_oom_score_adj)  # the OOM score it takes as the worker
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = field(default_factory=time.monotonic)
+    handover: tuple[Target, dict[str, str], int] | None = None  # what it becomes: argv, env, nice
+    pid: int | None = None  # its interpreter's (the launcher's child), from its ready record
+    lost: str | None = None  # at the handover: it had exited already, and how (decide/classify.py)
+    imported_size: int | None = None  # its rss once it has imported
+    nice: int = 0  # above the supervisor's, as last set
+    start_nice: int = 0  # what its interpreter sets itself to as it starts (``os.nice``, relative)
+    settled: bool = False  # a renice began after its ready record: after its own ``os.nice``, so it holds
 
     def start(self, imports: Sequence[str], nice: int = SPARE_NICE) -> None:
         """Start it at ``nice`` above our priority, or at ours where it could not be raised back."""
@@ -237,9 +236,9 @@ class Spare:
 
     def size(self) -> int:
         """Its ``rss`` once it has imported: what a reserve started like it will hold."""
-        if self._size is None and self.proc is not None and self.is_ready():
-            self._size = self.rss()
-        return self._size or 0
+        if self.imported_size is None and self.proc is not None and self.is_ready():
+            self.imported_size = self.rss()
+        return self.imported_size or 0
 
     def rss(self) -> int:
         """Its resident memory now, launcher and interpreter together (bytes; 0 once it is gone)."""
@@ -496,8 +495,7 @@ class Spares:
         self._made += 1
         self.dir.mkdir(parents=True, exist_ok=True)
         containment = Containment.create(f"oomguard-{os.getpid()}-spare-{self._made}", self.memory_limit)
-        spare = Spare(target, self._spare_env(env), self.cwd, containment, self.dir / f"ready-{self._made}.json",
-                      worker_oom_score_adj())
+        spare = Spare(target, self._spare_env(env), self.cwd, containment, self.dir / f"ready-{self._made}.json")
         imports = heavy_imports(self.cwd / target.script)
         try:
             spare.start(imports, nice)
