@@ -128,7 +128,6 @@ class UsageError(ValueError):
     def __init__(self, option: str, problem: str, fix: str = "") -> None:
         self.option = option
         self.problem = problem
-        self.fix = fix
         text = f"{option}: {problem}" if option else problem
         super().__init__(f"{text}; {fix}" if fix else text)
 

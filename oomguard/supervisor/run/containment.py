@@ -177,14 +177,14 @@ def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:
     return "; ".join(parts)
 
 
+@dataclass
 class Handover:
     """Between attempts: the last one's leftovers ended, its GPU memory back, then a fresh cgroup."""
 
-    def __init__(self, event: Callable[..., None]) -> None:
-        self.containment: Containment | None = None  # the current attempt's cgroup
-        self.procs = AttemptProcesses()  # the current attempt's processes, as sampling sees them
-        self._gpu_baseline: dict[int, int] = {}  # GPU memory used per device before the last attempt
-        self._event = event
+    event: Callable[..., None]
+    containment: Containment | None = None  # the current attempt's cgroup
+    procs: AttemptProcesses = field(default_factory=AttemptProcesses)  # the current attempt's, as sampled
+    _gpu_baseline: dict[int, int] = field(default_factory=dict)  # GPU memory used per device before the last attempt
 
     def next_containment(self, name: str, memory_limit: int | None, gpu: GpuMonitor | None,
                  settle_timeout: float, adopt: Containment | None = None) -> Containment:
@@ -207,13 +207,13 @@ class Handover:
         leftovers = self.procs.alive(cgroup.pids() if cgroup is not None else [])
         if leftovers:
             named = end(leftovers)
-            self._event("leftovers_ended", processes=named)
+            self.event("leftovers_ended", processes=named)
             log(f"ended the last attempt's leftover processes: {', '.join(named)}")
         if gpu is None:
             return
         if self._gpu_baseline and self.procs.seen:
             done = wait_for_gpus(gpu.read, self.procs.seen, self._gpu_baseline, timeout)
-            self._event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
+            self.event("memory_settled" if done.settled else "memory_not_settled", waited=round(done.waited, 2),
                         holding=done.holding)
             if not done.settled:
                 log(f"starting anyway after {done.waited:.0f} s: GPU memory still held ({done.holding})")

@@ -67,12 +67,12 @@ THIN_EVERY = 300.0  # seconds between downsampling passes over the journal's sam
 Listener = Callable[[str, dict[str, Any]], None]
 
 
+@dataclass
 class Recorder:
-    def __init__(self, degradations: Degradations, attempt: Callable[[], int]) -> None:
-        self.journal: Journal  # opened with the run (``Supervisor.open``)
-        self.degradations = degradations
-        self.listeners: list[Listener] = []
-        self._attempt = attempt  # the attempt in progress (0 before the first)
+    degradations: Degradations
+    _attempt: Callable[[], int]  # the attempt in progress (0 before the first)
+    listeners: list[Listener] = field(default_factory=list)
+    journal: Journal = field(init=False)  # opened with the run (``Supervisor.open``)
 
     def guarded(self, component: str, action: Callable[..., object], *args: Any) -> None:
         """Run one observer or hook; its failure (EMFILE, a full disk, a bug) is a degradation, not our end."""
@@ -241,6 +241,7 @@ MAX_WARNINGS = 20  # kept for status; the journal keeps every event
 GLOB_EVERY = 1.0  # seconds between looks at the globs and the look-alikes
 
 
+@dataclass
 class WiringWatch:
     """What only shows while the script runs, said at once and once (console, journal, the meta's
     ``warnings``, webhooks): ``not_resumed``, an attempt whose first step is no resume from its
@@ -248,29 +249,27 @@ class WiringWatch:
     for writing) that looks like a checkpoint and no glob matches, or globs that match nothing while
     it trains and writes nothing like one."""
 
-    def __init__(self, config: RunConfig, cwd: Path, run_dir: Path, event: Callable[..., None],
-                 set_meta: Callable[..., None],
-                 pids: Callable[[], Sequence[int]] = tuple) -> None:
-        self.config = config
-        self.pids = pids  # the worker's processes, as last sampled: whose open files are its writes
-        self.cwd = cwd
-        self.run_dir = run_dir
-        self._event, self._set_meta = event, set_meta
-        self.warnings: list[dict[str, Any]] = []
-        self.lookalikes: LookalikeWatcher | None = None
-        self._attempt = 0
-        self._resume_said = False
-        self._problem_said = False
-        self._next_look = 0.0
-        self._first_step_wall: float | None = None
-        self._last_step: int | None = None
-        self._last_step_wall: float | None = None
-        self._matched = False  # the globs have matched a checkpoint
-        self._saves_taken = 0  # the attempt's save records handed to the look-alike watcher
+    config: RunConfig
+    cwd: Path
+    run_dir: Path
+    event: Callable[..., None]
+    set_meta: Callable[..., None]
+    pids: Callable[[], Sequence[int]]  # the worker's processes, as last sampled: whose open files are its writes
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    lookalikes: LookalikeWatcher | None = None
+    _attempt: int = 0
+    _resume_said: bool = False
+    _problem_said: bool = False
+    _next_look: float = 0.0
+    _first_step_wall: float | None = None
+    _last_step: int | None = None
+    _last_step_wall: float | None = None
+    _matched: bool = False  # the globs have matched a checkpoint
+    _saves_taken: int = 0  # the attempt's save records handed to the look-alike watcher
 
     def start(self, matched: bool) -> None:
         """A new invocation's warnings start empty; look-alikes are watched until one is said."""
-        self._set_meta(warnings=[])
+        self.set_meta(warnings=[])
         self._matched = matched
         if self.config.checkpoints.globs:
             outputs = output_dirs(self.config.command, self.cwd)
@@ -340,19 +339,19 @@ class WiringWatch:
 
     def _warn(self, kind: str, message: str, **data: Any) -> None:
         log(message)
-        self._event(kind, message=message, **data)
+        self.event(kind, message=message, **data)
         entry = {"kind": kind, "attempt": self._attempt, "message": message, "t": time.time()}
         self.warnings = [*self.warnings, entry][-MAX_WARNINGS:]
-        self._set_meta(warnings=self.warnings)
+        self.set_meta(warnings=self.warnings)
 
 
+@dataclass
 class ForecastBoard:
     """The forecast in the meta: rewritten at most every 5 seconds, at once when it appears or goes."""
 
-    def __init__(self, set_meta: Callable[..., None]) -> None:
-        self._set_meta = set_meta
-        self._written = 0.0
-        self._shown = False
+    set_meta: Callable[..., None]
+    _written: float = 0.0
+    _shown: bool = False
 
     def show(self, found: Forecast | None) -> None:
         now = time.monotonic()
@@ -362,7 +361,7 @@ class ForecastBoard:
             return
         self._written = now
         self._shown = found is not None
-        self._set_meta(forecast=None if found is None else {
+        self.set_meta(forecast=None if found is None else {
             "text": found.text, "seconds_to_limit": round(found.seconds_to_limit, 1),
             "bytes_per_s": round(found.per_s), "budget": found.budget, "limit": found.limit,
             "move": found.move.value, "t": time.time()})
@@ -370,7 +369,7 @@ class ForecastBoard:
     def clear(self) -> None:
         """The forecast ends with its attempt; the next one's first is shown at once (attempts can be short)."""
         self._shown = False
-        self._set_meta(forecast=None)
+        self.set_meta(forecast=None)
 
 
 # Which checkpoint an attempt resumes from: the newest valid one, with the step it holds.

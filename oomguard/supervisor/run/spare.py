@@ -329,32 +329,33 @@ def host_memory() -> tuple[int, int]:
     return vm.available, vm.total
 
 
+@dataclass(eq=False)
 class Spares:
     """The run's spare interpreters, oldest first: the next attempt's, and a reserve (``decide/policy.py``
     says when). ``memory`` and ``limit`` are seams for the tests; ``say`` puts why one is held back in status."""
 
-    def __init__(self, enabled: bool, run_dir: Path, cwd: Path, memory_limit: int | None,
-                 event: Callable[..., None], memory: Callable[[], tuple[int, int]] = host_memory,
-                 limit: Callable[[], SharedLimit | None] = shared_limit,
-                 say: Callable[[dict[str, object] | None], None] = lambda doc: None) -> None:
-        self.enabled = enabled
-        self._limit = limit
-        self._say = say
-        self.worker = WorkerMemory(0, bound=memory_limit)  # the loop's samples (``observe``)
-        self._seen = 0
-        self._trained = False
-        self._told = False
-        self._scores: dict[int, int] = {}  # the OOM score last written to each worker process
-        self.held_back = ""  # why no spare is started now; said once a run (journal, status)
-        self.dir = run_dir / "spare"
-        self.cwd = cwd
-        self.memory_limit = memory_limit
-        self._event = event
-        self._memory = memory
-        self.pool: list[Spare] = []
-        self.reserve = True  # off for the run once the host's memory ran short or the kernel killed a spare
-        self._command: tuple[list[str], dict[str, str]] | None = None  # what the spares are started for
-        self._made = 0
+    enabled: bool
+    run_dir: Path
+    cwd: Path
+    memory_limit: int | None
+    event: Callable[..., None]
+    memory: Callable[[], tuple[int, int]] = host_memory
+    limit: Callable[[], SharedLimit | None] = shared_limit
+    say: Callable[[dict[str, object] | None], None] = lambda doc: None
+    worker: WorkerMemory = field(init=False)  # the loop's samples (``observe``)
+    _seen: int = 0
+    _trained: bool = False
+    _told: bool = False
+    _scores: dict[int, int] = field(default_factory=dict)  # the OOM score last written to each worker process
+    held_back: str = ""  # why no spare is started now; said once a run (journal, status)
+    pool: list[Spare] = field(default_factory=list)
+    reserve: bool = True  # off for the run once the host's memory ran short or the kernel killed a spare
+    _command: tuple[list[str], dict[str, str]] | None = None  # what the spares are started for
+    _made: int = 0
+
+    def __post_init__(self) -> None:
+        self.worker = WorkerMemory(0, bound=self.memory_limit)
+        self.dir = self.run_dir / "spare"
 
     @property
     def spare(self) -> Spare | None:
@@ -422,15 +423,15 @@ class Spares:
             except OSError as exc:
                 self.enabled = False
                 self.discard()
-                self._event("spare_off", why="the worker's OOM score cannot be lowered below a spare's "
+                self.event("spare_off", why="the worker's OOM score cannot be lowered below a spare's "
                             f"({exc.strerror})")
                 return
             self._scores[pid] = target
 
     def budget(self) -> Limit:
         """The tightest limit holding the worker and its spares: a cgroup's below the host's, else the host."""
-        available, total = self._memory()
-        shared = self._limit()
+        available, total = self.memory()
+        shared = self.limit()
         if shared is None or shared.limit_bytes >= total:
             return Limit(total, total - available, "the host's memory", False)
         return Limit(shared.limit_bytes, shared.counted_bytes, "the cgroup limit", True)
@@ -457,9 +458,9 @@ class Spares:
         """Say once a run, in the journal and for status, why a spare is not started (or kept)."""
         if not self._told:
             self._told = True
-            self._event("spare_held_back", why=why)
+            self.event("spare_held_back", why=why)
         if not self.held_back:
-            self._say({"state": "not started", "why": why})
+            self.say({"state": "not started", "why": why})
         self.held_back = why
 
     def _fill(self, reserve: bool) -> None:
@@ -474,7 +475,7 @@ class Spares:
                 return
             if self.held_back:
                 self.held_back = ""
-                self._say(None)
+                self.say(None)
         for _ in range(count):
             behind = any(not spare.is_ready() for spare in self.pool)
             if self._command is None or not self._start(*self._command, RESERVE_NICE if behind else SPARE_NICE):
@@ -486,7 +487,7 @@ class Spares:
 
     def _reserve_fits(self, size: int, held: bool = False) -> bool:
         """Does the host keep its margin beside a reserve of ``size`` (``held``: one already running)?"""
-        available, total = self._memory()
+        available, total = self.memory()
         return reserve_fits(available + (size if held else 0), total, size)
 
     def _start(self, argv: Sequence[str], env: Mapping[str, str], nice: int) -> bool:
@@ -502,10 +503,10 @@ class Spares:
         except OSError as exc:
             spare.discard()
             self._command = None  # not again before the next attempt asks
-            self._event("spare_failed", why=str(exc))
+            self.event("spare_failed", why=str(exc))
             return False
         assert spare.proc is not None
-        self._event("spare_started", pid=spare.proc.pid, imports=imports, reserve=bool(self.pool), nice=spare.nice)
+        self.event("spare_started", pid=spare.proc.pid, imports=imports, reserve=bool(self.pool), nice=spare.nice)
         self.pool.append(spare)
         return True
 
@@ -535,7 +536,7 @@ class Spares:
             spare.containment.oom_kills_before = spare.containment.oom_kills()
             spare.handover = (target, dict(env), int(str(record.get("nice", 0))))
             spare.pid = pid if isinstance(pid := record.get("pid"), int) else None
-            self._event("spare_used", age=round(time.monotonic() - spare.started, 2), imported=record.get("imported"),
+            self.event("spare_used", age=round(time.monotonic() - spare.started, 2), imported=record.get("imported"),
                         ready=was_ready, waited=round(time.monotonic() - began, 2))
             return spare
         return None
@@ -554,10 +555,10 @@ class Spares:
             self.pool.remove(spare)
         killed = spare.proc is not None and spare.proc.poll() == -signal.SIGKILL
         spare.discard()
-        self._event(kind, why=why)
+        self.event(kind, why=why)
         if killed and self.reserve:
             self.reserve = False
-            self._event("spare_reserve_off", why="a spare was killed while it waited")
+            self.event("spare_reserve_off", why="a spare was killed while it waited")
 
     def after_failure(self, kind: FailureKind, sig: int | None) -> None:
         """The kernel's OOM killer ended the worker: memory shared with the spares ran out, so every later
@@ -567,7 +568,7 @@ class Spares:
             had_spares = bool(self.pool) or self._command is not None  # none for a launcher's command
             self.discard()
             if had_spares:
-                self._event("spare_off",
+                self.event("spare_off",
                             why="the kernel's OOM killer ended the worker: a spare would hold memory it needs")
 
     def turn_off(self) -> None:
