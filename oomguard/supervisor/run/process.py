@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import psutil
@@ -137,18 +137,19 @@ READ_SIZE = 1 << 20  # the pipe is widened to this where the kernel allows (pipe
 FLUSH_EVERY = 0.25  # seconds of silence after which the log buffer is written out
 
 
+@dataclass
 class OutputPump:
-    def __init__(self, fd: int, log: AttemptLog, echo: Callable[[bytes], None] | None,
-                 on_line: Callable[[str], None], problems: Degradations | None = None) -> None:
-        self.fd = fd
-        self.log = log
-        self.echo = echo
-        self.on_line = on_line
-        self.problems = problems
-        self.splitter = LineSplitter()
-        _widen(fd)
-        self.last_output = time.monotonic()  # any byte counts: a \r progress bar is output
-        self._flushed = time.monotonic()
+    fd: int
+    log: AttemptLog
+    echo: Callable[[bytes], None] | None
+    on_line: Callable[[str], None]
+    problems: Degradations | None = None
+    splitter: LineSplitter = field(default_factory=LineSplitter)
+    last_output: float = field(default_factory=time.monotonic)  # any byte counts: a \r progress bar is output
+    _flushed: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        _widen(self.fd)
 
     def run(self) -> None:
         try:
@@ -349,31 +350,29 @@ def worker_oom_score_adj() -> int:
     return min(1000, own + WORKER_OOM_SCORE_ADJ)
 
 
+@dataclass(eq=False)
 class WorkerProcess:
     """One attempt's worker process group."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path,
-                 on_line: Callable[[str], None], echo: Callable[[bytes], None] | None,
-                 cgroup_procs: Path | None = None, *, log_max_bytes: int | None = None,
-                 problems: Degradations | None = None) -> None:
-        self.argv = list(argv)
-        self.env = dict(env)
-        self.cwd = cwd
-        self.log_path = log_path
-        self.on_line = on_line
-        self.echo = echo
-        self.cgroup_procs = cgroup_procs
-        self.log_max_bytes = log_max_bytes
-        self.problems = problems
-        self.exited = threading.Event()
-        self.exited_at: float | None = None  # monotonic: when the worker's exit was seen
-        self.returncode: int | None = None
-        self._started = time.monotonic()
-        self._pump: OutputPump | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
-        self._worker_pid: int | None = None
-        self._named: dict[str, object] = {}
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: Path
+    log_path: Path
+    on_line: Callable[[str], None]
+    echo: Callable[[bytes], None] | None
+    cgroup_procs: Path | None = None
+    _: KW_ONLY
+    log_max_bytes: int | None = None
+    problems: Degradations | None = None
+    exited: threading.Event = field(default_factory=threading.Event)
+    exited_at: float | None = None  # monotonic: when the worker's exit was seen
+    returncode: int | None = None
+    _started: float = field(default_factory=time.monotonic)
+    _pump: OutputPump | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+    _reader: threading.Thread | None = None
+    _worker_pid: int | None = None
+    _named: dict[str, object] = field(default_factory=dict)
 
     @property
     def last_output(self) -> float:
