@@ -16,6 +16,7 @@ it runs the script as ``__main__``.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -24,6 +25,7 @@ import json
 import os
 import sys
 import types
+from typing import Any
 
 THIRD_PARTY = ("site-packages", "dist-packages")
 
@@ -116,26 +118,19 @@ def _set_nice(value: int) -> None:
             continue
 
 
-def _become(spec: dict[str, object]) -> None:
+def _become(spec: dict[str, Any]) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    env = spec["env"]
-    assert isinstance(env, dict)
     os.environ.clear()
-    os.environ.update(env)
-    os.chdir(str(spec["cwd"]))
-    _set_nice(int(str(spec["nice"])))
-    try:
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write(str(spec["oom_score_adj"]))
-    except OSError:
-        pass
-    argv = spec["argv"]
-    assert isinstance(argv, list)
-    sys.argv[:] = [str(a) for a in argv]
-    sys.path[0] = str(spec["path0"])
-    _run_as_main(str(spec["script"]))
+    os.environ.update(spec["env"])
+    os.chdir(spec["cwd"])
+    _set_nice(spec["nice"])
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as fh:
+        fh.write(str(spec["oom_score_adj"]))
+    sys.argv[:] = spec["argv"]
+    sys.path[0] = spec["path0"]
+    _run_as_main(spec["script"])
 
 
 def _run_as_main(path: str) -> None:
