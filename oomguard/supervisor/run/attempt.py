@@ -300,18 +300,15 @@ class Attempt:
              first: Callable[[], object] | None = None) -> None:
         """The one way oomguard stops a worker: the first reason is the attempt's, the grace the reason's
         (``lifecycle.grace``); ``first`` runs before the SIGTERM (a hang's stack dump)."""
-        self._stop(Stop(reason, detail, grow_to), first)
-
-    def _stop(self, stop: Stop, first: Callable[[], object] | None = None) -> None:
         worker, parts = self.worker, self.parts
         if worker is None or worker.exited.is_set():
             return
         if self.stopped is None:
-            self.stopped = stop
-            parts.record.event("worker_stop", reason=stop.reason.value, detail=stop.detail)
+            self.stopped = Stop(reason, detail, grow_to)
+            parts.record.event("worker_stop", reason=reason.value, detail=detail)
         if first is not None:
             parts.record.guarded("stack dump", first)
-        worker.stop(grace(stop.reason, parts.config.liveness.grace_period), lambda: parts.control.forced)
+        worker.stop(grace(reason, parts.config.liveness.grace_period), lambda: parts.control.forced)
 
     def plan_restart(self, pending: Pending) -> bool:
         """Restart right after the next checkpoint; one at a time: the forecast's replaces a planned grow
@@ -324,8 +321,8 @@ class Attempt:
 
     def _checkpoint_landed(self, path: str | None) -> None:
         """Carry out the planned restart right after a checkpoint."""
-        if self.pending is not None:
-            self._stop(self.pending.stop(path))
+        if (pending := self.pending) is not None:
+            self.stop(pending.reason, pending.stop(path).detail, pending.grow_to)
 
     # --- what the worker says ---------------------------------------------------------------
 
@@ -462,7 +459,7 @@ def sample(attempt: Attempt) -> None:
     """One memory sample: journal it, fold the attempt's peak, act on the thresholds."""
     worker, watch, parts = attempt.worker, attempt.watch, attempt.parts
     assert worker is not None
-    config, record = parts.config, parts.record
+    record = parts.record
     reading = parts.sampler.sample(worker.worker_pid or worker.pgid)
     parts.handover.procs.add(worker.tree())
     if (named := worker.named_pids()) is not None:  # the training process and ranks, for status
@@ -476,7 +473,7 @@ def sample(attempt: Attempt) -> None:
     record.sample(reading, watch.last_step, watch.progress)
     watch.progress = None
     pending = watch.request_pending(attempt.files.checkpoint_request.exists(), time.monotonic())
-    verdict = evaluate(reading, config.memory.thresholds, pending)
+    verdict = evaluate(reading, parts.config.memory.thresholds, pending)
     if verdict.action is MemoryAction.STOP and attempt.stopped is None:
         why = verdict.evidence or verdict.reason
         log(f"stopping the worker: {why}")

@@ -80,9 +80,8 @@ class World:
         """With ranks: the attempt's torchrun argv (and the environment torchrun passes on)."""
         nodes = self.nodes
         rdzv = f"attempt-{nodes.round if nodes is not None else attempt}"  # the same on every node of the round
-        elastic = nodes is not None and nodes.shape.elastic
         self.ranks = TorchrunAttempt.of(self.shape, argv, files.log.with_suffix(".ranks"), rdzv,
-                                        len(nodes.members) if elastic and nodes is not None else None)
+                                        len(nodes.members) if nodes is not None and nodes.shape.elastic else None)
         if self.ranks is None:
             return argv
         env[ERROR_FILE_ENV] = str(self.ranks.agent_error_file)
