@@ -373,12 +373,11 @@ class RunConfig:
         if "num_workers" in names and self.batch.num_workers is None:
             raise UsageError("--num-workers", "the command uses {num_workers} but no starting value is given",
                              "pass --num-workers N (the DataLoader workers to start with)")
-        for option, name, value in (("--num-workers", "num_workers", self.batch.num_workers),
-                                    ("--eval-micro-batch", "eval_micro_batch", self.batch.eval_micro_batch)):
+        for name, value in (("num_workers", self.batch.num_workers), ("eval_micro_batch", self.batch.eval_micro_batch)):
             if value is not None and name not in names:
-                flag = name.replace("_", "-")
-                raise UsageError(option, f"is given but the command does not use {{{name}}}",
-                                 f"put {{{name}}} where the script takes it, e.g. --{flag} {{{name}}}")
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(flag, f"is given but the command does not use {{{name}}}",
+                                 f"put {{{name}}} where the script takes it, e.g. {flag} {{{name}}}")
 
     def _check_shape(self) -> None:
         """Ranks and nodes, from oomguard's options or a torchrun COMMAND; they set the world size."""
