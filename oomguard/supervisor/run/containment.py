@@ -70,17 +70,17 @@ class Containment:
 _STALE = re.compile(r"^oomguard-(\d+)-(?:worker|spare-\d+)$")  # spare-N: run/spare.py
 
 
-def remove_stale(say: Callable[[str], None]) -> int:
+def remove_stale() -> None:
     """Remove the worker cgroups left by supervisors killed with -9 (their pid is in the name)."""
     found = own_memory_cgroup()
     if found is None:
-        return 0
+        return
     parent, version = found
     removed = 0
     try:
         entries = list(parent.iterdir())
     except OSError:
-        return 0
+        return
     for entry in entries:
         match = _STALE.match(entry.name)
         if match is None or psutil.pid_exists(int(match.group(1))):
@@ -89,8 +89,7 @@ def remove_stale(say: Callable[[str], None]) -> int:
         if not entry.exists():
             removed += 1
     if removed:
-        say(f"removed {removed} memory cgroup(s) left by supervisors that were killed")
-    return removed
+        log(f"removed {removed} memory cgroup(s) left by supervisors that were killed")
 
 
 # Restart only onto free memory: before the next attempt, the last one's processes are gone and
@@ -152,17 +151,15 @@ class Settled:
 
 
 def wait_for_gpus(read: Callable[[Collection[int]], GpuSnapshot], old_pids: Iterable[int],
-                  baseline: Mapping[int, int], timeout: float, sleep: Callable[[float], None] = time.sleep,
-                  clock: Callable[[], float] = time.monotonic) -> Settled:
+                  baseline: Mapping[int, int], timeout: float) -> Settled:
     """Poll NVML until no ``old_pids`` is on a GPU and each device is near ``baseline``, or ``timeout``."""
     pids = list(old_pids)
-    start = clock()
+    start = time.monotonic()
     while True:
-        snap = read(pids)
-        holding = _holding(snap, baseline)
-        if not holding or clock() - start >= timeout:
-            return Settled(clock() - start, not holding, holding)
-        sleep(POLL)
+        holding = _holding(read(pids), baseline)
+        if not holding or time.monotonic() - start >= timeout:
+            return Settled(time.monotonic() - start, not holding, holding)
+        time.sleep(POLL)
 
 
 def _holding(snap: GpuSnapshot, baseline: Mapping[int, int]) -> str:

@@ -90,7 +90,7 @@ class Supervisor:
                              "choose a directory you can write") from None
         self.edits = check_edits(self.config.batch.edits, self.config.command, self.cwd)  # exit 2 before anything runs
         self._lock.acquire()
-        remove_stale(log)  # memory cgroups that killed supervisors could not remove
+        remove_stale()  # memory cgroups that killed supervisors could not remove
         self.record.journal = ResilientJournal(self.run_dir, self.degradations)
         meta = self.journal.meta()
         self.attempt = int(meta.get("attempt", 0))
