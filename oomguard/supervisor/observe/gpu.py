@@ -215,6 +215,11 @@ class GpuReading:
     # kernel); None where NVML gives no per-process utilization (then only the device's counts)
     worker_sm_pct: int | None = None
 
+    @property
+    def worker_or_used(self) -> int:
+        """The worker's bytes on the device where NVML gives them, else the device's used bytes."""
+        return self.worker_bytes if self.worker_bytes is not None else self.used_bytes
+
 
 @dataclass(frozen=True)
 class GpuSnapshot:

@@ -19,7 +19,6 @@ from typing import Any
 from oomguard.common import protocol
 from oomguard.supervisor.observe.allocator import AllocatorReport, ProbeReport
 from oomguard.supervisor.observe.checkpoints import ResumeCheck, renamed_name
-from oomguard.supervisor.observe.gpu import GpuReading
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.units import format_size
@@ -121,9 +120,9 @@ def gpu_activity(before: MemorySample, after: MemorySample) -> str | None:
             return f"GPU {g.cuda_index} at {g.utilization_pct}%"
         old = earlier.get(g.cuda_index)
         if old is not None:
-            now_bytes, old_bytes = _gpu_bytes(g), _gpu_bytes(old)
-            if abs(now_bytes - old_bytes) >= GPU_MEMORY_MOVED:
-                return f"GPU {g.cuda_index} memory moved {format_size(abs(now_bytes - old_bytes))}"
+            moved = abs(g.worker_or_used - old.worker_or_used)
+            if moved >= GPU_MEMORY_MOVED:
+                return f"GPU {g.cuda_index} memory moved {format_size(moved)}"
     return None
 
 
@@ -283,11 +282,6 @@ def _delta(before: float | int | None, after: float | int | None) -> float | Non
     if before is None or after is None:
         return None
     return max(0.0, float(after - before))  # a process that left the tree takes its time with it
-
-
-def _gpu_bytes(g: GpuReading) -> int:
-    return int(g.worker_bytes if g.worker_bytes is not None else g.used_bytes)
-
 
 
 def duration(seconds: float) -> str:
@@ -571,9 +565,14 @@ class AttemptWatch:
         return mine[-1].step if mine else None
 
     @property
+    def steps_known(self) -> bool:
+        """Steps were reported: by the probe, the worker library or the output."""
+        return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0
+
+    @property
     def progressed(self) -> bool:
-        """The attempt made progress: steps reported (by the library or the output) or a checkpoint."""
-        return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0 or self.new_checkpoint
+        """The attempt made progress: steps reported or a checkpoint."""
+        return self.steps_known or self.new_checkpoint
 
     def running_since(self) -> float:
         """When stable running began (for --grow-after): the first step seen, else the attempt's start."""
@@ -666,9 +665,8 @@ class AttemptWatch:
             return None
         # Where steps are known (records or output), output without a new step is not progress:
         # a script printing warnings in a loop is still silent.
-        steps_known = self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0
-        quiet = now - (self.last_progress if steps_known else max(last_output, self.last_progress))
-        return self.liveness.judge(quiet, timeout, steps_known, now)
+        quiet = now - (self.last_progress if self.steps_known else max(last_output, self.last_progress))
+        return self.liveness.judge(quiet, timeout, self.steps_known, now)
 
     def request_pending(self, request_file_exists: bool, now: float) -> bool:
         """A checkpoint request already written and still fresh is not repeated."""

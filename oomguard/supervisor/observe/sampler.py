@@ -128,8 +128,7 @@ class MemorySample:
     @property
     def worker_gpu_bytes(self) -> int | None:
         """The worker's GPU memory on its busiest device (per-process figure, else device used)."""
-        figures = [g.worker_bytes if g.worker_bytes is not None else g.used_bytes for g in self.gpus]
-        return max(figures) if figures else None
+        return max((g.worker_or_used for g in self.gpus), default=None)
 
     def gpu_rows(self) -> list[dict[str, Any]]:
         """Every visible device, with each rank's memory on it (rank read from the process's RANK)."""

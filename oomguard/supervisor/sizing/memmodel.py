@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from oomguard.common.batch import divisors
-from oomguard.supervisor.observe.allocator import MEMORY_KINDS, AllocatorOom, AllocatorReport, OomProgress
+from oomguard.supervisor.observe.allocator import MEMORY_KINDS, AllocatorOom, AllocatorReport, OomProgress, integer
 from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample
 
 if TYPE_CHECKING:  # decide/policy imports decide/attribution, which imports this module
@@ -236,10 +236,10 @@ class ModelPrint:
 
     @classmethod
     def from_record(cls, record: dict[str, object]) -> ModelPrint | None:
-        digest, params, tensors = record.get("digest"), record.get("params"), record.get("tensors")
-        if not isinstance(digest, str) or not digest or not isinstance(params, int) or isinstance(params, bool):
+        digest, params = record.get("digest"), integer(record.get("params"))
+        if not isinstance(digest, str) or not digest or params is None:
             return None
-        return cls(digest, params, tensors if isinstance(tensors, int) and not isinstance(tensors, bool) else 0)
+        return cls(digest, params, integer(record.get("tensors")) or 0)
 
 
 def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
