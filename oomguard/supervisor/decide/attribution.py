@@ -172,17 +172,15 @@ def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None
     # added in this attempt; the jump needed at least the distance left (and at least what a reading
     # saw of it). When the rise gave back at least that, the fresh attempt has twice the room the
     # jump is known to need: the leak's remedy is supported. Else only a smaller batch makes room.
-    rise = room.expected - room.trend.first
-    needed = max(room.distance, jump.above if jump else 0)
-    if rise < needed:
+    if room.rise < room.needed:
         return None
     spike = _PHASE_CAUSE[phase[0]] if phase else Cause.PER_SAMPLE
     seen = f" (a reading saw {format_size(jump.above)} above it)" if jump else ""
     return Attribution(
         Cause.LEAK,
-        f"leak and a spike: {rate}; {room.describe()}, and memory jumped above that rise"
-        f"{seen}{where}; the leak added {format_size(rise)} in this attempt, at least the {format_size(needed)} "
-        "the jump needed on top of it, so a fresh restart at the same size has room for the spike",
+        f"leak and a spike: {rate}; {room.describe()}, and memory jumped above that rise{seen}{where}; the leak "
+        f"added {format_size(room.rise)} in this attempt, at least the {format_size(room.needed)} the jump needed "
+        "on top of it, so a fresh restart at the same size has room for the spike",
         figures, also=spike)
 
 
@@ -197,9 +195,8 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
     elif not room.reached:
         text += ", so the memory that reached the limit came between two readings"
     if trend is not None and trend.steady() and not room.falling_below_zero:  # a rise that did not reach it
-        rise = room.expected - room.trend.first
-        text += (f"; the rise added only {format_size(rise)} in this attempt, less than the "
-                 f"{format_size(max(room.distance, jump.above if jump else 0))} the jump needed on top of it, "
+        text += (f"; the rise added only {format_size(room.rise)} in this attempt, less than the "
+                 f"{format_size(room.needed)} the jump needed on top of it, "
                  "so the jump, not the rise, reached the limit")
     return text
 
@@ -357,7 +354,7 @@ def _room_figures(room: Headroom | None) -> dict[str, Any]:
     return {"budget": room.budget, "limit_bytes": room.limit,
             "trend_at_failure_bytes": None if falling else room.expected,
             "below_limit_bytes": None if falling else room.distance, "tolerance_bytes": room.tolerance,
-            "noise_bytes": round(room.trend.noise), "rise_bytes": None if falling else room.expected - room.trend.first,
+            "noise_bytes": round(room.trend.noise), "rise_bytes": None if falling else room.rise,
             "seconds_to_limit": round(room.seconds, 1) if room.seconds != float("inf") else None,
             "steps_to_limit": None if steps is None else round(steps),
             "jump_bytes": jump.above if jump else None}
