@@ -119,9 +119,10 @@ def _oom_killed(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None,
                 sig: int | None) -> tuple[FailureKind, str] | None:
     """The kernel's OOM killer, where its counter rose: it SIGKILLed the process, or (outside
     torchrun) a DataLoader worker, whose main process lives on to report it."""
-    if not _counter_rose(facts):
+    before, after = facts.oom_kills_before, facts.oom_kills_after
+    if before is None or after is None or after <= before:
         return None
-    counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
+    counter = f"{facts.oom_counter} oom_kill {before}->{after}"
     kind = FailureKind.MEMORY_LIMIT if facts.limit_hit else FailureKind.HOST_OOM
     if sig == signal.SIGKILL:
         return kind, (f"{counter} at oomguard's --memory-limit" if facts.limit_hit
@@ -138,11 +139,6 @@ def _reported(cause: RootCause | None, record: dict[str, object] | None) -> tupl
     if record and (kind := _OOM_KINDS.get(str(record.get("kind", "")))):
         return kind, str(record.get("message", ""))
     return None
-
-
-def _counter_rose(facts: ExitFacts) -> bool:
-    before, after = facts.oom_kills_before, facts.oom_kills_after
-    return before is not None and after is not None and after > before
 
 
 # Is a CUDA OOM fragmentation? Judged from the allocator's own figures in the OOM message.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from oomguard.common.batch import BatchPlan
@@ -32,12 +32,9 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as the journal keeps it (and a restarted supervisor reads it back)."""
-        b = self.batch
-        return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
-                "world_size": b.world_size, "asked_global": b.asked_global,
-                "expandable_segments": self.expandable_segments,
-                "fallbacks_applied": self.fallbacks_applied, "eval_micro_batch": self.eval_micro_batch,
-                "num_workers": self.num_workers}
+        remedies = asdict(self)
+        del remedies["batch"]
+        return {**asdict(self.batch), "grad_accum": self.batch.grad_accum, **remedies}
 
     def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
         """The plan an earlier supervisor saved for this run, when it is for the same job; else None."""

@@ -245,11 +245,6 @@ class GpuMonitor:
         self._sm_seen: dict[int, int] = {}  # NVML index -> newest per-process sample time read (µs)
         self._sm_unsupported: set[int] = set()  # devices whose per-process utilization NVML refused
 
-    @property
-    def unavailable(self) -> str | None:
-        """Why there are no GPU figures (after the first ``read``), else None."""
-        return self._unavailable
-
     def read(self, worker_pids: Collection[int] = ()) -> GpuSnapshot:
         """Figures for every visible device; never raises for NVML trouble."""
         if self._devices is None and self._unavailable is None:

@@ -148,10 +148,9 @@ class MemorySample:
             "worker_rss_bytes": self.worker_rss_bytes,
             "host_total_bytes": self.host_total_bytes,
             "host_available_bytes": self.host_available_bytes,
-            "cgroup_usage_bytes": self.cgroup.usage_bytes if self.cgroup else None,
-            "cgroup_working_set_bytes": self.cgroup.working_set_bytes if self.cgroup else None,
-            "cgroup_limit_bytes": self.cgroup.limit_bytes if self.cgroup else None,
-            "cgroup_counted_bytes": self.cgroup.counted_bytes if self.cgroup else None,  # against that limit
+            # counted_bytes: what counts against the limit
+            **{f"cgroup_{name}": getattr(self.cgroup, name, None)
+               for name in ("usage_bytes", "working_set_bytes", "limit_bytes", "counted_bytes")},
             "psi_some_avg10": self.pressure.some_avg10 if self.pressure else None,
             "psi_full_avg10": self.pressure.full_avg10 if self.pressure else None,
             "gpu_worker_bytes": self.worker_gpu_bytes,

@@ -547,8 +547,7 @@ def predict_after_oom(oom: OomFigures | None, proven: int, per_process_batch: in
                       min_micro: int, points: Sequence[Point] = ()) -> Prediction | None:
     """The largest divisor of the per-process batch predicted to fit under the OOM's limit, when it is
     below ``proven`` (the size the proven path would try); None when there is no such prediction."""
-    slope = per_sample(oom) if oom is not None else None
-    if oom is None or slope is None:
+    if oom is None or (slope := per_sample(oom)) is None:
         return None
     # Under RLIMIT_AS most of the limit is address space mapped before the forward: the margin is of the room.
     room = budget(oom.limit_bytes, margin, oom.fixed_bytes if oom.address_space else 0.0)
