@@ -233,15 +233,16 @@ class ProbeReport:
 
     def take(self, record: dict[str, Any]) -> None:
         """One ``probe`` record."""
-        pid, state = record.get("pid"), record.get("state")
+        pid, state, rank = record.get("pid"), record.get("state"), record.get("rank")
+        said = {"pid": pid, "rank": rank, "detail": str(record.get("detail", ""))}
         if state == "loaded" and isinstance(pid, int):
-            self.loaded[pid] = record.get("rank")
+            self.loaded[pid] = rank
         elif state == "failed" and len(self.failures) < MAX_FAILURES:
-            self.failures.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
+            self.failures.append(said)
         elif state == "partial" and isinstance(pid, int):
-            self.loaded[pid] = record.get("rank")  # only a loaded probe knows what it left undone
+            self.loaded[pid] = rank  # only a loaded probe knows what it left undone
             if len(self.partial) < MAX_FAILURES:
-                self.partial.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
+                self.partial.append(said)
 
     def as_meta(self) -> dict[str, Any]:
         """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, partial, why."""

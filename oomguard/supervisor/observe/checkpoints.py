@@ -742,13 +742,13 @@ class _Writes(FileSystemEventHandler):
         self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in _WRITES:
-            path = event.dest_path if event.event_type == "moved" else event.src_path
-            if event.event_type == "moved":
-                self.watcher.moved(os.fsdecode(event.src_path), os.fsdecode(path))
-            created = event.event_type in ("created", "moved")
-            writing = event.event_type in ("created", "modified")  # closed: no process holds it any more
-            self.watcher.saw(os.fsdecode(path), event.is_directory, created, writing)
+        kind = event.event_type
+        if kind in _WRITES:
+            path = os.fsdecode(event.dest_path if kind == "moved" else event.src_path)
+            if kind == "moved":
+                self.watcher.moved(os.fsdecode(event.src_path), path)
+            # created or moved: a new name; created or modified: being written (closed: no one holds it now)
+            self.watcher.saw(path, event.is_directory, kind in ("created", "moved"), kind in ("created", "modified"))
 
 
 class LookalikeWatcher:
@@ -781,7 +781,7 @@ class LookalikeWatcher:
         known = [*self.roots, *self.pending]
         if path == self.cwd or any(path.is_relative_to(r) for r in known) or len(known) >= MAX_ROOTS:
             return
-        if any(_under(str(path), ignored) for ignored in self.ignore):
+        if self._ignored(str(path)):
             return
         (self.roots if path.is_dir() and not later else self.pending).append(path)
 
@@ -814,7 +814,7 @@ class LookalikeWatcher:
     def saw(self, path: str, is_dir: bool, created: bool = False, writing: bool = False) -> None:
         """A write (on watchdog's thread): kept when it belongs to a look-alike, and with ``writing`` (not
         a rename or a walk) the worker's when one of its processes holds the file open for writing."""
-        if any(_under(path, ignored) for ignored in self.ignore):
+        if self._ignored(path):
             return
         root = self._root_of(path)
         if root is None:
@@ -845,6 +845,9 @@ class LookalikeWatcher:
             if root is not None:
                 self._wrote(path, root)
 
+    def _ignored(self, path: str) -> bool:
+        return any(_under(path, ignored) for ignored in self.ignore)
+
     def _root_of(self, path: str, roots: Sequence[Path] | None = None) -> str | None:
         """The watched directory ``path`` lies in (the deepest of ``cwd`` and ``roots``), or None."""
         dirs = [self.cwd, *(self.roots if roots is None else roots)]
@@ -871,7 +874,7 @@ class LookalikeWatcher:
         """A rename (on watchdog's thread): what the worker wrote stays its under the new name,
         whether its evidence came first or comes later (a save record arrives after the rename)."""
         root = self._root_of(dest)
-        if root is None or any(_under(dest, ignored) for ignored in self.ignore):
+        if root is None or self._ignored(dest):
             return
         with self._lock:
             _newest(self._moves, src, dest)

@@ -633,11 +633,11 @@ class AttemptWatch:
         """The probe's record of one ``torch.save``: when it ran and at which step (see step_at). A
         save before the process's first step says no step: the output's, if any, stands for it."""
         began, returned, step, path = record.get("started"), record.get("t"), record.get("step"), record.get("path")
-        if isinstance(path, str) and len(self.saved_paths) < MAX_SAVED:  # a save before the first step wrote it too
-            self.saved_paths.append(os.path.realpath(path))
+        real = os.path.realpath(path) if isinstance(path, str) else None
+        if real is not None and len(self.saved_paths) < MAX_SAVED:  # a save before the first step wrote it too
+            self.saved_paths.append(real)
         if isinstance(began, (int, float)) and isinstance(returned, (int, float)) and isinstance(step, int):
-            save = Save(float(began), float(returned), step, os.path.realpath(path) if isinstance(path, str) else None)
-            self.saves = (self.saves + [save])[-64:]
+            self.saves = (self.saves + [Save(float(began), float(returned), step, real)])[-64:]
 
     def _take_probe(self, record: dict[str, Any], now: float) -> bool:
         """A probe record: a step record is progress (journaled as an event at most every

@@ -287,9 +287,8 @@ def merge_point(record: FitRecord, point: Point, now: float) -> FitRecord:
     by_micro[point.micro_batch] = _merge(old, point) if old else point
     points = tuple(sorted(by_micro.values(), key=lambda p: p.micro_batch))
     good = [p.micro_batch for p in points if p.succeeded]
-    bad = [p.micro_batch for p in points if not p.succeeded]
-    return replace(record, points=points, micro_batch=max(good) if good else None,
-                   failed_micro=min(bad) if bad else None, updated_wall=now)
+    return replace(record, points=points, micro_batch=max(good, default=None),
+                   failed_micro=_smallest_failure(points), updated_wall=now)
 
 
 def _merge(old: Point, new: Point) -> Point:
