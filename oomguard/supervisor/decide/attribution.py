@@ -157,7 +157,7 @@ def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Re
 
 
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
-            figures: dict[str, Any], met: str = "") -> Attribution | None:
+            figures: dict[str, Any], met: str) -> Attribution | None:
     """Memory rose steadily: a leak when its line explains the failure, a leak that also spiked when
     the rise used as much room as the jump needed; None when the jump alone is to blame. ``met``: the
     limit the failure met, where its figures come from the probe and no reading counts against it."""
@@ -203,7 +203,7 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
 
 def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: int, what: str,
                 model: Fit | None, figures: dict[str, Any], spike: str,
-                earlier: Sequence[Plateau] = (), failed: bool = True, limit: Limit | None = None) -> Attribution:
+                earlier: Sequence[Plateau], failed: bool, limit: Limit | None) -> Attribution:
     """The batch is blamed: the figures a user recognizes first (what the micro-batch needed, the
     limit), then why nothing else was (the trend's statistics stay in ``figures``)."""
     if trend is None:

@@ -255,8 +255,7 @@ def _repeated_without_progress(failure: Failure, history: Sequence[Failure], cau
             and not failure.new_checkpoint)
 
 
-def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str,
-                spiked: bool = False) -> Decision:
+def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str, spiked: bool) -> Decision:
     """A leak grows with time, not with the batch: restart at the same size from the newest checkpoint
     (a leak that also ``spiked`` too: the leak's growth gives the spike its room back), unless it
     brings the worker down before it writes one."""

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import psutil
 
@@ -160,12 +160,14 @@ def load_nvml() -> tuple[Nvml | None, str | None]:
     return PyNvml(pynvml), None
 
 
-@dataclass(frozen=True)
-class VisibleDevice:
-    """A device the worker can see: its CUDA ordinal and the NVML index it maps to."""
+class VisibleDevice(NamedTuple):
+    """A device the worker can see: its CUDA ordinal, the NVML index it maps to, NVML's handle of it."""
 
     cuda_index: int
     nvml_index: int
+    handle: Any
+    uuid: str
+    name: str
 
 
 def parse_visible_devices(value: str | None, uuids: Sequence[str]) -> list[int]:
@@ -240,7 +242,7 @@ class GpuMonitor:
         inherited = visible_devices is self._UNSET
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited else visible_devices
         self._pid_exists = pid_exists
-        self._devices: list[tuple[VisibleDevice, Any, str, str]] | None = None
+        self._devices: list[VisibleDevice] | None = None
         self._unavailable: str | None = None
         self._sm_seen: dict[int, int] = {}  # NVML index -> newest per-process sample time read (µs)
         self._sm_unsupported: set[int] = set()  # devices whose per-process utilization NVML refused
@@ -253,9 +255,9 @@ class GpuMonitor:
             return GpuSnapshot((), self._unavailable)
         pids = frozenset(worker_pids)
         readings = []
-        for device, handle, uuid, name in self._devices:
+        for device in self._devices:
             try:
-                readings.append(self._read_one(device, handle, uuid, name, pids))
+                readings.append(self._read_one(device, pids))
             except NvmlError as exc:
                 # A lost GPU must not kill the watch loop; the other devices still count.
                 return GpuSnapshot(tuple(readings), f"GPU figures incomplete: {exc}")
@@ -286,21 +288,21 @@ class GpuMonitor:
             self.close()  # nothing to watch: release NVML now rather than at exit
             self._unavailable = f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
 
-    def _enumerate(self, nvml: Nvml) -> list[tuple[VisibleDevice, Any, str, str]]:
+    def _enumerate(self, nvml: Nvml) -> list[VisibleDevice]:
         handles = [nvml.handle(i) for i in range(nvml.device_count())]
         uuids = [nvml.uuid(h) for h in handles]
         chosen = parse_visible_devices(self._visible, uuids)
-        return [(VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
+        return [VisibleDevice(cuda, index, handles[index], uuids[index], nvml.name(handles[index]))
                 for cuda, index in enumerate(chosen)]
 
-    def _read_one(self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]) -> GpuReading:
+    def _read_one(self, device: VisibleDevice, pids: frozenset[int]) -> GpuReading:
         assert self._nvml is not None
+        cuda, index, handle, uuid, name = device
         total, used, free = self._nvml.memory(handle)
         worker_bytes, mine, note = self._worker_usage(handle, pids)
-        return GpuReading(device.cuda_index, device.nvml_index, uuid, name, total, used, free,
+        return GpuReading(cuda, index, uuid, name, total, used, free,
                           self._optional(self._nvml.utilization, handle), worker_bytes, tuple(p.pid for p in mine),
-                          note, tuple((p.pid, p.used_bytes) for p in mine),
-                          self._worker_sm(device.nvml_index, handle, pids))
+                          note, tuple((p.pid, p.used_bytes) for p in mine), self._worker_sm(index, handle, pids))
 
     def _worker_sm(self, index: int, handle: Any, pids: frozenset[int]) -> int | None:
         """The highest SM share of a worker process sampled since the last call; None where NVML
