@@ -106,8 +106,12 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
     """The cause of a memory failure at ``micro_batch`` (``what``: the memory the readings count). A rise
     is a leak only if its line reaches ``limit`` (None: none known, or no failure to explain);
     ``failed``: a memory failure ended the attempt, so its readings are lower bounds."""
+    # All-0 readings did not see the worker's memory (NVML without per-process figures): no readings, no limit.
     blind = bool(readings) and not any(r.used for r in readings)
-    readings, limit = _seen(readings, limit)
+    if blind:
+        readings, limit = (), None
+    elif limit is not None and not any(r.used for r in limit.readings):
+        limit = None
     trend = steady_rise(readings)
     room = limit.headroom() if limit is not None else None
     figures = {**_trend_figures(trend), **_room_figures(room)}
@@ -144,16 +148,6 @@ def _probe_words(evidence: Evidence, micro_batch: int, figures: dict[str, Any], 
         figures.update(_allocator_figures(alloc, micro_batch, evidence.step_peaks))
         spike = f"; {_allocator_line(alloc, micro_batch, figures)}"
     return spike
-
-
-def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Reading], Limit | None]:
-    """Readings that are all 0 did not see the worker's memory (NVML without a per-process figure):
-    they are no readings, and a limit measured on such readings is no limit to measure against."""
-    if readings and not any(r.used for r in readings):
-        return (), None
-    if limit is not None and not any(r.used for r in limit.readings):
-        return readings, None
-    return readings, limit
 
 
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,

@@ -154,9 +154,8 @@ class MemorySample:
             "psi_some_avg10": self.pressure.some_avg10 if self.pressure else None,
             "psi_full_avg10": self.pressure.full_avg10 if self.pressure else None,
             "gpu_worker_bytes": self.worker_gpu_bytes,
-            "gpu_used_bytes": busiest.used_bytes if busiest else None,
-            "gpu_total_bytes": busiest.total_bytes if busiest else None,
-            "gpu_utilization_pct": busiest.utilization_pct if busiest else None,
+            **{f"gpu_{name}": getattr(busiest, name, None)
+               for name in ("used_bytes", "total_bytes", "utilization_pct")},
             "gpu_unavailable": self.gpu_unavailable,
             "gpus": self.gpu_rows() or None,  # every device, every rank
         }
