@@ -105,7 +105,8 @@ def read_name(name: str) -> NameReading:
     known = _known_scheme(name)
     if known is not None:
         return known
-    numbers = _numbers(_EXTENSIONS.sub("", name))
+    numbers = [_Number((m["label"] or "").lower(), m["sep"], m["num"])
+               for m in _NUMBER.finditer(_EXTENSIONS.sub("", name))]
     steps = {n.whole for n in numbers if n.label in _STEP_LABELS and n.whole is not None}
     epochs = {n.whole for n in numbers if n.label in _EPOCH_LABELS and n.whole is not None}
     ordinal = next(iter(epochs)) if len(epochs) == 1 else None
@@ -124,11 +125,6 @@ def _known_scheme(name: str) -> NameReading | None:
     if m := _FAIRSEQ_UPDATES.match(name):
         return NameReading(int(m["updates"]), int(m["epoch"]))
     return None
-
-
-def _numbers(stem: str) -> list[_Number]:
-    return [_Number((m["label"] or "").lower(), m["sep"], m["num"])
-            for m in _NUMBER.finditer(stem)]
 
 
 def _the_checkpoints_own(number: _Number) -> bool:
@@ -308,12 +304,9 @@ def scan(patterns: Iterable[str], cwd: Path, learned: Mapping[str, tuple[float, 
             known = learned.get(path) if learned else None
             step = known[1] if known is not None and known[0] == stat[0] else own_step(path)
             found[path] = Checkpoint(path, step.step, *stat, read_name(Path(path).name).ordinal, step.source)
-    return sorted(found.values(), key=_newness, reverse=True)
-
-
-def _newness(c: Checkpoint) -> tuple[int, int, float]:
-    """A known step first (any step outranks none), then an epoch or save count, then the mtime."""
-    return (c.step if c.step is not None else -1, c.ordinal if c.ordinal is not None else -1, c.mtime)
+    # A known step first (any step outranks none), then an epoch or save count, then the mtime.
+    return sorted(found.values(), reverse=True, key=lambda c: (
+        c.step if c.step is not None else -1, c.ordinal if c.ordinal is not None else -1, c.mtime))
 
 
 class _Dirty(FileSystemEventHandler):
