@@ -259,6 +259,12 @@ def quiet_stop_race() -> None:
         logger.addFilter(_StopRace())
 
 
+def _stop(observer: BaseObserver | None) -> None:
+    if observer is not None:
+        observer.stop()
+        observer.join(timeout=2)
+
+
 def step_of(path: str) -> int | None:
     """The step a checkpoint's name labels as one, if any (``read_name``)."""
     return read_name(Path(path).name).step
@@ -380,10 +386,8 @@ class CheckpointIndex:
         return "rescan"
 
     def stop(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        _stop(self._observer)
+        self._observer = None
 
     def refresh(self, force: bool = False) -> list[Checkpoint]:
         """Rescan if something changed (or while candidates are still settling)."""
@@ -799,10 +803,8 @@ class LookalikeWatcher:
     def stop(self) -> None:
         if self._starting is not None:
             self._starting.join(timeout=30)
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        _stop(self._observer)
+        self._observer = None
 
     def saw(self, path: str, is_dir: bool, created: bool = False, writing: bool = False) -> None:
         """A write (on watchdog's thread): kept when it belongs to a look-alike, and with ``writing`` (not

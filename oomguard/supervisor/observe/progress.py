@@ -247,10 +247,9 @@ class Liveness:
 
     def _idle_figures(self) -> dict[str, Any]:
         idle = self.idle
-        known = idle is not None and idle.cpu_known
-        return {"cpu_max_pct": round(100 * idle.max_share, 2) if idle and known else None,
-                "cpu_seconds": round(idle.cpu_seconds, 3) if idle and known else None,
-                "io_bytes": idle.io_bytes if idle else None, "gpu": self.gpu_note or "idle"}
+        cpu = idle if idle is not None and idle.cpu_known else None  # None where no CPU figure was read
+        return {"cpu_max_pct": cpu and round(100 * cpu.max_share, 2), "cpu_seconds": cpu and round(cpu.cpu_seconds, 3),
+                "io_bytes": idle and idle.io_bytes, "gpu": self.gpu_note or "idle"}
 
     def _idle_text(self, idle_for: float) -> str:
         idle = self.idle
