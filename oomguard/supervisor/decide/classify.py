@@ -303,8 +303,8 @@ class OwnCode:
     def relative(self, file: str) -> str | None:
         """The file's path inside the package (``probe/forward.py``), or None when it is not ours."""
         for root in self.roots:
-            if file.startswith(root.rstrip(os.sep) + os.sep):
-                return file[len(root.rstrip(os.sep)) + 1:].replace(os.sep, "/")
+            if file.startswith(base := root.rstrip(os.sep) + os.sep):
+                return file[len(base):].replace(os.sep, "/")
         return None
 
     def addition_of(self, file: str) -> Addition | None:

@@ -304,7 +304,7 @@ def scan(patterns: Iterable[str], cwd: Path, learned: Mapping[str, tuple[float, 
     for pattern in patterns:
         full = pattern if os.path.isabs(pattern) else str(cwd / pattern)
         for path in glob.glob(full, recursive=True):
-            if _TEMP.search(Path(path).name) or (stat := _stat(path)) is None:
+            if is_temp_name(Path(path).name) or (stat := _stat(path)) is None:
                 continue
             path = os.path.abspath(path)
             known = learned.get(path) if learned else None

@@ -1,7 +1,7 @@
 """GPU memory through NVML: the one seam between oomguard and ``pynvml`` (nvidia-ml-py).
 
-``GpuMonitor`` turns the few NVML calls of ``Nvml`` (``PyNvml`` over the real module; the tests hand
-it a fake one) into ``GpuReading`` figures for the devices the worker can see, the worker's own
+``GpuMonitor`` turns the few NVML calls of ``PyNvml`` (over the real module, or the fake one the
+tests give it) into ``GpuReading`` figures for the devices the worker can see, the worker's own
 processes' memory picked out. Nothing here raises for a missing GPU: why there are no figures is
 decided once and said in one line (``GpuSnapshot.unavailable``), not once per sample.
 """
@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -36,38 +36,6 @@ class NvmlProcess:
     used_bytes: int | None
 
 
-class Nvml(Protocol):
-    """The NVML calls oomguard uses. Every method raises ``NvmlError`` on failure."""
-
-    def init(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-    def device_count(self) -> int: ...
-
-    def handle(self, index: int) -> Any: ...
-
-    def name(self, handle: Any) -> str: ...
-
-    def uuid(self, handle: Any) -> str: ...
-
-    def memory(self, handle: Any) -> tuple[int, int, int]:
-        """(total, used, free) in bytes."""
-        ...
-
-    def utilization(self, handle: Any) -> int:
-        """GPU busy percent over the driver's last sample period."""
-        ...
-
-    def mig_enabled(self, handle: Any) -> bool: ...
-
-    def processes(self, handle: Any) -> list[NvmlProcess]: ...
-
-    def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
-        """(pid, SM %, µs) of each process NVML sampled after ``since_us``; empty when no kernel ran since."""
-        ...
-
-
 _KINDS = {
     "NVML_ERROR_LIBRARY_NOT_FOUND": "library_not_found",
     "NVML_ERROR_DRIVER_NOT_LOADED": "driver_not_loaded",
@@ -79,7 +47,8 @@ _KINDS = {
 
 
 class PyNvml:
-    """``Nvml`` over the ``pynvml`` module (or a stand-in with the same names, for tests)."""
+    """The NVML calls oomguard uses, over the ``pynvml`` module (or a stand-in with the same names, for
+    tests). Every method raises ``NvmlError`` on failure."""
 
     def __init__(self, lib: ModuleType | Any) -> None:
         self._lib = lib
@@ -112,10 +81,12 @@ class PyNvml:
         return _text(self._call("nvmlDeviceGetUUID", handle))
 
     def memory(self, handle: Any) -> tuple[int, int, int]:
+        """(total, used, free) in bytes."""
         info = self._call("nvmlDeviceGetMemoryInfo", handle)
         return int(info.total), int(info.used), int(info.free)
 
     def utilization(self, handle: Any) -> int:
+        """GPU busy percent over the driver's last sample period."""
         return int(self._call("nvmlDeviceGetUtilizationRates", handle).gpu)
 
     def mig_enabled(self, handle: Any) -> bool:
@@ -128,6 +99,7 @@ class PyNvml:
         return bool(current)
 
     def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+        """(pid, SM %, µs) of each process NVML sampled after ``since_us``; empty when no kernel ran since."""
         if not hasattr(self._lib, "nvmlDeviceGetProcessUtilization"):  # bindings older than the call
             raise NvmlError("not_supported", "nvmlDeviceGetProcessUtilization: not in this pynvml")
         try:
@@ -151,7 +123,7 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def load_nvml() -> tuple[Nvml | None, str | None]:
+def load_nvml() -> tuple[PyNvml | None, str | None]:
     """The real NVML binding, or None and the one-line reason it cannot be imported."""
     try:
         import pynvml
@@ -236,7 +208,7 @@ class GpuMonitor:
 
     _UNSET: Any = object()
 
-    def __init__(self, nvml: Nvml | None = None, visible_devices: str | None = _UNSET,
+    def __init__(self, nvml: PyNvml | None = None, visible_devices: str | None = _UNSET,
                  pid_exists: Callable[[int], bool] = psutil.pid_exists) -> None:
         self._nvml = nvml
         inherited = visible_devices is self._UNSET
@@ -288,7 +260,7 @@ class GpuMonitor:
             self.close()  # nothing to watch: release NVML now rather than at exit
             self._unavailable = f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
 
-    def _enumerate(self, nvml: Nvml) -> list[VisibleDevice]:
+    def _enumerate(self, nvml: PyNvml) -> list[VisibleDevice]:
         handles = [nvml.handle(i) for i in range(nvml.device_count())]
         uuids = [nvml.uuid(h) for h in handles]
         chosen = parse_visible_devices(self._visible, uuids)

@@ -503,8 +503,8 @@ class AttemptWatch:
         """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
         at training step 400 is not a step back, and output without a new step is not progress."""
         if self.allocator.step is not None:  # the probe counts the steps; a bar still tells the total
-            if seen.total and (self.total_steps is None or seen.total > self.total_steps):
-                self.total_steps = seen.total
+            if seen.total:
+                self.total_steps = max(seen.total, self.total_steps or 0)
             return
         if self.resume is not None:
             self.resume.see(seen.step, seen.total)
