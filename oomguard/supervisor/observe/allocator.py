@@ -14,7 +14,7 @@ whether the probe is in the worker (``ProbeReport``), and what filled memory at 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,9 @@ from oomguard.supervisor.observe.cgroup import MemoryCgroup
 from oomguard.supervisor.observe.sampler import MemorySample, higher
 
 
-def integer(value: Any) -> int | None:
+def integer(record: Mapping[str, Any], key: str) -> int | None:
     """A JSON record's integer field (a bool is none)."""
+    value = record.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -50,11 +51,11 @@ class AllocatorOom:
         if not isinstance(device, str) or not device.startswith("cuda"):
             return None
         fraction = record.get("fraction")
-        return cls(device, integer(record.get("requested_bytes")), integer(record.get("allocated_bytes")),
-                   integer(record.get("reserved_bytes")), integer(record.get("free_bytes")),
-                   integer(record.get("total_bytes")),
+        return cls(device, integer(record, "requested_bytes"), integer(record, "allocated_bytes"),
+                   integer(record, "reserved_bytes"), integer(record, "free_bytes"),
+                   integer(record, "total_bytes"),
                    float(fraction) if isinstance(fraction, (int, float)) and 0 < fraction < 1 else None,
-                   integer(record.get("step")), integer(record.get("micro_batch")))
+                   integer(record, "step"), integer(record, "micro_batch"))
 
     @property
     def limit(self) -> int | None:
@@ -98,12 +99,12 @@ class OomProgress:
         memory = record.get("memory")
         if memory not in MEASURES:
             return None  # an older probe's record, or a foreign one
-        limit = integer(record.get("total_bytes"))
+        limit = integer(record, "total_bytes")
         cuda = AllocatorOom.from_record(record)
         if cuda is not None:
             limit = cuda.limit
-        return cls(memory, integer(record.get("micro_batch")), integer(record.get("requested_bytes")),
-                   integer(record.get("allocated_bytes")), limit, integer(record.get("fixed_bytes")),
+        return cls(memory, integer(record, "micro_batch"), integer(record, "requested_bytes"),
+                   integer(record, "allocated_bytes"), limit, integer(record, "fixed_bytes"),
                    _fraction_done(record.get("forward_fraction")))
 
 
@@ -136,7 +137,7 @@ class AllocatorReport:
         if kind == protocol.OOM:
             self.oom = AllocatorOom.from_record(record) or self.oom
             self.progress = OomProgress.from_record(record) or self.progress
-        elif kind == protocol.STEP and (step := integer(record.get("step"))) is not None:
+        elif kind == protocol.STEP and (step := integer(record, "step")) is not None:
             self.records += 1
             self.step = step if self.step is None else max(self.step, step)
             self._time(record)
@@ -149,11 +150,11 @@ class AllocatorReport:
     def _held_after_step(self, held: Any) -> None:
         if isinstance(held, dict):
             for measure in MEASURES:
-                if (value := integer(held.get(measure))) is not None and value > 0:
+                if (value := integer(held, measure)) is not None and value > 0:
                     self.held_after_step[measure] = max(self.held_after_step.get(measure, 0), value)
 
     def _address_space(self, record: dict[str, Any]) -> None:
-        limit, peak = integer(record.get("vm_limit_bytes")), integer(record.get("vm_peak_bytes"))
+        limit, peak = integer(record, "vm_limit_bytes"), integer(record, "vm_peak_bytes")
         if limit and peak:
             self.vm_limit = min(self.vm_limit or limit, limit)
             self.vm_peak = higher(self.vm_peak, peak)
@@ -161,13 +162,13 @@ class AllocatorReport:
     def _time(self, record: dict[str, Any]) -> None:
         """Steps per second from one process: ranks step together, so adding theirs would count each
         step once per rank. The lowest rank leads; a lower one seen later takes over."""
-        rank = integer(record.get("rank")) or 0
-        pid = integer(record.get("pid")) or 0
+        rank = integer(record, "rank") or 0
+        pid = integer(record, "pid") or 0
         if self.lead is None or rank < self.lead[0]:
             self.lead, self.steps_timed, self.seconds = (rank, pid), 0, 0.0
         if self.lead != (rank, pid):
             return
-        steps, seconds = integer(record.get("steps")), record.get("seconds")
+        steps, seconds = integer(record, "steps"), record.get("seconds")
         if steps is not None and isinstance(seconds, (int, float)) and seconds > 0:
             self.steps_timed += steps
             self.seconds += float(seconds)
@@ -180,9 +181,9 @@ class AllocatorReport:
         for figures in devices.values():
             if not isinstance(figures, dict):
                 continue
-            highest = higher(highest, integer(figures.get("allocated_peak")))
-            self.reserved_peak = higher(self.reserved_peak, integer(figures.get("reserved_peak")))
-            if limit := integer(figures.get("limit_bytes")):
+            highest = higher(highest, integer(figures, "allocated_peak"))
+            self.reserved_peak = higher(self.reserved_peak, integer(figures, "reserved_peak"))
+            if limit := integer(figures, "limit_bytes"):
                 self.limit_bytes = min(self.limit_bytes or limit, limit)
         self.allocated_peak = higher(self.allocated_peak, highest)
         return highest

@@ -236,10 +236,10 @@ class ModelPrint:
 
     @classmethod
     def from_record(cls, record: dict[str, object]) -> ModelPrint | None:
-        digest, params = record.get("digest"), integer(record.get("params"))
+        digest, params = record.get("digest"), integer(record, "params")
         if not isinstance(digest, str) or not digest or params is None:
             return None
-        return cls(digest, params, integer(record.get("tensors")) or 0)
+        return cls(digest, params, integer(record, "tensors") or 0)
 
 
 def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
