@@ -226,12 +226,12 @@ def _after_attributed(failure: Failure, history: Sequence[Failure], plan: Plan, 
     """Blame the batch only for what the batch did. Fragmentation's remedy wins whatever the
     cause; per-sample failures, and causes whose own remedy is used up, take the batch path."""
     batch_path = _after_memory_failure(failure, plan, config, fit_hint)
-    cause = failure.attribution.cause if failure.attribution else Cause.PER_SAMPLE
-    if failure.fragmented or failure.attribution is None or cause is Cause.PER_SAMPLE:
+    attribution = failure.attribution
+    if failure.fragmented or attribution is None or attribution.cause is Cause.PER_SAMPLE:
         return batch_path
-    summary = failure.attribution.summary
+    cause, summary = attribution.cause, attribution.summary
     if cause is Cause.LEAK:
-        return _after_leak(failure, history, plan, summary, failure.attribution.also is not None)
+        return _after_leak(failure, history, plan, summary, attribution.also is not None)
     if cause in (Cause.SAVING, Cause.LOADING):
         return _after_fixed_phase(failure, history, plan, cause, summary)
     if cause is Cause.EVALUATION and plan.eval_micro_batch is not None and plan.eval_micro_batch > 1:

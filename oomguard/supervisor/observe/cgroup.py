@@ -170,8 +170,7 @@ class MemoryCgroup:
             except OSError:
                 pass
         for _ in range(20):
-            pids = self.pids()
-            for pid in pids:
+            for pid in self.pids():
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -903,9 +903,8 @@ class LookalikeWatcher:
     def _watch_pending(self) -> None:
         with self._lock:
             appeared = [p for p in self.pending if p.is_dir()]
-            for path in appeared:
-                self.pending.remove(path)
-                self.roots.append(path)
+            self.pending = [p for p in self.pending if p not in appeared]
+            self.roots += appeared
         if not appeared or self._observer is None:
             return
         for path in appeared:

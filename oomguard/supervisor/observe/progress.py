@@ -332,22 +332,21 @@ _TRAINING_DESCRIPTION = re.compile(r"^\s*$|\b(?:epoch|train|step|iter|batch|upda
 
 # Bars, read before the checkpoint-message rule. Each has the named group ``step`` and maybe ``total``
 # and ``epoch``; ``per_epoch`` marks a bar that counts batches within an epoch (Lightning's).
-_BARS: tuple[tuple[str, re.Pattern[str]], ...] = (
+_BARS: tuple[re.Pattern[str], ...] = (
     # Lightning's Rich bar: "Epoch 2/4  ━━━━━━━━━━╸━━━━━━━━━ 5/8 0:00:04 • 0:00:03 1.69it/s v_num: 0"
-    ("lightning rich",
-     re.compile(r"^\s*Epoch (?P<epoch>\d+)/(?P<epochs>-?\d+)\s+[^\d\s]*\s*(?P<step>\d+)/(?P<total>\d+)\s")),
+    re.compile(r"^\s*Epoch (?P<epoch>\d+)/(?P<epochs>-?\d+)\s+[^\d\s]*\s*(?P<step>\d+)/(?P<total>\d+)\s"),
     # Lightning's TQDM bar: "Epoch 2:  45%|████▌     | 45/100 [00:03<00:04, 13.52it/s, v_num=0]"
-    ("lightning tqdm", re.compile(r"^\s*Epoch (?P<epoch>\d+):.*?\|\s*(?P<step>\d+)/(?P<total>\d+) \[")),
+    re.compile(r"^\s*Epoch (?P<epoch>\d+):.*?\|\s*(?P<step>\d+)/(?P<total>\d+) \["),
     # tqdm (Hugging Face Trainer, Accelerate scripts): " 40%|████      | 40/100 [00:12<00:18,  3.30it/s]",
     # with or without the percentage block: "12/100 [00:01<00:09"
-    ("tqdm", re.compile(r"^(?P<desc>[^|\[]*?)(?::\s*)?(?:\d+%\|[^|]*\|\s*|(?<!\S))(?P<step>\d+)/(?P<total>\d+) \[\d")),
+    re.compile(r"^(?P<desc>[^|\[]*?)(?::\s*)?(?:\d+%\|[^|]*\|\s*|(?<!\S))(?P<step>\d+)/(?P<total>\d+) \[\d"),
 )
 # Text lines, read after it. nanoGPT: "iter 120: loss 3.2100, time 41.23ms" and "step 250: train loss 2.9";
 # nanochat: "step 00120/01000 (12.00%) | loss: 3.21"; "Step: 120 / 1000"; "global_step=120"; "step 120".
-_TEXT: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("nanogpt", re.compile(r"^\s*(?:iter|step) (?P<step>\d+): ")),
-    ("step N/M", re.compile(r"\b(?:global_)?step[\s:=]+(?P<step>\d+)\s*/\s*(?P<total>\d+)\b", re.IGNORECASE)),
-    ("step N", re.compile(r"\b(?:global[_ ])?step[\s:=]+(?P<step>\d+)\b", re.IGNORECASE)),
+_TEXT: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^\s*(?:iter|step) (?P<step>\d+): "),  # nanoGPT
+    re.compile(r"\b(?:global_)?step[\s:=]+(?P<step>\d+)\s*/\s*(?P<total>\d+)\b", re.IGNORECASE),  # step N/M
+    re.compile(r"\b(?:global[_ ])?step[\s:=]+(?P<step>\d+)\b", re.IGNORECASE),  # step N
 )
 
 
@@ -386,12 +385,12 @@ class StepMatcher:
         if _OTHER_LOOP.match(line):
             return None
         line = _PATHLIKE.sub(" ", line) if ("/" in line or "." in line or "=" in line or "\\" in line) else line
-        for _, pattern in _BARS:
+        for pattern in _BARS:
             if (m := pattern.search(line)) is not None and (seen := self._bar(m)) is not None:
                 return seen
         if _CHECKPOINT_MESSAGE.search(line):
             return None
-        for _, pattern in _TEXT:
+        for pattern in _TEXT:
             if (seen := _read(pattern.search(line))) is not None:
                 return seen
         return None

@@ -419,7 +419,7 @@ class SizeTuner:
         if not self.measured_with or any(m.digest == model.digest for m in self.measured_with):
             return None  # the same model, or a record that does not know its model: today's behaviour
         then = max(self.measured_with, key=lambda m: m.params)
-        restart = self.fitted_start is not None and micro == self.fitted_start and not self.points
+        restart = micro == self.fitted_start and not self.points
         self.measured_with, self.stored_failures = (), []
         if self.store is not None and self.key is not None:
             try:
