@@ -150,9 +150,6 @@ class Cadence:
             return None
         return learned if self.last - self.first >= CADENCE_FLOOR else None
 
-    def describe(self, what: str) -> str:
-        return f"{self.gaps} gaps between {what}, the longest {self.longest:.0f} s, × {CADENCE_FACTOR:g}"
-
 
 @dataclass(frozen=True)
 class Judgement:
@@ -225,7 +222,8 @@ class Liveness:
         cadence, what = (self.steps, "steps") if steps_known else (self.output, "output lines")
         learned = cadence.timeout()
         if learned is not None and learned < configured:
-            return learned, f"learned cadence: {cadence.describe(what)}"
+            return learned, (f"learned cadence: {cadence.gaps} gaps between {what}, the longest "
+                             f"{cadence.longest:.0f} s, × {CADENCE_FACTOR:g}")
         return configured, f"--hang-timeout {configured:g}"
 
     def judge(self, quiet: float, configured: float, steps_known: bool, now: float) -> Judgement:

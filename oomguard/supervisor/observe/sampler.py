@@ -130,14 +130,6 @@ class MemorySample:
         """The worker's GPU memory on its busiest device (per-process figure, else device used)."""
         return max((g.worker_or_used for g in self.gpus), default=None)
 
-    def gpu_rows(self) -> list[dict[str, Any]]:
-        """Every visible device, with each rank's memory on it (rank read from the process's RANK)."""
-        return [{"cuda_index": g.cuda_index, "name": g.name, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes,
-                 "worker_bytes": g.worker_bytes,
-                 "ranks": {str(rank if rank is not None else f"pid {pid}"): used
-                           for pid, used in g.worker_processes for rank in [process_rank(pid)]}}
-                for g in self.gpus]
-
     def as_row(self) -> dict[str, Any]:
         """Flat columns for the journal and ``status --json`` (GPU figures of the busiest device)."""
         busiest = max(self.gpus, key=lambda g: g.used_bytes, default=None)
@@ -157,7 +149,12 @@ class MemorySample:
             **{f"gpu_{name}": getattr(busiest, name, None)
                for name in ("used_bytes", "total_bytes", "utilization_pct")},
             "gpu_unavailable": self.gpu_unavailable,
-            "gpus": self.gpu_rows() or None,  # every device, every rank
+            # every device, with each rank's memory on it (rank read from the process's RANK)
+            "gpus": [{"cuda_index": g.cuda_index, "name": g.name, "used_bytes": g.used_bytes,
+                      "total_bytes": g.total_bytes, "worker_bytes": g.worker_bytes,
+                      "ranks": {str(rank if rank is not None else f"pid {pid}"): used
+                                for pid, used in g.worker_processes for rank in [process_rank(pid)]}}
+                     for g in self.gpus] or None,
         }
 
 
