@@ -159,21 +159,15 @@ def _at_the_floor(failure: Failure, plan: Plan, config: PolicyConfig, also: str,
     if also:  # at the floor with nothing else left: the allocator option is the last thing to try
         return Decision(Action.RESTART, plan, f"{failure.kind.value} at {floor}; retrying with "
                         "expandable_segments:True")
-    if refused is not None:
-        return Decision(Action.GIVE_UP, plan, _refusal(failure, batch, refused))
+    if refused is not None:  # it would train at a smaller global batch while the run claims the one asked for
+        return Decision(Action.GIVE_UP, plan, f"{failure.kind.value} at micro-batch {failure.micro_batch}: the command "
+                        f"passes no {{grad_accum}}, so micro-batch {refused} would shrink the global batch from "
+                        f"{batch.global_batch} to {refused * batch.world_size}; pass --allow-smaller-global-batch to "
+                        "train at that, or put {grad_accum} where the script takes its accumulation")
     return Decision(Action.GIVE_UP, plan,
                     f"out of memory even at the smallest micro-batch ({failure.micro_batch}, "
                     f"--min-micro-batch {config.min_micro_batch}) with every fallback applied: "
                     "the model does not fit; use a larger GPU, fewer parameters or more --fallback-args")
-
-
-def _refusal(failure: Failure, batch: BatchPlan, smaller: int) -> str:
-    """Why a script that takes no accumulation is not shrunk: it would train at a smaller global
-    batch while the run claims the one asked for."""
-    return (f"{failure.kind.value} at micro-batch {failure.micro_batch}: the command passes no {{grad_accum}}, so "
-            f"micro-batch {smaller} would shrink the global batch from {batch.global_batch} to "
-            f"{smaller * batch.world_size}; pass --allow-smaller-global-batch to train at that, or put "
-            "{grad_accum} where the script takes its accumulation")
 
 
 def _after_other_failure(failure: Failure, history: Sequence[Failure], plan: Plan,

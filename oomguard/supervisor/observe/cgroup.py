@@ -128,7 +128,7 @@ class MemoryCgroup:
 
     def _usage(self, node: Path) -> tuple[int, int]:
         """(usage, working set) of one cgroup directory; a parent's figures include its children."""
-        usage = _read_int(node / _USAGE[self.version])
+        usage = int((node / _USAGE[self.version]).read_text().split()[0])
         inactive = _stat_field(node / "memory.stat", "total_inactive_file" if self.version == 1 else "inactive_file")
         return usage, max(0, usage - (inactive or 0))
 
@@ -222,10 +222,6 @@ def _reader(mount: tuple[Path, str], rel: str, version: int) -> MemoryCgroup | N
         rel = rel[len(root) :]
     path = point / rel.lstrip("/")
     return MemoryCgroup(path, version) if (path / _USAGE[version]).exists() else None
-
-
-def _read_int(path: Path) -> int:
-    return int(path.read_text().split()[0])
 
 
 def _parse_limit(text: str) -> int | None:

@@ -203,7 +203,10 @@ class Liveness:
 
     def add(self, sample: MemorySample) -> None:
         """One sample of the worker's tree (the sampler's, once per interval)."""
-        before = self.previous or _origin(sample, self.started)
+        # Before the first sample: the tree as it was when the attempt started, nothing used yet.
+        before = self.previous or replace(
+            sample, monotonic=self.started, gpus=(), worker_cpu_seconds=None if sample.worker_cpu_seconds is None
+            else 0.0, worker_io_bytes=None if sample.worker_io_bytes is None else 0)
         self.previous = sample
         self.gpu_note = None if sample.gpus else (sample.gpu_unavailable or "no GPU")
         activity = activity_between(before, sample)
@@ -268,11 +271,6 @@ class Liveness:
         self.published = (held, now)
         return "released" if not held else "still held" if was_held else "held"
 
-
-def _origin(sample: MemorySample, started: float) -> MemorySample:
-    """The tree as it was when the attempt started: nothing used yet."""
-    return replace(sample, monotonic=started, worker_cpu_seconds=0.0 if sample.worker_cpu_seconds is not None
-                   else None, worker_io_bytes=0 if sample.worker_io_bytes is not None else None, gpus=())
 
 
 def _delta(before: float | int | None, after: float | int | None) -> float | None:
