@@ -62,15 +62,6 @@ def _torch_quietly() -> None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
-def hosts_rendezvous(host: str) -> bool:
-    """Is ``host`` this machine? c10d's own (private) test on purpose, so oomguard's store's host is the
-    node c10d picks to host its store, not a copy of its test that may drift."""
-    _torch_quietly()
-    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-
-    return bool(_matches_machine_hostname(host))
-
-
 def store_address(shape: Shape) -> tuple[str, int]:
     """oomguard's store: the rendezvous host, the rendezvous port + 1."""
     assert shape.rdzv_endpoint is not None
@@ -430,7 +421,12 @@ class Coordinator:
     def _host_here(self) -> Any:
         """The store bound here where the endpoint names this machine and its port is free (as c10d
         picks its store's host), else None."""
-        if hosts_rendezvous(store_address(self.shape)[0]):
+        # Is the endpoint's host this machine? c10d's own (private) test on purpose, so that oomguard's
+        # store's host is the node c10d picks to host its store, not a copy of its test that may drift.
+        _torch_quietly()
+        from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+        if _matches_machine_hostname(store_address(self.shape)[0]):
             try:
                 store = self._open(True, quiet=True)
                 self.hosting = True

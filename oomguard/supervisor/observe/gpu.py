@@ -123,15 +123,6 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def load_nvml() -> tuple[PyNvml | None, str | None]:
-    """The real NVML binding, or None and the one-line reason it cannot be imported."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return None, f"GPU figures unavailable: the nvidia-ml-py package is not installed ({exc})"
-    return PyNvml(pynvml), None
-
-
 class VisibleDevice(NamedTuple):
     """A device the worker can see: its CUDA ordinal, the NVML index it maps to, NVML's handle of it."""
 
@@ -245,15 +236,21 @@ class GpuMonitor:
         self._devices = None
 
     def _open(self) -> None:
-        if self._nvml is None:
-            self._nvml, self._unavailable = load_nvml()
-            if self._nvml is None:
+        if self._nvml is None:  # the real binding
+            try:
+                import pynvml
+            except ImportError as exc:
+                self._unavailable = f"GPU figures unavailable: the nvidia-ml-py package is not installed ({exc})"
                 return
+            self._nvml = PyNvml(pynvml)
         try:
             self._nvml.init()
             devices = self._enumerate(self._nvml)
         except NvmlError as exc:
-            self._unavailable = _reason(exc)
+            why = {"library_not_found": "NVML library not found (no NVIDIA driver installed)",
+                   "driver_not_loaded": "the NVIDIA driver is not loaded",
+                   "no_permission": f"no permission to query NVML ({exc})"}.get(exc.kind, str(exc))
+            self._unavailable = f"GPU figures unavailable: {why}"
             return
         self._devices = devices
         if not devices:
@@ -319,10 +316,3 @@ class GpuMonitor:
             # NVML speaks host PIDs; inside a container without the host PID namespace they match nothing.
             return None, [], "GPU processes carry PIDs from another namespace (container without host PIDs)"
         return sum(p.used_bytes or 0 for p in mine), mine, None
-
-
-def _reason(exc: NvmlError) -> str:
-    why = {"library_not_found": "NVML library not found (no NVIDIA driver installed)",
-           "driver_not_loaded": "the NVIDIA driver is not loaded",
-           "no_permission": f"no permission to query NVML ({exc})"}.get(exc.kind, str(exc))
-    return f"GPU figures unavailable: {why}"

@@ -272,7 +272,6 @@ class Liveness:
         return "released" if not held else "still held" if was_held else "held"
 
 
-
 def _delta(before: float | int | None, after: float | int | None) -> float | None:
     if before is None or after is None:
         return None
