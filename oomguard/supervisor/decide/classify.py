@@ -59,15 +59,6 @@ class Verdict:
     exit_code: int | None
 
 
-def _split_status(returncode: int) -> tuple[int | None, int | None]:
-    """(exit code, signal): Popen gives -N for death by signal N; a shell reports 128+N."""
-    if returncode < 0:
-        return None, -returncode
-    if 128 < returncode <= 128 + 64:
-        return returncode, returncode - 128
-    return returncode, None
-
-
 _OOM_KINDS = {"cuda_oom": FailureKind.CUDA_OOM, "host_oom": FailureKind.HOST_OOM}
 
 
@@ -77,7 +68,8 @@ def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = No
     (``dist.launcher.root_cause``)."""
     if facts.returncode == 0:
         return Verdict(None, "exit code 0", None, 0)
-    code, sig = _split_status(facts.returncode)
+    rc = facts.returncode  # (exit code, signal): Popen gives -N for death by signal N; a shell reports 128+N
+    code, sig = (None, -rc) if rc < 0 else (rc, rc - 128) if 128 < rc <= 128 + 64 else (rc, None)
     where = ""
     if cause is not None and not (facts.hung or facts.stopped_for_memory):  # oomguard's own stops name no rank
         code = cause.exitcode if cause.exitcode is not None and cause.exitcode >= 0 else None

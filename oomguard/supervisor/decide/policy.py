@@ -175,7 +175,9 @@ def _after_other_failure(failure: Failure, history: Sequence[Failure], plan: Pla
     if not _within_budget(failure, history, config):
         return Decision(Action.GIVE_UP, plan, f"{failure.kind.value} again and --max-restarts "
                         f"{config.max_restarts} is used up; last: {failure.evidence}")
-    if _crash_loop(failure, history):
+    recent = [*history[-(CRASH_LOOP_REPEATS - 1):], failure]  # a crash loop: the same failure, no checkpoint
+    if len(recent) == CRASH_LOOP_REPEATS and all(
+            f.kind is failure.kind and f.evidence == failure.evidence and not f.new_checkpoint for f in recent):
         return Decision(Action.GIVE_UP, plan, f"crash loop: {failure.kind.value} {CRASH_LOOP_REPEATS} "
                         f"times in a row with no new checkpoint; last: {failure.evidence}")
     streak = _streak(history, failure)
@@ -202,14 +204,6 @@ def _streak(history: Sequence[Failure], failure: Failure) -> int:
         if earlier.new_checkpoint:
             break
     return n
-
-
-def _crash_loop(failure: Failure, history: Sequence[Failure]) -> bool:
-    recent = [*history[-(CRASH_LOOP_REPEATS - 1):], failure]
-    if len(recent) < CRASH_LOOP_REPEATS:
-        return False
-    same = all(f.kind is failure.kind and f.evidence == failure.evidence for f in recent)
-    return same and not any(f.new_checkpoint for f in recent)
 
 
 # --- the remedy for each cause of a memory failure (attribution.py) ------------------------------
