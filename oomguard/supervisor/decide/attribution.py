@@ -106,8 +106,12 @@ def attribute(readings: Sequence[Reading], evidence: Evidence, micro_batch: int,
     """The cause of a memory failure at ``micro_batch`` (``what``: the memory the readings count). A rise
     is a leak only if its line reaches ``limit`` (None: none known, or no failure to explain);
     ``failed``: a memory failure ended the attempt, so its readings are lower bounds."""
+    # All-0 readings did not see the worker's memory (NVML without per-process figures): no readings, no limit.
     blind = bool(readings) and not any(r.used for r in readings)
-    readings, limit = _seen(readings, limit)
+    if blind:
+        readings, limit = (), None
+    elif limit is not None and not any(r.used for r in limit.readings):
+        limit = None
     trend = steady_rise(readings)
     room = limit.headroom() if limit is not None else None
     figures = {**_trend_figures(trend), **_room_figures(room)}
@@ -146,18 +150,8 @@ def _probe_words(evidence: Evidence, micro_batch: int, figures: dict[str, Any], 
     return spike
 
 
-def _seen(readings: Sequence[Reading], limit: Limit | None) -> tuple[Sequence[Reading], Limit | None]:
-    """Readings that are all 0 did not see the worker's memory (NVML without a per-process figure):
-    they are no readings, and a limit measured on such readings is no limit to measure against."""
-    if readings and not any(r.used for r in readings):
-        return (), None
-    if limit is not None and not any(r.used for r in limit.readings):
-        return readings, None
-    return readings, limit
-
-
 def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None, micro_batch: int, what: str,
-            figures: dict[str, Any], met: str = "") -> Attribution | None:
+            figures: dict[str, Any], met: str) -> Attribution | None:
     """Memory rose steadily: a leak when its line explains the failure, a leak that also spiked when
     the rise used as much room as the jump needed; None when the jump alone is to blame. ``met``: the
     limit the failure met, where its figures come from the probe and no reading counts against it."""
@@ -172,17 +166,15 @@ def _rising(trend: Trend, room: Headroom | None, phase: tuple[Phase, str] | None
     # added in this attempt; the jump needed at least the distance left (and at least what a reading
     # saw of it). When the rise gave back at least that, the fresh attempt has twice the room the
     # jump is known to need: the leak's remedy is supported. Else only a smaller batch makes room.
-    rise = room.expected - room.trend.first
-    needed = max(room.distance, jump.above if jump else 0)
-    if rise < needed:
+    if room.rise < room.needed:
         return None
     spike = _PHASE_CAUSE[phase[0]] if phase else Cause.PER_SAMPLE
     seen = f" (a reading saw {format_size(jump.above)} above it)" if jump else ""
     return Attribution(
         Cause.LEAK,
-        f"leak and a spike: {rate}; {room.describe()}, and memory jumped above that rise"
-        f"{seen}{where}; the leak added {format_size(rise)} in this attempt, at least the {format_size(needed)} "
-        "the jump needed on top of it, so a fresh restart at the same size has room for the spike",
+        f"leak and a spike: {rate}; {room.describe()}, and memory jumped above that rise{seen}{where}; the leak "
+        f"added {format_size(room.rise)} in this attempt, at least the {format_size(room.needed)} the jump needed "
+        "on top of it, so a fresh restart at the same size has room for the spike",
         figures, also=spike)
 
 
@@ -197,16 +189,15 @@ def _spike(trend: Trend | None, room: Headroom | None) -> str:
     elif not room.reached:
         text += ", so the memory that reached the limit came between two readings"
     if trend is not None and trend.steady() and not room.falling_below_zero:  # a rise that did not reach it
-        rise = room.expected - room.trend.first
-        text += (f"; the rise added only {format_size(rise)} in this attempt, less than the "
-                 f"{format_size(max(room.distance, jump.above if jump else 0))} the jump needed on top of it, "
+        text += (f"; the rise added only {format_size(room.rise)} in this attempt, less than the "
+                 f"{format_size(room.needed)} the jump needed on top of it, "
                  "so the jump, not the rise, reached the limit")
     return text
 
 
 def _per_sample(readings: Sequence[Reading], trend: Trend | None, micro_batch: int, what: str,
                 model: Fit | None, figures: dict[str, Any], spike: str,
-                earlier: Sequence[Plateau] = (), failed: bool = True, limit: Limit | None = None) -> Attribution:
+                earlier: Sequence[Plateau], failed: bool, limit: Limit | None) -> Attribution:
     """The batch is blamed: the figures a user recognizes first (what the micro-batch needed, the
     limit), then why nothing else was (the trend's statistics stay in ``figures``)."""
     if trend is None:
@@ -357,7 +348,7 @@ def _room_figures(room: Headroom | None) -> dict[str, Any]:
     return {"budget": room.budget, "limit_bytes": room.limit,
             "trend_at_failure_bytes": None if falling else room.expected,
             "below_limit_bytes": None if falling else room.distance, "tolerance_bytes": room.tolerance,
-            "noise_bytes": round(room.trend.noise), "rise_bytes": None if falling else room.expected - room.trend.first,
+            "noise_bytes": round(room.trend.noise), "rise_bytes": None if falling else room.rise,
             "seconds_to_limit": round(room.seconds, 1) if room.seconds != float("inf") else None,
             "steps_to_limit": None if steps is None else round(steps),
             "jump_bytes": jump.above if jump else None}

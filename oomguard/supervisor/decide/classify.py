@@ -59,15 +59,6 @@ class Verdict:
     exit_code: int | None
 
 
-def _split_status(returncode: int) -> tuple[int | None, int | None]:
-    """(exit code, signal): Popen gives -N for death by signal N; a shell reports 128+N."""
-    if returncode < 0:
-        return None, -returncode
-    if 128 < returncode <= 128 + 64:
-        return returncode, returncode - 128
-    return returncode, None
-
-
 _OOM_KINDS = {"cuda_oom": FailureKind.CUDA_OOM, "host_oom": FailureKind.HOST_OOM}
 
 
@@ -77,7 +68,8 @@ def classify(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None = No
     (``dist.launcher.root_cause``)."""
     if facts.returncode == 0:
         return Verdict(None, "exit code 0", None, 0)
-    code, sig = _split_status(facts.returncode)
+    rc = facts.returncode  # (exit code, signal): Popen gives -N for death by signal N; a shell reports 128+N
+    code, sig = (None, -rc) if rc < 0 else (rc, rc - 128) if 128 < rc <= 128 + 64 else (rc, None)
     where = ""
     if cause is not None and not (facts.hung or facts.stopped_for_memory):  # oomguard's own stops name no rank
         code = cause.exitcode if cause.exitcode is not None and cause.exitcode >= 0 else None
@@ -119,9 +111,10 @@ def _oom_killed(facts: ExitFacts, scan: OutputScanner, cause: RootCause | None,
                 sig: int | None) -> tuple[FailureKind, str] | None:
     """The kernel's OOM killer, where its counter rose: it SIGKILLed the process, or (outside
     torchrun) a DataLoader worker, whose main process lives on to report it."""
-    if not _counter_rose(facts):
+    before, after = facts.oom_kills_before, facts.oom_kills_after
+    if before is None or after is None or after <= before:
         return None
-    counter = f"{facts.oom_counter} oom_kill {facts.oom_kills_before}->{facts.oom_kills_after}"
+    counter = f"{facts.oom_counter} oom_kill {before}->{after}"
     kind = FailureKind.MEMORY_LIMIT if facts.limit_hit else FailureKind.HOST_OOM
     if sig == signal.SIGKILL:
         return kind, (f"{counter} at oomguard's --memory-limit" if facts.limit_hit
@@ -138,11 +131,6 @@ def _reported(cause: RootCause | None, record: dict[str, object] | None) -> tupl
     if record and (kind := _OOM_KINDS.get(str(record.get("kind", "")))):
         return kind, str(record.get("message", ""))
     return None
-
-
-def _counter_rose(facts: ExitFacts) -> bool:
-    before, after = facts.oom_kills_before, facts.oom_kills_after
-    return before is not None and after is not None and after > before
 
 
 # Is a CUDA OOM fragmentation? Judged from the allocator's own figures in the OOM message.
@@ -307,8 +295,8 @@ class OwnCode:
     def relative(self, file: str) -> str | None:
         """The file's path inside the package (``probe/forward.py``), or None when it is not ours."""
         for root in self.roots:
-            if file.startswith(root.rstrip(os.sep) + os.sep):
-                return file[len(root.rstrip(os.sep)) + 1:].replace(os.sep, "/")
+            if file.startswith(base := root.rstrip(os.sep) + os.sep):
+                return file[len(base):].replace(os.sep, "/")
         return None
 
     def addition_of(self, file: str) -> Addition | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from oomguard.common.batch import BatchPlan
@@ -32,12 +32,9 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as the journal keeps it (and a restarted supervisor reads it back)."""
-        b = self.batch
-        return {"micro_batch": b.micro_batch, "grad_accum": b.grad_accum, "global_batch": b.global_batch,
-                "world_size": b.world_size, "asked_global": b.asked_global,
-                "expandable_segments": self.expandable_segments,
-                "fallbacks_applied": self.fallbacks_applied, "eval_micro_batch": self.eval_micro_batch,
-                "num_workers": self.num_workers}
+        remedies = asdict(self)
+        del remedies["batch"]
+        return {**asdict(self.batch), "grad_accum": self.batch.grad_accum, **remedies}
 
     def resumed(self, saved: Mapping[str, Any] | None) -> Plan | None:
         """The plan an earlier supervisor saved for this run, when it is for the same job; else None."""
@@ -162,21 +159,15 @@ def _at_the_floor(failure: Failure, plan: Plan, config: PolicyConfig, also: str,
     if also:  # at the floor with nothing else left: the allocator option is the last thing to try
         return Decision(Action.RESTART, plan, f"{failure.kind.value} at {floor}; retrying with "
                         "expandable_segments:True")
-    if refused is not None:
-        return Decision(Action.GIVE_UP, plan, _refusal(failure, batch, refused))
+    if refused is not None:  # it would train at a smaller global batch while the run claims the one asked for
+        return Decision(Action.GIVE_UP, plan, f"{failure.kind.value} at micro-batch {failure.micro_batch}: the command "
+                        f"passes no {{grad_accum}}, so micro-batch {refused} would shrink the global batch from "
+                        f"{batch.global_batch} to {refused * batch.world_size}; pass --allow-smaller-global-batch to "
+                        "train at that, or put {grad_accum} where the script takes its accumulation")
     return Decision(Action.GIVE_UP, plan,
                     f"out of memory even at the smallest micro-batch ({failure.micro_batch}, "
                     f"--min-micro-batch {config.min_micro_batch}) with every fallback applied: "
                     "the model does not fit; use a larger GPU, fewer parameters or more --fallback-args")
-
-
-def _refusal(failure: Failure, batch: BatchPlan, smaller: int) -> str:
-    """Why a script that takes no accumulation is not shrunk: it would train at a smaller global
-    batch while the run claims the one asked for."""
-    return (f"{failure.kind.value} at micro-batch {failure.micro_batch}: the command passes no {{grad_accum}}, so "
-            f"micro-batch {smaller} would shrink the global batch from {batch.global_batch} to "
-            f"{smaller * batch.world_size}; pass --allow-smaller-global-batch to train at that, or put "
-            "{grad_accum} where the script takes its accumulation")
 
 
 def _after_other_failure(failure: Failure, history: Sequence[Failure], plan: Plan,
@@ -184,7 +175,9 @@ def _after_other_failure(failure: Failure, history: Sequence[Failure], plan: Pla
     if not _within_budget(failure, history, config):
         return Decision(Action.GIVE_UP, plan, f"{failure.kind.value} again and --max-restarts "
                         f"{config.max_restarts} is used up; last: {failure.evidence}")
-    if _crash_loop(failure, history):
+    recent = [*history[-(CRASH_LOOP_REPEATS - 1):], failure]  # a crash loop: the same failure, no checkpoint
+    if len(recent) == CRASH_LOOP_REPEATS and all(
+            f.kind is failure.kind and f.evidence == failure.evidence and not f.new_checkpoint for f in recent):
         return Decision(Action.GIVE_UP, plan, f"crash loop: {failure.kind.value} {CRASH_LOOP_REPEATS} "
                         f"times in a row with no new checkpoint; last: {failure.evidence}")
     streak = _streak(history, failure)
@@ -213,14 +206,6 @@ def _streak(history: Sequence[Failure], failure: Failure) -> int:
     return n
 
 
-def _crash_loop(failure: Failure, history: Sequence[Failure]) -> bool:
-    recent = [*history[-(CRASH_LOOP_REPEATS - 1):], failure]
-    if len(recent) < CRASH_LOOP_REPEATS:
-        return False
-    same = all(f.kind is failure.kind and f.evidence == failure.evidence for f in recent)
-    return same and not any(f.new_checkpoint for f in recent)
-
-
 # --- the remedy for each cause of a memory failure (attribution.py) ------------------------------
 
 
@@ -229,12 +214,12 @@ def _after_attributed(failure: Failure, history: Sequence[Failure], plan: Plan, 
     """Blame the batch only for what the batch did. Fragmentation's remedy wins whatever the
     cause; per-sample failures, and causes whose own remedy is used up, take the batch path."""
     batch_path = _after_memory_failure(failure, plan, config, fit_hint)
-    cause = failure.attribution.cause if failure.attribution else Cause.PER_SAMPLE
-    if failure.fragmented or failure.attribution is None or cause is Cause.PER_SAMPLE:
+    attribution = failure.attribution
+    if failure.fragmented or attribution is None or attribution.cause is Cause.PER_SAMPLE:
         return batch_path
-    summary = failure.attribution.summary
+    cause, summary = attribution.cause, attribution.summary
     if cause is Cause.LEAK:
-        return _after_leak(failure, history, plan, summary, failure.attribution.also is not None)
+        return _after_leak(failure, history, plan, summary, attribution.also is not None)
     if cause in (Cause.SAVING, Cause.LOADING):
         return _after_fixed_phase(failure, history, plan, cause, summary)
     if cause is Cause.EVALUATION and plan.eval_micro_batch is not None and plan.eval_micro_batch > 1:
@@ -258,8 +243,7 @@ def _repeated_without_progress(failure: Failure, history: Sequence[Failure], cau
             and not failure.new_checkpoint)
 
 
-def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str,
-                spiked: bool = False) -> Decision:
+def _after_leak(failure: Failure, history: Sequence[Failure], plan: Plan, summary: str, spiked: bool) -> Decision:
     """A leak grows with time, not with the batch: restart at the same size from the newest checkpoint
     (a leak that also ``spiked`` too: the leak's growth gives the spike its room back), unless it
     brings the worker down before it writes one."""

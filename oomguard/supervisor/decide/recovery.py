@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oomguard.supervisor.decide import classify as unfixable
 from oomguard.supervisor.decide.attribution import Attribution, Cause, Evidence, Limit, Plateau, attribute
 from oomguard.supervisor.decide.classify import (
     Addition,
@@ -25,11 +24,19 @@ from oomguard.supervisor.decide.classify import (
     at_oom,
     own_fault,
 )
+from oomguard.supervisor.decide.classify import seen as fatal
 from oomguard.supervisor.decide.policy import Decision, Failure, Plan, PolicyConfig, decide
 from oomguard.supervisor.observe.progress import AttemptWatch
 from oomguard.supervisor.observe.sampler import MemorySample
-from oomguard.supervisor.sizing import memmodel
-from oomguard.supervisor.sizing.memmodel import OomFigures, Point, SizeTuner, figures_at_oom, fit
+from oomguard.supervisor.sizing.memmodel import (
+    OomFigures,
+    Point,
+    SizeTuner,
+    figures_at_oom,
+    fit,
+    jump,
+    predict_after_oom,
+)
 from oomguard.supervisor.sizing.trend import Reading
 
 
@@ -153,7 +160,7 @@ def _failure(facts: Facts, plan: Plan, judgement: Judgement, attribution: Attrib
     load_error = facts.checkpoint is not None and scan.load_error is not None and not watch.progressed
     return Failure(facts.attempt, verdict.kind, plan.batch.micro_batch, verdict.evidence, judgement.fragmented,
                    watch.new_checkpoint, facts.checkpoint, load_error, attribution,
-                   unfixable.seen(scan, verdict.exit_code, watch.progressed), own)
+                   fatal(scan, verdict.exit_code, watch.progressed), own)
 
 
 def _figures_at_oom(facts: Facts, plan: Plan, memory: SizeTuner, predict_shrink: bool) -> OomFigures | None:
@@ -189,10 +196,10 @@ def _hint(facts: Facts, failure: Failure, memory: SizeTuner, oom: OomFigures | N
 def _predicted(decision: Decision, failed_micro: int, plan: Plan, memory: SizeTuner, oom: OomFigures | None,
                config: RecoveryConfig, notes: list[Note]) -> Decision:
     """--predict-shrink: the decision taken down to the size the OOM's figures predict, when below the proven path's."""
-    prediction = memmodel.predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
+    prediction = predict_after_oom(oom, decision.plan.batch.micro_batch, plan.batch.per_process_batch,
                                             memory.margin, config.policy.min_micro_batch,
                                             [*memory.stored_failures, *memory.points])
-    jumped = memmodel.jump(decision, failed_micro, prediction)
+    jumped = jump(decision, failed_micro, prediction)
     if jumped is not decision and prediction is not None:
         notes.append(Note("memory_prediction", {
             "micro_batch": prediction.micro_batch, "from_micro_batch": failed_micro,

@@ -49,7 +49,7 @@ class AccelerateLaunch:
             return ()
         return ("-m", *self.script) if self.module else self.script
 
-    def attempt_argv(self, log_dir: Path, rdzv_id: str | None = None) -> list[str]:
+    def attempt_argv(self, log_dir: Path) -> list[str]:
         """Error files under ``log_dir``, no restarts (accelerate hands both to torchrun; the last of a
         repeated flag wins); no rendezvous id: its static rendezvous starts fresh each round."""
         ours = ("--log_dir", str(log_dir), "--max_restarts", "0") if self.shape is not None else ()

@@ -62,15 +62,6 @@ def _torch_quietly() -> None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
-def hosts_rendezvous(host: str) -> bool:
-    """Is ``host`` this machine? c10d's own (private) test on purpose, so oomguard's store's host is the
-    node c10d picks to host its store, not a copy of its test that may drift."""
-    _torch_quietly()
-    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-
-    return bool(_matches_machine_hostname(host))
-
-
 def store_address(shape: Shape) -> tuple[str, int]:
     """oomguard's store: the rendezvous host, the rendezvous port + 1."""
     assert shape.rdzv_endpoint is not None
@@ -248,7 +239,7 @@ class Coordinator:
         due to publish); None when this node took the store over from a lost host meanwhile."""
         member, deadline = bool(self.members), time.monotonic() + self.peer_timeout
         while not self.hosting:
-            r = int(self._call("get", "oomguard/round")) if self._call("check", ["oomguard/round"]) else 0
+            r = int(self._read("oomguard/round") or 0)
             if r > self.round:
                 agreed: dict[str, Any] = json.loads(self._call("get", f"round/{r}/start"))
                 self.round = r
@@ -281,11 +272,10 @@ class Coordinator:
         if (why := self.regrouped()) is not None:
             return News(True, None, why)
         for node in self.members:
-            key = f"round/{r}/end/{node}"
             if node == self.me:
                 continue
-            if self._call("check", [key]):
-                if json.loads(self._call("get", key)).get("kind"):
+            if (report := self._read(f"round/{r}/end/{node}")) is not None:
+                if report.get("kind"):
                     return News(False, node, f"node {node} failed in round {r}")
             elif not self._alive(node):
                 why = _lost((node,))
@@ -298,8 +288,8 @@ class Coordinator:
 
     def regrouped(self) -> str | None:
         """Why this round ended for the nodes to regroup, where it did."""
-        key = f"round/{self.round}/regroup"
-        return str(json.loads(self._call("get", key))) if self._call("check", [key]) else None
+        why = self._read(f"round/{self.round}/regroup")
+        return None if why is None else str(why)
 
     def newcomers(self) -> list[int]:
         """The host of an elastic run short of nodes: the nodes heard that are not in this round."""
@@ -316,8 +306,8 @@ class Coordinator:
             if self._posted is not None and not self._call("check", [key]):  # a store taken over is empty
                 self._call("set", key, json.dumps(self._posted))
             for node in self.members:
-                if node not in reports and self._call("check", [f"round/{r}/end/{node}"]):
-                    reports[node] = json.loads(self._call("get", f"round/{r}/end/{node}"))
+                if node not in reports and (report := self._read(f"round/{r}/end/{node}")) is not None:
+                    reports[node] = report
             missing = [n for n in self.members if n not in reports]
             lost = tuple(n for n in missing if not self._alive(n))
             if lost and not self.shape.elastic:
@@ -338,11 +328,9 @@ class Coordinator:
         key, deadline = f"round/{self.round}/decision", time.monotonic() + self.peer_timeout
         while True:
             if self.hosting:
-                decided: dict[str, Any] = json.loads(self._call("compare_set", key, "", json.dumps(mine)))
-                return decided
-            if self._call("check", [key]):
-                decided = json.loads(self._call("get", key))
-                return decided
+                return dict(json.loads(self._call("compare_set", key, "", json.dumps(mine))))
+            if (decided := self._read(key)) is not None:
+                return dict(decided)
             if time.monotonic() > deadline:
                 raise PeerLost(f"node {self.me}: no decision after round {self.round} from node {self.host} within "
                                f"{self.peer_timeout:g} s; that node or its oomguard is gone")
@@ -382,6 +370,10 @@ class Coordinator:
             self._heard[node] = (value, now)
             return True
         return now - seen[1] < SILENT
+
+    def _read(self, key: str) -> Any:
+        """The JSON value at ``key``, or None where there is none yet."""
+        return json.loads(self._call("get", key)) if self._call("check", [key]) else None
 
     def _op(self, op: str, *args: Any) -> Any:
         with self._lock:  # the beat thread shares the connection
@@ -429,7 +421,12 @@ class Coordinator:
     def _host_here(self) -> Any:
         """The store bound here where the endpoint names this machine and its port is free (as c10d
         picks its store's host), else None."""
-        if hosts_rendezvous(store_address(self.shape)[0]):
+        # Is the endpoint's host this machine? c10d's own (private) test on purpose, so that oomguard's
+        # store's host is the node c10d picks to host its store, not a copy of its test that may drift.
+        _torch_quietly()
+        from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+        if _matches_machine_hostname(store_address(self.shape)[0]):
             try:
                 store = self._open(True, quiet=True)
                 self.hosting = True

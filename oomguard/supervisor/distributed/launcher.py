@@ -215,7 +215,7 @@ def attempt_argv(shape: Shape, rendered: Sequence[str], log_dir: Path, rdzv_id: 
     launch = parse(rendered) or torchrun.wrap(rendered, shape)
     if isinstance(launch, Torchrun):
         return torchrun.attempt_argv(launch, log_dir, rdzv_id, nnodes)
-    return launch.attempt_argv(log_dir, rdzv_id)
+    return launch.attempt_argv(log_dir)
 
 
 def program(command: Sequence[str]) -> tuple[str, ...] | None:

@@ -37,8 +37,7 @@ class Torchrun:
     script: tuple[str, ...]  # the training script (or module, or binary) and its arguments
 
     def get(self, name: str) -> str | None:
-        found = [value for key, value in self.options if key == name]
-        return found[-1] if found else None
+        return next((value for key, value in reversed(self.options) if key == name), None)
 
     def has(self, *names: str) -> bool:
         """Whether a switch (stored with the value None, so ``get`` cannot tell) was given."""

@@ -14,16 +14,19 @@ whether the probe is in the worker (``ProbeReport``), and what filled memory at 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from oomguard.common import protocol
+from oomguard.supervisor.observe.cgroup import MemoryCgroup
 from oomguard.supervisor.observe.sampler import MemorySample, higher
 
 
-def _int(value: Any) -> int | None:
+def integer(record: Mapping[str, Any], key: str) -> int | None:
+    """A JSON record's integer field (a bool is none)."""
+    value = record.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -48,11 +51,11 @@ class AllocatorOom:
         if not isinstance(device, str) or not device.startswith("cuda"):
             return None
         fraction = record.get("fraction")
-        return cls(device, _int(record.get("requested_bytes")), _int(record.get("allocated_bytes")),
-                   _int(record.get("reserved_bytes")), _int(record.get("free_bytes")),
-                   _int(record.get("total_bytes")),
+        return cls(device, integer(record, "requested_bytes"), integer(record, "allocated_bytes"),
+                   integer(record, "reserved_bytes"), integer(record, "free_bytes"),
+                   integer(record, "total_bytes"),
                    float(fraction) if isinstance(fraction, (int, float)) and 0 < fraction < 1 else None,
-                   _int(record.get("step")), _int(record.get("micro_batch")))
+                   integer(record, "step"), integer(record, "micro_batch"))
 
     @property
     def limit(self) -> int | None:
@@ -96,12 +99,12 @@ class OomProgress:
         memory = record.get("memory")
         if memory not in MEASURES:
             return None  # an older probe's record, or a foreign one
-        limit = _int(record.get("total_bytes"))
+        limit = integer(record, "total_bytes")
         cuda = AllocatorOom.from_record(record)
         if cuda is not None:
             limit = cuda.limit
-        return cls(memory, _int(record.get("micro_batch")), _int(record.get("requested_bytes")),
-                   _int(record.get("allocated_bytes")), limit, _int(record.get("fixed_bytes")),
+        return cls(memory, integer(record, "micro_batch"), integer(record, "requested_bytes"),
+                   integer(record, "allocated_bytes"), limit, integer(record, "fixed_bytes"),
                    _fraction_done(record.get("forward_fraction")))
 
 
@@ -134,7 +137,7 @@ class AllocatorReport:
         if kind == protocol.OOM:
             self.oom = AllocatorOom.from_record(record) or self.oom
             self.progress = OomProgress.from_record(record) or self.progress
-        elif kind == protocol.STEP and (step := _int(record.get("step"))) is not None:
+        elif kind == protocol.STEP and (step := integer(record, "step")) is not None:
             self.records += 1
             self.step = step if self.step is None else max(self.step, step)
             self._time(record)
@@ -147,25 +150,25 @@ class AllocatorReport:
     def _held_after_step(self, held: Any) -> None:
         if isinstance(held, dict):
             for measure in MEASURES:
-                if (value := _int(held.get(measure))) is not None and value > 0:
+                if (value := integer(held, measure)) is not None and value > 0:
                     self.held_after_step[measure] = max(self.held_after_step.get(measure, 0), value)
 
     def _address_space(self, record: dict[str, Any]) -> None:
-        limit, peak = _int(record.get("vm_limit_bytes")), _int(record.get("vm_peak_bytes"))
+        limit, peak = integer(record, "vm_limit_bytes"), integer(record, "vm_peak_bytes")
         if limit and peak:
-            self.vm_limit = limit if self.vm_limit is None else min(self.vm_limit, limit)
+            self.vm_limit = min(self.vm_limit or limit, limit)
             self.vm_peak = higher(self.vm_peak, peak)
 
     def _time(self, record: dict[str, Any]) -> None:
         """Steps per second from one process: ranks step together, so adding theirs would count each
         step once per rank. The lowest rank leads; a lower one seen later takes over."""
-        rank = _int(record.get("rank")) or 0
-        pid = _int(record.get("pid")) or 0
+        rank = integer(record, "rank") or 0
+        pid = integer(record, "pid") or 0
         if self.lead is None or rank < self.lead[0]:
             self.lead, self.steps_timed, self.seconds = (rank, pid), 0, 0.0
         if self.lead != (rank, pid):
             return
-        steps, seconds = _int(record.get("steps")), record.get("seconds")
+        steps, seconds = integer(record, "steps"), record.get("seconds")
         if steps is not None and isinstance(seconds, (int, float)) and seconds > 0:
             self.steps_timed += steps
             self.seconds += float(seconds)
@@ -178,11 +181,11 @@ class AllocatorReport:
         for figures in devices.values():
             if not isinstance(figures, dict):
                 continue
-            highest = higher(highest, _int(figures.get("allocated_peak")))
-            self.allocated_peak = higher(self.allocated_peak, _int(figures.get("allocated_peak")))
-            self.reserved_peak = higher(self.reserved_peak, _int(figures.get("reserved_peak")))
-            if (limit := _int(figures.get("limit_bytes"))) and (self.limit_bytes is None or limit < self.limit_bytes):
-                self.limit_bytes = limit
+            highest = higher(highest, integer(figures, "allocated_peak"))
+            self.reserved_peak = higher(self.reserved_peak, integer(figures, "reserved_peak"))
+            if limit := integer(figures, "limit_bytes"):
+                self.limit_bytes = min(self.limit_bytes or limit, limit)
+        self.allocated_peak = higher(self.allocated_peak, highest)
         return highest
 
     def reading(self) -> tuple[int, int] | None:
@@ -231,15 +234,16 @@ class ProbeReport:
 
     def take(self, record: dict[str, Any]) -> None:
         """One ``probe`` record."""
-        pid, state = record.get("pid"), record.get("state")
+        pid, state, rank = record.get("pid"), record.get("state"), record.get("rank")
+        said = {"pid": pid, "rank": rank, "detail": str(record.get("detail", ""))}
         if state == "loaded" and isinstance(pid, int):
-            self.loaded[pid] = record.get("rank")
+            self.loaded[pid] = rank
         elif state == "failed" and len(self.failures) < MAX_FAILURES:
-            self.failures.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
+            self.failures.append(said)
         elif state == "partial" and isinstance(pid, int):
-            self.loaded[pid] = record.get("rank")  # only a loaded probe knows what it left undone
+            self.loaded[pid] = rank  # only a loaded probe knows what it left undone
             if len(self.partial) < MAX_FAILURES:
-                self.partial.append({"pid": pid, "rank": record.get("rank"), "detail": str(record.get("detail", ""))})
+                self.partial.append(said)
 
     def as_meta(self) -> dict[str, Any]:
         """The journal meta's ``probe``: state (loaded | failed | off | none), processes, failures, partial, why."""
@@ -293,16 +297,6 @@ def process_reading(pid: int, root: Path = Path("/proc")) -> tuple[str, int] | N
     return name, rss
 
 
-def cgroup_pids(path: str | None) -> list[int]:
-    """Every process of the memory cgroup at ``path`` (the worker's, maybe oomguard too)."""
-    if not path:
-        return []
-    try:
-        return [int(line) for line in Path(path, "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
 @dataclass
 class LastReading:
     """The supervisor's last reading of the worker's processes and of the limit that applied."""
@@ -354,7 +348,8 @@ class BreakdownWatch:
         """One memory sample of the worker: read each of its processes (and its cgroup's) now."""
         self._for(attempt)
         cgroup = sample.cgroup
-        pids = list(dict.fromkeys([*sample.worker_pids, *cgroup_pids(cgroup.path if cgroup else None)]))
+        in_cgroup = MemoryCgroup(Path(cgroup.path), cgroup.version).pids() if cgroup else []  # maybe oomguard too
+        pids = list(dict.fromkeys([*sample.worker_pids, *in_cgroup]))
         processes: list[dict[str, Any]] = []
         rss = 0
         for pid in pids:

@@ -21,6 +21,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this big
 # is no limit, whatever the page size.
 _V1_UNLIMITED = 2**62
+_USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}  # a memory cgroup's usage file, by version
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,8 @@ class MemoryCgroup:
 
     def _usage(self, node: Path) -> tuple[int, int]:
         """(usage, working set) of one cgroup directory; a parent's figures include its children."""
-        if self.version == 1:
-            usage = _read_int(node / "memory.usage_in_bytes")
-            inactive = _stat_field(node / "memory.stat", "total_inactive_file")
-        else:
-            usage = _read_int(node / "memory.current")
-            inactive = _stat_field(node / "memory.stat", "inactive_file")
+        usage = int((node / _USAGE[self.version]).read_text().split()[0])
+        inactive = _stat_field(node / "memory.stat", "total_inactive_file" if self.version == 1 else "inactive_file")
         return usage, max(0, usage - (inactive or 0))
 
     def _limit(self) -> tuple[int | None, Path | None]:
@@ -173,8 +170,7 @@ class MemoryCgroup:
             except OSError:
                 pass
         for _ in range(20):
-            pids = self.pids()
-            for pid in pids:
+            for pid in self.pids():
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -225,12 +221,7 @@ def _reader(mount: tuple[Path, str], rel: str, version: int) -> MemoryCgroup | N
     if root != "/" and rel.startswith(root):
         rel = rel[len(root) :]
     path = point / rel.lstrip("/")
-    probe = "memory.usage_in_bytes" if version == 1 else "memory.current"
-    return MemoryCgroup(path, version) if (path / probe).exists() else None
-
-
-def _read_int(path: Path) -> int:
-    return int(path.read_text().split()[0])
+    return MemoryCgroup(path, version) if (path / _USAGE[version]).exists() else None
 
 
 def _parse_limit(text: str) -> int | None:

@@ -105,7 +105,8 @@ def read_name(name: str) -> NameReading:
     known = _known_scheme(name)
     if known is not None:
         return known
-    numbers = _numbers(_EXTENSIONS.sub("", name))
+    numbers = [_Number((m["label"] or "").lower(), m["sep"], m["num"])
+               for m in _NUMBER.finditer(_EXTENSIONS.sub("", name))]
     steps = {n.whole for n in numbers if n.label in _STEP_LABELS and n.whole is not None}
     epochs = {n.whole for n in numbers if n.label in _EPOCH_LABELS and n.whole is not None}
     ordinal = next(iter(epochs)) if len(epochs) == 1 else None
@@ -124,11 +125,6 @@ def _known_scheme(name: str) -> NameReading | None:
     if m := _FAIRSEQ_UPDATES.match(name):
         return NameReading(int(m["updates"]), int(m["epoch"]))
     return None
-
-
-def _numbers(stem: str) -> list[_Number]:
-    return [_Number((m["label"] or "").lower(), m["sep"], m["num"])
-            for m in _NUMBER.finditer(stem)]
 
 
 def _the_checkpoints_own(number: _Number) -> bool:
@@ -263,6 +259,12 @@ def quiet_stop_race() -> None:
         logger.addFilter(_StopRace())
 
 
+def _stop(observer: BaseObserver | None) -> None:
+    if observer is not None:
+        observer.stop()
+        observer.join(timeout=2)
+
+
 def step_of(path: str) -> int | None:
     """The step a checkpoint's name labels as one, if any (``read_name``)."""
     return read_name(Path(path).name).step
@@ -302,18 +304,15 @@ def scan(patterns: Iterable[str], cwd: Path, learned: Mapping[str, tuple[float, 
     for pattern in patterns:
         full = pattern if os.path.isabs(pattern) else str(cwd / pattern)
         for path in glob.glob(full, recursive=True):
-            if _TEMP.search(Path(path).name) or (stat := _stat(path)) is None:
+            if is_temp_name(Path(path).name) or (stat := _stat(path)) is None:
                 continue
             path = os.path.abspath(path)
             known = learned.get(path) if learned else None
             step = known[1] if known is not None and known[0] == stat[0] else own_step(path)
             found[path] = Checkpoint(path, step.step, *stat, read_name(Path(path).name).ordinal, step.source)
-    return sorted(found.values(), key=_newness, reverse=True)
-
-
-def _newness(c: Checkpoint) -> tuple[int, int, float]:
-    """A known step first (any step outranks none), then an epoch or save count, then the mtime."""
-    return (c.step if c.step is not None else -1, c.ordinal if c.ordinal is not None else -1, c.mtime)
+    # A known step first (any step outranks none), then an epoch or save count, then the mtime.
+    return sorted(found.values(), reverse=True, key=lambda c: (
+        c.step if c.step is not None else -1, c.ordinal if c.ordinal is not None else -1, c.mtime))
 
 
 class _Dirty(FileSystemEventHandler):
@@ -387,10 +386,8 @@ class CheckpointIndex:
         return "rescan"
 
     def stop(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        _stop(self._observer)
+        self._observer = None
 
     def refresh(self, force: bool = False) -> list[Checkpoint]:
         """Rescan if something changed (or while candidates are still settling)."""
@@ -742,13 +739,13 @@ class _Writes(FileSystemEventHandler):
         self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in _WRITES:
-            path = event.dest_path if event.event_type == "moved" else event.src_path
-            if event.event_type == "moved":
-                self.watcher.moved(os.fsdecode(event.src_path), os.fsdecode(path))
-            created = event.event_type in ("created", "moved")
-            writing = event.event_type in ("created", "modified")  # closed: no process holds it any more
-            self.watcher.saw(os.fsdecode(path), event.is_directory, created, writing)
+        kind = event.event_type
+        if kind in _WRITES:
+            path = os.fsdecode(event.dest_path if kind == "moved" else event.src_path)
+            if kind == "moved":
+                self.watcher.moved(os.fsdecode(event.src_path), path)
+            # created or moved: a new name; created or modified: being written (closed: no one holds it now)
+            self.watcher.saw(path, event.is_directory, kind in ("created", "moved"), kind in ("created", "modified"))
 
 
 class LookalikeWatcher:
@@ -781,7 +778,7 @@ class LookalikeWatcher:
         known = [*self.roots, *self.pending]
         if path == self.cwd or any(path.is_relative_to(r) for r in known) or len(known) >= MAX_ROOTS:
             return
-        if any(_under(str(path), ignored) for ignored in self.ignore):
+        if self._ignored(str(path)):
             return
         (self.roots if path.is_dir() and not later else self.pending).append(path)
 
@@ -806,15 +803,13 @@ class LookalikeWatcher:
     def stop(self) -> None:
         if self._starting is not None:
             self._starting.join(timeout=30)
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        _stop(self._observer)
+        self._observer = None
 
     def saw(self, path: str, is_dir: bool, created: bool = False, writing: bool = False) -> None:
         """A write (on watchdog's thread): kept when it belongs to a look-alike, and with ``writing`` (not
         a rename or a walk) the worker's when one of its processes holds the file open for writing."""
-        if any(_under(path, ignored) for ignored in self.ignore):
+        if self._ignored(path):
             return
         root = self._root_of(path)
         if root is None:
@@ -845,6 +840,9 @@ class LookalikeWatcher:
             if root is not None:
                 self._wrote(path, root)
 
+    def _ignored(self, path: str) -> bool:
+        return any(_under(path, ignored) for ignored in self.ignore)
+
     def _root_of(self, path: str, roots: Sequence[Path] | None = None) -> str | None:
         """The watched directory ``path`` lies in (the deepest of ``cwd`` and ``roots``), or None."""
         dirs = [self.cwd, *(self.roots if roots is None else roots)]
@@ -871,7 +869,7 @@ class LookalikeWatcher:
         """A rename (on watchdog's thread): what the worker wrote stays its under the new name,
         whether its evidence came first or comes later (a save record arrives after the rename)."""
         root = self._root_of(dest)
-        if root is None or any(_under(dest, ignored) for ignored in self.ignore):
+        if root is None or self._ignored(dest):
             return
         with self._lock:
             _newest(self._moves, src, dest)
@@ -905,9 +903,8 @@ class LookalikeWatcher:
     def _watch_pending(self) -> None:
         with self._lock:
             appeared = [p for p in self.pending if p.is_dir()]
-            for path in appeared:
-                self.pending.remove(path)
-                self.roots.append(path)
+            self.pending = [p for p in self.pending if p not in appeared]
+            self.roots += appeared
         if not appeared or self._observer is None:
             return
         for path in appeared:

@@ -1,7 +1,7 @@
 """GPU memory through NVML: the one seam between oomguard and ``pynvml`` (nvidia-ml-py).
 
-``GpuMonitor`` turns the few NVML calls of ``Nvml`` (``PyNvml`` over the real module; the tests hand
-it a fake one) into ``GpuReading`` figures for the devices the worker can see, the worker's own
+``GpuMonitor`` turns the few NVML calls of ``PyNvml`` (over the real module, or the fake one the
+tests give it) into ``GpuReading`` figures for the devices the worker can see, the worker's own
 processes' memory picked out. Nothing here raises for a missing GPU: why there are no figures is
 decided once and said in one line (``GpuSnapshot.unavailable``), not once per sample.
 """
@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -36,38 +36,6 @@ class NvmlProcess:
     used_bytes: int | None
 
 
-class Nvml(Protocol):
-    """The NVML calls oomguard uses. Every method raises ``NvmlError`` on failure."""
-
-    def init(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-    def device_count(self) -> int: ...
-
-    def handle(self, index: int) -> Any: ...
-
-    def name(self, handle: Any) -> str: ...
-
-    def uuid(self, handle: Any) -> str: ...
-
-    def memory(self, handle: Any) -> tuple[int, int, int]:
-        """(total, used, free) in bytes."""
-        ...
-
-    def utilization(self, handle: Any) -> int:
-        """GPU busy percent over the driver's last sample period."""
-        ...
-
-    def mig_enabled(self, handle: Any) -> bool: ...
-
-    def processes(self, handle: Any) -> list[NvmlProcess]: ...
-
-    def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
-        """(pid, SM %, µs) of each process NVML sampled after ``since_us``; empty when no kernel ran since."""
-        ...
-
-
 _KINDS = {
     "NVML_ERROR_LIBRARY_NOT_FOUND": "library_not_found",
     "NVML_ERROR_DRIVER_NOT_LOADED": "driver_not_loaded",
@@ -79,7 +47,8 @@ _KINDS = {
 
 
 class PyNvml:
-    """``Nvml`` over the ``pynvml`` module (or a stand-in with the same names, for tests)."""
+    """The NVML calls oomguard uses, over the ``pynvml`` module (or a stand-in with the same names, for
+    tests). Every method raises ``NvmlError`` on failure."""
 
     def __init__(self, lib: ModuleType | Any) -> None:
         self._lib = lib
@@ -112,10 +81,12 @@ class PyNvml:
         return _text(self._call("nvmlDeviceGetUUID", handle))
 
     def memory(self, handle: Any) -> tuple[int, int, int]:
+        """(total, used, free) in bytes."""
         info = self._call("nvmlDeviceGetMemoryInfo", handle)
         return int(info.total), int(info.used), int(info.free)
 
     def utilization(self, handle: Any) -> int:
+        """GPU busy percent over the driver's last sample period."""
         return int(self._call("nvmlDeviceGetUtilizationRates", handle).gpu)
 
     def mig_enabled(self, handle: Any) -> bool:
@@ -128,6 +99,7 @@ class PyNvml:
         return bool(current)
 
     def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+        """(pid, SM %, µs) of each process NVML sampled after ``since_us``; empty when no kernel ran since."""
         if not hasattr(self._lib, "nvmlDeviceGetProcessUtilization"):  # bindings older than the call
             raise NvmlError("not_supported", "nvmlDeviceGetProcessUtilization: not in this pynvml")
         try:
@@ -151,21 +123,14 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def load_nvml() -> tuple[Nvml | None, str | None]:
-    """The real NVML binding, or None and the one-line reason it cannot be imported."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return None, f"GPU figures unavailable: the nvidia-ml-py package is not installed ({exc})"
-    return PyNvml(pynvml), None
-
-
-@dataclass(frozen=True)
-class VisibleDevice:
-    """A device the worker can see: its CUDA ordinal and the NVML index it maps to."""
+class VisibleDevice(NamedTuple):
+    """A device the worker can see: its CUDA ordinal, the NVML index it maps to, NVML's handle of it."""
 
     cuda_index: int
     nvml_index: int
+    handle: Any
+    uuid: str
+    name: str
 
 
 def parse_visible_devices(value: str | None, uuids: Sequence[str]) -> list[int]:
@@ -215,6 +180,11 @@ class GpuReading:
     # kernel); None where NVML gives no per-process utilization (then only the device's counts)
     worker_sm_pct: int | None = None
 
+    @property
+    def worker_or_used(self) -> int:
+        """The worker's bytes on the device where NVML gives them, else the device's used bytes."""
+        return self.worker_bytes if self.worker_bytes is not None else self.used_bytes
+
 
 @dataclass(frozen=True)
 class GpuSnapshot:
@@ -229,21 +199,16 @@ class GpuMonitor:
 
     _UNSET: Any = object()
 
-    def __init__(self, nvml: Nvml | None = None, visible_devices: str | None = _UNSET,
+    def __init__(self, nvml: PyNvml | None = None, visible_devices: str | None = _UNSET,
                  pid_exists: Callable[[int], bool] = psutil.pid_exists) -> None:
         self._nvml = nvml
         inherited = visible_devices is self._UNSET
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited else visible_devices
         self._pid_exists = pid_exists
-        self._devices: list[tuple[VisibleDevice, Any, str, str]] | None = None
+        self._devices: list[VisibleDevice] | None = None
         self._unavailable: str | None = None
         self._sm_seen: dict[int, int] = {}  # NVML index -> newest per-process sample time read (µs)
         self._sm_unsupported: set[int] = set()  # devices whose per-process utilization NVML refused
-
-    @property
-    def unavailable(self) -> str | None:
-        """Why there are no GPU figures (after the first ``read``), else None."""
-        return self._unavailable
 
     def read(self, worker_pids: Collection[int] = ()) -> GpuSnapshot:
         """Figures for every visible device; never raises for NVML trouble."""
@@ -253,9 +218,9 @@ class GpuMonitor:
             return GpuSnapshot((), self._unavailable)
         pids = frozenset(worker_pids)
         readings = []
-        for device, handle, uuid, name in self._devices:
+        for device in self._devices:
             try:
-                readings.append(self._read_one(device, handle, uuid, name, pids))
+                readings.append(self._read_one(device, pids))
             except NvmlError as exc:
                 # A lost GPU must not kill the watch loop; the other devices still count.
                 return GpuSnapshot(tuple(readings), f"GPU figures incomplete: {exc}")
@@ -271,36 +236,42 @@ class GpuMonitor:
         self._devices = None
 
     def _open(self) -> None:
-        if self._nvml is None:
-            self._nvml, self._unavailable = load_nvml()
-            if self._nvml is None:
+        if self._nvml is None:  # the real binding
+            try:
+                import pynvml
+            except ImportError as exc:
+                self._unavailable = f"GPU figures unavailable: the nvidia-ml-py package is not installed ({exc})"
                 return
+            self._nvml = PyNvml(pynvml)
         try:
             self._nvml.init()
             devices = self._enumerate(self._nvml)
         except NvmlError as exc:
-            self._unavailable = _reason(exc)
+            why = {"library_not_found": "NVML library not found (no NVIDIA driver installed)",
+                   "driver_not_loaded": "the NVIDIA driver is not loaded",
+                   "no_permission": f"no permission to query NVML ({exc})"}.get(exc.kind, str(exc))
+            self._unavailable = f"GPU figures unavailable: {why}"
             return
         self._devices = devices
         if not devices:
             self.close()  # nothing to watch: release NVML now rather than at exit
             self._unavailable = f"GPU figures unavailable: CUDA_VISIBLE_DEVICES={self._visible!r} hides every GPU"
 
-    def _enumerate(self, nvml: Nvml) -> list[tuple[VisibleDevice, Any, str, str]]:
+    def _enumerate(self, nvml: PyNvml) -> list[VisibleDevice]:
         handles = [nvml.handle(i) for i in range(nvml.device_count())]
         uuids = [nvml.uuid(h) for h in handles]
         chosen = parse_visible_devices(self._visible, uuids)
-        return [(VisibleDevice(cuda, index), handles[index], uuids[index], nvml.name(handles[index]))
+        return [VisibleDevice(cuda, index, handles[index], uuids[index], nvml.name(handles[index]))
                 for cuda, index in enumerate(chosen)]
 
-    def _read_one(self, device: VisibleDevice, handle: Any, uuid: str, name: str, pids: frozenset[int]) -> GpuReading:
+    def _read_one(self, device: VisibleDevice, pids: frozenset[int]) -> GpuReading:
         assert self._nvml is not None
+        cuda, index, handle, uuid, name = device
         total, used, free = self._nvml.memory(handle)
         worker_bytes, mine, note = self._worker_usage(handle, pids)
-        return GpuReading(device.cuda_index, device.nvml_index, uuid, name, total, used, free,
+        return GpuReading(cuda, index, uuid, name, total, used, free,
                           self._optional(self._nvml.utilization, handle), worker_bytes, tuple(p.pid for p in mine),
-                          note, tuple((p.pid, p.used_bytes) for p in mine),
-                          self._worker_sm(device.nvml_index, handle, pids))
+                          note, tuple((p.pid, p.used_bytes) for p in mine), self._worker_sm(index, handle, pids))
 
     def _worker_sm(self, index: int, handle: Any, pids: frozenset[int]) -> int | None:
         """The highest SM share of a worker process sampled since the last call; None where NVML
@@ -345,10 +316,3 @@ class GpuMonitor:
             # NVML speaks host PIDs; inside a container without the host PID namespace they match nothing.
             return None, [], "GPU processes carry PIDs from another namespace (container without host PIDs)"
         return sum(p.used_bytes or 0 for p in mine), mine, None
-
-
-def _reason(exc: NvmlError) -> str:
-    why = {"library_not_found": "NVML library not found (no NVIDIA driver installed)",
-           "driver_not_loaded": "the NVIDIA driver is not loaded",
-           "no_permission": f"no permission to query NVML ({exc})"}.get(exc.kind, str(exc))
-    return f"GPU figures unavailable: {why}"

@@ -81,6 +81,11 @@ MARKERS = ("rror", "usage: ", "emory", "ALLOC", "EOF", "Ran out of input", "heck
            "capacity")
 
 
+# The evidence lines ``OutputScanner`` keeps, by field.
+_EVIDENCE = (("disk_full", _DISK_FULL), ("device_oom", _DEVICE_OOM), ("host_oom", _HOST_OOM),
+             ("load_error", _LOAD_ERROR), ("dataloader", _DATALOADER))
+
+
 def _bytes(number: str, unit: str) -> int:
     return int(float(number) * _UNITS.get(unit, 1))
 
@@ -127,11 +132,8 @@ class OutputScanner:
                 break
         else:
             return
-        self.disk_full = _keep(self.disk_full, line, _DISK_FULL)
-        self.device_oom = _keep(self.device_oom, line, _DEVICE_OOM)
-        self.host_oom = _keep(self.host_oom, line, _HOST_OOM)
-        self.load_error = _keep(self.load_error, line, _LOAD_ERROR)
-        self.dataloader = _keep(self.dataloader, line, _DATALOADER)
+        for name, pattern in _EVIDENCE:
+            setattr(self, name, _keep(getattr(self, name), line, pattern))
         self._fatal(line)
         if line.startswith(_TRACEBACK):
             self.frames, self.sites = [], []

@@ -19,7 +19,6 @@ from typing import Any
 from oomguard.common import protocol
 from oomguard.supervisor.observe.allocator import AllocatorReport, ProbeReport
 from oomguard.supervisor.observe.checkpoints import ResumeCheck, renamed_name
-from oomguard.supervisor.observe.gpu import GpuReading
 from oomguard.supervisor.observe.output import OutputScanner
 from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample, fold_peak
 from oomguard.supervisor.units import format_size
@@ -121,9 +120,9 @@ def gpu_activity(before: MemorySample, after: MemorySample) -> str | None:
             return f"GPU {g.cuda_index} at {g.utilization_pct}%"
         old = earlier.get(g.cuda_index)
         if old is not None:
-            now_bytes, old_bytes = _gpu_bytes(g), _gpu_bytes(old)
-            if abs(now_bytes - old_bytes) >= GPU_MEMORY_MOVED:
-                return f"GPU {g.cuda_index} memory moved {format_size(abs(now_bytes - old_bytes))}"
+            moved = abs(g.worker_or_used - old.worker_or_used)
+            if moved >= GPU_MEMORY_MOVED:
+                return f"GPU {g.cuda_index} memory moved {format_size(moved)}"
     return None
 
 
@@ -150,9 +149,6 @@ class Cadence:
         if self.gaps < CADENCE_GAPS or self.first is None or self.last is None:
             return None
         return learned if self.last - self.first >= CADENCE_FLOOR else None
-
-    def describe(self, what: str) -> str:
-        return f"{self.gaps} gaps between {what}, the longest {self.longest:.0f} s, × {CADENCE_FACTOR:g}"
 
 
 @dataclass(frozen=True)
@@ -207,7 +203,10 @@ class Liveness:
 
     def add(self, sample: MemorySample) -> None:
         """One sample of the worker's tree (the sampler's, once per interval)."""
-        before = self.previous or _origin(sample, self.started)
+        # Before the first sample: the tree as it was when the attempt started, nothing used yet.
+        before = self.previous or replace(
+            sample, monotonic=self.started, gpus=(), worker_cpu_seconds=None if sample.worker_cpu_seconds is None
+            else 0.0, worker_io_bytes=None if sample.worker_io_bytes is None else 0)
         self.previous = sample
         self.gpu_note = None if sample.gpus else (sample.gpu_unavailable or "no GPU")
         activity = activity_between(before, sample)
@@ -226,7 +225,8 @@ class Liveness:
         cadence, what = (self.steps, "steps") if steps_known else (self.output, "output lines")
         learned = cadence.timeout()
         if learned is not None and learned < configured:
-            return learned, f"learned cadence: {cadence.describe(what)}"
+            return learned, (f"learned cadence: {cadence.gaps} gaps between {what}, the longest "
+                             f"{cadence.longest:.0f} s, × {CADENCE_FACTOR:g}")
         return configured, f"--hang-timeout {configured:g}"
 
     def judge(self, quiet: float, configured: float, steps_known: bool, now: float) -> Judgement:
@@ -248,10 +248,9 @@ class Liveness:
 
     def _idle_figures(self) -> dict[str, Any]:
         idle = self.idle
-        known = idle is not None and idle.cpu_known
-        return {"cpu_max_pct": round(100 * idle.max_share, 2) if idle and known else None,
-                "cpu_seconds": round(idle.cpu_seconds, 3) if idle and known else None,
-                "io_bytes": idle.io_bytes if idle else None, "gpu": self.gpu_note or "idle"}
+        cpu = idle if idle is not None and idle.cpu_known else None  # None where no CPU figure was read
+        return {"cpu_max_pct": cpu and round(100 * cpu.max_share, 2), "cpu_seconds": cpu and round(cpu.cpu_seconds, 3),
+                "io_bytes": idle and idle.io_bytes, "gpu": self.gpu_note or "idle"}
 
     def _idle_text(self, idle_for: float) -> str:
         idle = self.idle
@@ -273,21 +272,10 @@ class Liveness:
         return "released" if not held else "still held" if was_held else "held"
 
 
-def _origin(sample: MemorySample, started: float) -> MemorySample:
-    """The tree as it was when the attempt started: nothing used yet."""
-    return replace(sample, monotonic=started, worker_cpu_seconds=0.0 if sample.worker_cpu_seconds is not None
-                   else None, worker_io_bytes=0 if sample.worker_io_bytes is not None else None, gpus=())
-
-
 def _delta(before: float | int | None, after: float | int | None) -> float | None:
     if before is None or after is None:
         return None
     return max(0.0, float(after - before))  # a process that left the tree takes its time with it
-
-
-def _gpu_bytes(g: GpuReading) -> int:
-    return int(g.worker_bytes if g.worker_bytes is not None else g.used_bytes)
-
 
 
 def duration(seconds: float) -> str:
@@ -339,22 +327,21 @@ _TRAINING_DESCRIPTION = re.compile(r"^\s*$|\b(?:epoch|train|step|iter|batch|upda
 
 # Bars, read before the checkpoint-message rule. Each has the named group ``step`` and maybe ``total``
 # and ``epoch``; ``per_epoch`` marks a bar that counts batches within an epoch (Lightning's).
-_BARS: tuple[tuple[str, re.Pattern[str]], ...] = (
+_BARS: tuple[re.Pattern[str], ...] = (
     # Lightning's Rich bar: "Epoch 2/4  ━━━━━━━━━━╸━━━━━━━━━ 5/8 0:00:04 • 0:00:03 1.69it/s v_num: 0"
-    ("lightning rich",
-     re.compile(r"^\s*Epoch (?P<epoch>\d+)/(?P<epochs>-?\d+)\s+[^\d\s]*\s*(?P<step>\d+)/(?P<total>\d+)\s")),
+    re.compile(r"^\s*Epoch (?P<epoch>\d+)/(?P<epochs>-?\d+)\s+[^\d\s]*\s*(?P<step>\d+)/(?P<total>\d+)\s"),
     # Lightning's TQDM bar: "Epoch 2:  45%|████▌     | 45/100 [00:03<00:04, 13.52it/s, v_num=0]"
-    ("lightning tqdm", re.compile(r"^\s*Epoch (?P<epoch>\d+):.*?\|\s*(?P<step>\d+)/(?P<total>\d+) \[")),
+    re.compile(r"^\s*Epoch (?P<epoch>\d+):.*?\|\s*(?P<step>\d+)/(?P<total>\d+) \["),
     # tqdm (Hugging Face Trainer, Accelerate scripts): " 40%|████      | 40/100 [00:12<00:18,  3.30it/s]",
     # with or without the percentage block: "12/100 [00:01<00:09"
-    ("tqdm", re.compile(r"^(?P<desc>[^|\[]*?)(?::\s*)?(?:\d+%\|[^|]*\|\s*|(?<!\S))(?P<step>\d+)/(?P<total>\d+) \[\d")),
+    re.compile(r"^(?P<desc>[^|\[]*?)(?::\s*)?(?:\d+%\|[^|]*\|\s*|(?<!\S))(?P<step>\d+)/(?P<total>\d+) \[\d"),
 )
 # Text lines, read after it. nanoGPT: "iter 120: loss 3.2100, time 41.23ms" and "step 250: train loss 2.9";
 # nanochat: "step 00120/01000 (12.00%) | loss: 3.21"; "Step: 120 / 1000"; "global_step=120"; "step 120".
-_TEXT: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("nanogpt", re.compile(r"^\s*(?:iter|step) (?P<step>\d+): ")),
-    ("step N/M", re.compile(r"\b(?:global_)?step[\s:=]+(?P<step>\d+)\s*/\s*(?P<total>\d+)\b", re.IGNORECASE)),
-    ("step N", re.compile(r"\b(?:global[_ ])?step[\s:=]+(?P<step>\d+)\b", re.IGNORECASE)),
+_TEXT: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^\s*(?:iter|step) (?P<step>\d+): "),  # nanoGPT
+    re.compile(r"\b(?:global_)?step[\s:=]+(?P<step>\d+)\s*/\s*(?P<total>\d+)\b", re.IGNORECASE),  # step N/M
+    re.compile(r"\b(?:global[_ ])?step[\s:=]+(?P<step>\d+)\b", re.IGNORECASE),  # step N
 )
 
 
@@ -393,12 +380,12 @@ class StepMatcher:
         if _OTHER_LOOP.match(line):
             return None
         line = _PATHLIKE.sub(" ", line) if ("/" in line or "." in line or "=" in line or "\\" in line) else line
-        for _, pattern in _BARS:
+        for pattern in _BARS:
             if (m := pattern.search(line)) is not None and (seen := self._bar(m)) is not None:
                 return seen
         if _CHECKPOINT_MESSAGE.search(line):
             return None
-        for _, pattern in _TEXT:
+        for pattern in _TEXT:
             if (seen := _read(pattern.search(line))) is not None:
                 return seen
         return None
@@ -510,8 +497,8 @@ class AttemptWatch:
         """A step read from the output. Steps only count going up: an evaluation bar's 5/10 printed
         at training step 400 is not a step back, and output without a new step is not progress."""
         if self.allocator.step is not None:  # the probe counts the steps; a bar still tells the total
-            if seen.total and (self.total_steps is None or seen.total > self.total_steps):
-                self.total_steps = seen.total
+            if seen.total:
+                self.total_steps = max(seen.total, self.total_steps or 0)
             return
         if self.resume is not None:
             self.resume.see(seen.step, seen.total)
@@ -571,9 +558,14 @@ class AttemptWatch:
         return mine[-1].step if mine else None
 
     @property
+    def steps_known(self) -> bool:
+        """Steps were reported: by the probe, the worker library or the output."""
+        return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0
+
+    @property
     def progressed(self) -> bool:
-        """The attempt made progress: steps reported (by the library or the output) or a checkpoint."""
-        return self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0 or self.new_checkpoint
+        """The attempt made progress: steps reported or a checkpoint."""
+        return self.steps_known or self.new_checkpoint
 
     def running_since(self) -> float:
         """When stable running began (for --grow-after): the first step seen, else the attempt's start."""
@@ -634,11 +626,11 @@ class AttemptWatch:
         """The probe's record of one ``torch.save``: when it ran and at which step (see step_at). A
         save before the process's first step says no step: the output's, if any, stands for it."""
         began, returned, step, path = record.get("started"), record.get("t"), record.get("step"), record.get("path")
-        if isinstance(path, str) and len(self.saved_paths) < MAX_SAVED:  # a save before the first step wrote it too
-            self.saved_paths.append(os.path.realpath(path))
+        real = os.path.realpath(path) if isinstance(path, str) else None
+        if real is not None and len(self.saved_paths) < MAX_SAVED:  # a save before the first step wrote it too
+            self.saved_paths.append(real)
         if isinstance(began, (int, float)) and isinstance(returned, (int, float)) and isinstance(step, int):
-            save = Save(float(began), float(returned), step, os.path.realpath(path) if isinstance(path, str) else None)
-            self.saves = (self.saves + [save])[-64:]
+            self.saves = (self.saves + [Save(float(began), float(returned), step, real)])[-64:]
 
     def _take_probe(self, record: dict[str, Any], now: float) -> bool:
         """A probe record: a step record is progress (journaled as an event at most every
@@ -666,9 +658,8 @@ class AttemptWatch:
             return None
         # Where steps are known (records or output), output without a new step is not progress:
         # a script printing warnings in a loop is still silent.
-        steps_known = self.progress_records > 0 or self.output_steps > 0 or self.allocator.records > 0
-        quiet = now - (self.last_progress if steps_known else max(last_output, self.last_progress))
-        return self.liveness.judge(quiet, timeout, steps_known, now)
+        quiet = now - (self.last_progress if self.steps_known else max(last_output, self.last_progress))
+        return self.liveness.judge(quiet, timeout, self.steps_known, now)
 
     def request_pending(self, request_file_exists: bool, now: float) -> bool:
         """A checkpoint request already written and still fresh is not repeated."""

@@ -128,16 +128,7 @@ class MemorySample:
     @property
     def worker_gpu_bytes(self) -> int | None:
         """The worker's GPU memory on its busiest device (per-process figure, else device used)."""
-        figures = [g.worker_bytes if g.worker_bytes is not None else g.used_bytes for g in self.gpus]
-        return max(figures) if figures else None
-
-    def gpu_rows(self) -> list[dict[str, Any]]:
-        """Every visible device, with each rank's memory on it (rank read from the process's RANK)."""
-        return [{"cuda_index": g.cuda_index, "name": g.name, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes,
-                 "worker_bytes": g.worker_bytes,
-                 "ranks": {str(rank if rank is not None else f"pid {pid}"): used
-                           for pid, used in g.worker_processes for rank in [process_rank(pid)]}}
-                for g in self.gpus]
+        return max((g.worker_or_used for g in self.gpus), default=None)
 
     def as_row(self) -> dict[str, Any]:
         """Flat columns for the journal and ``status --json`` (GPU figures of the busiest device)."""
@@ -149,18 +140,21 @@ class MemorySample:
             "worker_rss_bytes": self.worker_rss_bytes,
             "host_total_bytes": self.host_total_bytes,
             "host_available_bytes": self.host_available_bytes,
-            "cgroup_usage_bytes": self.cgroup.usage_bytes if self.cgroup else None,
-            "cgroup_working_set_bytes": self.cgroup.working_set_bytes if self.cgroup else None,
-            "cgroup_limit_bytes": self.cgroup.limit_bytes if self.cgroup else None,
-            "cgroup_counted_bytes": self.cgroup.counted_bytes if self.cgroup else None,  # against that limit
+            # counted_bytes: what counts against the limit
+            **{f"cgroup_{name}": getattr(self.cgroup, name, None)
+               for name in ("usage_bytes", "working_set_bytes", "limit_bytes", "counted_bytes")},
             "psi_some_avg10": self.pressure.some_avg10 if self.pressure else None,
             "psi_full_avg10": self.pressure.full_avg10 if self.pressure else None,
             "gpu_worker_bytes": self.worker_gpu_bytes,
-            "gpu_used_bytes": busiest.used_bytes if busiest else None,
-            "gpu_total_bytes": busiest.total_bytes if busiest else None,
-            "gpu_utilization_pct": busiest.utilization_pct if busiest else None,
+            **{f"gpu_{name}": getattr(busiest, name, None)
+               for name in ("used_bytes", "total_bytes", "utilization_pct")},
             "gpu_unavailable": self.gpu_unavailable,
-            "gpus": self.gpu_rows() or None,  # every device, every rank
+            # every device, with each rank's memory on it (rank read from the process's RANK)
+            "gpus": [{"cuda_index": g.cuda_index, "name": g.name, "used_bytes": g.used_bytes,
+                      "total_bytes": g.total_bytes, "worker_bytes": g.worker_bytes,
+                      "ranks": {str(rank if rank is not None else f"pid {pid}"): used
+                                for pid, used in g.worker_processes for rank in [process_rank(pid)]}}
+                     for g in self.gpus] or None,
         }
 
 

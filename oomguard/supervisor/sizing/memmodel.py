@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from oomguard.common.batch import divisors
-from oomguard.supervisor.observe.allocator import MEMORY_KINDS, AllocatorOom, AllocatorReport, OomProgress
+from oomguard.supervisor.observe.allocator import MEMORY_KINDS, AllocatorOom, AllocatorReport, OomProgress, integer
 from oomguard.supervisor.observe.sampler import AttemptPeak, MemorySample
 
 if TYPE_CHECKING:  # decide/policy imports decide/attribution, which imports this module
@@ -236,10 +236,10 @@ class ModelPrint:
 
     @classmethod
     def from_record(cls, record: dict[str, object]) -> ModelPrint | None:
-        digest, params, tensors = record.get("digest"), record.get("params"), record.get("tensors")
-        if not isinstance(digest, str) or not digest or not isinstance(params, int) or isinstance(params, bool):
+        digest, params = record.get("digest"), integer(record, "params")
+        if not isinstance(digest, str) or not digest or params is None:
             return None
-        return cls(digest, params, tensors if isinstance(tensors, int) and not isinstance(tensors, bool) else 0)
+        return cls(digest, params, integer(record, "tensors") or 0)
 
 
 def merge_models(old: Sequence[ModelPrint], new: Sequence[ModelPrint]) -> tuple[ModelPrint, ...]:
@@ -287,9 +287,8 @@ def merge_point(record: FitRecord, point: Point, now: float) -> FitRecord:
     by_micro[point.micro_batch] = _merge(old, point) if old else point
     points = tuple(sorted(by_micro.values(), key=lambda p: p.micro_batch))
     good = [p.micro_batch for p in points if p.succeeded]
-    bad = [p.micro_batch for p in points if not p.succeeded]
-    return replace(record, points=points, micro_batch=max(good) if good else None,
-                   failed_micro=min(bad) if bad else None, updated_wall=now)
+    return replace(record, points=points, micro_batch=max(good, default=None),
+                   failed_micro=_smallest_failure(points), updated_wall=now)
 
 
 def _merge(old: Point, new: Point) -> Point:
@@ -420,7 +419,7 @@ class SizeTuner:
         if not self.measured_with or any(m.digest == model.digest for m in self.measured_with):
             return None  # the same model, or a record that does not know its model: today's behaviour
         then = max(self.measured_with, key=lambda m: m.params)
-        restart = self.fitted_start is not None and micro == self.fitted_start and not self.points
+        restart = micro == self.fitted_start and not self.points
         self.measured_with, self.stored_failures = (), []
         if self.store is not None and self.key is not None:
             try:
@@ -547,8 +546,7 @@ def predict_after_oom(oom: OomFigures | None, proven: int, per_process_batch: in
                       min_micro: int, points: Sequence[Point] = ()) -> Prediction | None:
     """The largest divisor of the per-process batch predicted to fit under the OOM's limit, when it is
     below ``proven`` (the size the proven path would try); None when there is no such prediction."""
-    slope = per_sample(oom) if oom is not None else None
-    if oom is None or slope is None:
+    if oom is None or (slope := per_sample(oom)) is None:
         return None
     # Under RLIMIT_AS most of the limit is address space mapped before the forward: the margin is of the room.
     room = budget(oom.limit_bytes, margin, oom.fixed_bytes if oom.address_space else 0.0)

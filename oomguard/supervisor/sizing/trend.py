@@ -203,6 +203,16 @@ class Headroom:
         return max(0.0, self.distance / per_step)
 
     @property
+    def rise(self) -> int:
+        """Bytes the line rose in the attempt, up to the moment."""
+        return self.expected - self.trend.first
+
+    @property
+    def needed(self) -> int:
+        """Bytes a failure needed on top of the line: the room left, or the jump where that was more."""
+        return max(self.distance, self.trend.jump.above if self.trend.jump else 0)
+
+    @property
     def falling_below_zero(self) -> bool:
         """The line, carried to the moment, is below 0 bytes: a falling line says no memory figure there."""
         return self.trend.at(self.t) < 0
@@ -284,14 +294,13 @@ def _fit(points: Sequence[Reading], jump: Jump | None) -> Trend:
     r2 = _r_squared(ts, ys)
     residuals = [y - (slope * t + intercept) for t, y in zip(ts, ys, strict=True)]
     noise = math.sqrt(sum(e * e for e in residuals) / max(1, len(points) - 2))
-    steps = [r.step for r in points if r.step is not None]
-    per_step = steps_r2 = None
-    covered = None
+    steps = [float(r.step) for r in points if r.step is not None]
+    per_step = steps_r2 = covered = None
     if len(steps) == len(points):
-        covered = steps[-1] - steps[0]  # 0: the steps stood still while memory moved
+        covered = int(steps[-1] - steps[0])  # 0: the steps stood still while memory moved
         if covered > 0:
-            per_step = statistics.linear_regression([float(s) for s in steps], ys)[0]
-            steps_r2 = _r_squared(ts, [float(s) for s in steps])
+            per_step = statistics.linear_regression(steps, ys)[0]
+            steps_r2 = _r_squared(ts, steps)
     return Trend(slope, per_step, r2, len(points), ts[-1] - ts[0], covered,
                  int(slope * ts[0] + intercept), int(slope * ts[-1] + intercept), steps_r2,
                  ts[-1], noise, jump)
@@ -410,19 +419,15 @@ def budgets(sample: MemorySample, memory_limit: int | None, fraction: float,
     """The limits that apply now, each with the memory counted against it (a cgroup's: everything in
     the cgroup that sets it). The target is the ``--soft-threshold`` share of each: room for what the
     line cannot see. ``allocator``: the probe's newest step peak and the allocator's limit."""
-    found = []
-    if allocator is not None:
-        used, limit = allocator
-        found.append(Budget(ALLOCATOR, used, int(limit * fraction), limit))
+    found = [(ALLOCATOR, *allocator)] if allocator is not None else []
     if sample.gpus:
         busiest = max(sample.gpus, key=lambda g: g.used_bytes)
-        found.append(Budget("GPU", busiest.used_bytes, int(busiest.total_bytes * fraction), busiest.total_bytes))
+        found.append(("GPU", busiest.used_bytes, busiest.total_bytes))
     if memory_limit and sample.worker_rss_bytes is not None:
-        found.append(Budget("--memory-limit", sample.worker_rss_bytes, int(memory_limit * fraction), memory_limit))
+        found.append(("--memory-limit", sample.worker_rss_bytes, memory_limit))
     if sample.cgroup and sample.cgroup.limit_bytes:
-        found.append(Budget("cgroup", sample.cgroup.counted_bytes, int(sample.cgroup.limit_bytes * fraction),
-                            sample.cgroup.limit_bytes))
-    return found
+        found.append(("cgroup", sample.cgroup.counted_bytes, sample.cgroup.limit_bytes))
+    return [Budget(name, used, int(limit * fraction), limit) for name, used, limit in found]
 
 
 def soonest(forecasts: Sequence[Forecast | None]) -> Forecast | None:
