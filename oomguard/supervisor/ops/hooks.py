@@ -55,7 +55,8 @@ class SystemdNotifier:
     """Sends sd_notify messages to one socket address; a no-op when the address is None."""
 
     def __init__(self, address: str | None) -> None:
-        self._address = _socket_address(address) if address else None
+        # "@name" is the abstract namespace: a leading NUL byte on the wire.
+        self._address = (b"\0" + address[1:].encode() if address.startswith("@") else address) if address else None
         self._warned = False
 
     @classmethod
@@ -127,21 +128,16 @@ class Watchdog:
         return self._notifier.watchdog()
 
 
-def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = None) -> float | None:
+def watchdog_interval(env: Mapping[str, str] = os.environ) -> float | None:
     """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off or meant for another PID."""
     owner = env.get("WATCHDOG_PID", "")
-    if owner and owner != str(pid if pid is not None else os.getpid()):
+    if owner and owner != str(os.getpid()):
         return None
     try:
         usec = int(env.get("WATCHDOG_USEC", ""))
     except ValueError:
         return None
     return usec / 2_000_000 if usec > 0 else None
-
-
-def _socket_address(address: str) -> str | bytes:
-    # "@name" is the abstract namespace: a leading NUL byte on the wire.
-    return b"\0" + address[1:].encode() if address.startswith("@") else address
 
 
 def _status_field(text: str | None) -> list[str]:
@@ -211,27 +207,27 @@ class _Notifications:
         elif name in WARNING_EVENTS and name not in self.told:
             self.told.add(name)
             self.sender.send(notify.warning(self.run, data["message"], attempt=self.sup.attempt))
-        elif name in ("decision", "planned_restart"):
-            self._decision(name, data)
+        elif name == "planned_restart":
+            self._leak(data, {})
+        elif name == "decision":
+            self._decision(data)
 
-    def _decision(self, name: str, data: dict[str, Any]) -> None:
-        memory = self.filled.take() if name == "decision" else None
-        figures = {"cause": dict(self.cause)} if self.cause and name == "decision" else {}
-        if name == "decision":
-            self.cause = {}  # told with this decision; a later failure has its own
-        sup, run = self.sup, self.run
-        is_leak = data.get("cause") == "leak" or name == "planned_restart"
-        if is_leak and data.get("action", "restart") == "restart":
-            if "leak" not in self.told:
-                self.told.add("leak")
-                self.sender.send(notify.leak(run, data["reason"], attempt=sup.attempt, **figures))
-        elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
-            why = figures["cause"].get("summary") if figures else None
-            self.sender.send(notify.recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                              data["grad_accum"], why, memory, evidence=data["evidence"],
-                                              attempt=sup.attempt, **figures))
-        elif name == "decision" and data["action"] == "give_up" and figures:
-            self.last_cause = figures["cause"]
+    def _decision(self, data: dict[str, Any]) -> None:
+        cause, self.cause = self.cause, {}  # told with this decision; a later failure has its own
+        memory, figures = self.filled.take(), {"cause": cause} if cause else {}
+        if data["action"] == "give_up" and cause:
+            self.last_cause = cause
+        elif data["action"] == "restart" and data.get("cause") == "leak":
+            self._leak(data, figures)
+        elif data["action"] == "restart" and data["kind"] in MEMORY_KINDS:
+            self.sender.send(notify.recovered(self.run, data["kind"], self.sup.plan.batch.micro_batch,
+                                              data["micro_batch"], data["grad_accum"], cause.get("summary"), memory,
+                                              evidence=data["evidence"], attempt=self.sup.attempt, **figures))
+
+    def _leak(self, data: dict[str, Any], figures: dict[str, Any]) -> None:
+        if "leak" not in self.told:
+            self.told.add("leak")
+            self.sender.send(notify.leak(self.run, data["reason"], attempt=self.sup.attempt, **figures))
 
 
 def _tell_end(sender: notify.Notifier, sup: Supervisor, data: dict[str, Any], given: dict[str, Any] | None) -> None:
@@ -519,10 +515,6 @@ class StatusLine:
         elif self._snapshot:
             self._write_plain_status()
 
-    def plain_status(self) -> str:
-        """The current status as one uncoloured line."""
-        return "oomguard: " + " | ".join(text for text, _ in status_parts(self._snapshot, self._eta_s, "x"))
-
     def _render(self) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         for index, (part, style) in enumerate(status_parts(self._snapshot, self._eta_s)):
@@ -537,7 +529,8 @@ class StatusLine:
             self._write_plain_status()
 
     def _write_plain_status(self) -> None:
-        key = tuple(self._snapshot.get(name) for name in _KEY_FIELDS)
-        self._last_plain = (key, self._clock())
-        self._stream.write(self.plain_status() + "\n")
+        """The current status as one uncoloured line."""
+        self._last_plain = (tuple(self._snapshot.get(name) for name in _KEY_FIELDS), self._clock())
+        self._stream.write("oomguard: " + " | ".join(text for text, _ in status_parts(self._snapshot, self._eta_s, "x"))
+                           + "\n")
         self._stream.flush()

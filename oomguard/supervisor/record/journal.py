@@ -120,23 +120,17 @@ class Journal:
 
     def set_meta(self, **values: Any) -> None:
         with self._write() as db:
-            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                           [(k, json.dumps(v)) for k, v in values.items()])
+            _put_meta(db, values)
 
     def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
         with self._write() as db:
-            cur = db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, ?, ?, ?)",
-                             (time.time(), name, attempt, json.dumps(data, default=str)))
-            return int(cur.lastrowid or 0)
+            return _add_event(db, name, attempt, data)
 
     def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
         """Record a state change; the caller (the loop's one transition point) has checked it."""
         with self._write() as db:
-            db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, 'state', ?, ?)",
-                       (time.time(), attempt, json.dumps({"from": old, "to": new, "reason": reason})))
-            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                           [("state", json.dumps(new)), ("reason", json.dumps(reason)),
-                            ("updated", json.dumps(time.time()))])
+            _add_event(db, "state", attempt, {"from": old, "to": new, "reason": reason})
+            _put_meta(db, {"state": new, "reason": reason, "updated": time.time()})
 
     def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
                       command: list[str], log_path: str) -> None:
@@ -170,8 +164,7 @@ class Journal:
                        "peak_gpu = max(coalesce(peak_gpu, 0), coalesce(?, 0)), "
                        "last_step = coalesce(?, last_step) WHERE attempt = ?", (rss, gpu, step, attempt))
             if progress is not None:  # tagged with its attempt: status tells it from an earlier attempt's
-                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)",
-                           (json.dumps({**progress, "attempt": attempt}),))
+                _put_meta(db, {"progress": {**progress, "attempt": attempt}})
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
         """Record a checkpoint; True when it is new to the journal, or rewritten at a later step (a
@@ -219,7 +212,7 @@ class Journal:
         return {row["key"]: json.loads(row["value"]) for row in self._query("SELECT key, value FROM meta")}
 
     def bad_checkpoints(self) -> set[str]:
-        return {row["path"] for row in self._query("SELECT path FROM checkpoints WHERE bad = 1")}
+        return set(self.bad_marks())
 
     def bad_marks(self) -> dict[str, float]:
         """Each checkpoint marked bad, with the mtime of the write that was marked."""
@@ -242,8 +235,7 @@ class Journal:
 
     def last_event_id(self) -> int:
         """The id of the newest event (0 when there is none): where a reader starts following."""
-        rows = self._query("SELECT max(id) FROM events")
-        return int(rows[0][0] or 0) if rows else 0
+        return int(self._query("SELECT max(id) FROM events")[0][0] or 0)
 
     def event_data(self, kind: str) -> dict[int, dict[str, Any]]:
         """The data of the newest event of ``kind`` for each attempt."""
@@ -266,9 +258,8 @@ class Journal:
     def last_activity(self, attempt: int) -> float | None:
         """When an attempt was last heard of (its newest event or memory sample): when it ended, for
         an attempt whose supervisor ended before it could say so."""
-        rows = self._query("SELECT max(t) FROM (SELECT t FROM events WHERE attempt = ? "
-                           "UNION ALL SELECT t FROM samples WHERE attempt = ?)", (attempt, attempt))
-        return rows[0][0] if rows and rows[0][0] is not None else None
+        return self._query("SELECT max(t) FROM (SELECT t FROM events WHERE attempt = ? "
+                           "UNION ALL SELECT t FROM samples WHERE attempt = ?)", (attempt, attempt))[0][0]
 
     def checkpoints(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._query(
@@ -292,6 +283,17 @@ class Journal:
                            (start if start is not None else 0.0, end if end is not None else 1e18))
         step = max(1, len(rows) // max(1, max_points))
         return [{"t": r["t"], "attempt": r["attempt"], **json.loads(r["data"])} for r in rows[::step]]
+
+
+def _put_meta(db: sqlite3.Connection, values: dict[str, Any]) -> None:
+    db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                   [(k, json.dumps(v)) for k, v in values.items()])
+
+
+def _add_event(db: sqlite3.Connection, name: str, attempt: int | None, data: dict[str, Any]) -> int:
+    cur = db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, ?, ?, ?)",
+                     (time.time(), name, attempt, json.dumps(data, default=str)))
+    return int(cur.lastrowid or 0)
 
 
 # A journal that cannot be read: found out at open, said in one line, never overwritten.

@@ -162,9 +162,9 @@ def limit_text(value: MemoryBreakdown) -> str:
 
 def by_role(processes: Sequence[Process]) -> dict[str, int]:
     """The reading summed per kind of process (trainer, data-loader worker, other)."""
-    found: dict[str, int] = {}
+    found: Counter[str] = Counter()
     for p in processes:
-        found[p.role] = found.get(p.role, 0) + p.rss
+        found[p.role] += p.rss
     return found
 
 

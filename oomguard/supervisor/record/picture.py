@@ -67,11 +67,8 @@ def ending_of(row: Mapping[str, Any]) -> Ending | None:
         return Ending(row["ending"])
     if row["ended"] is None:
         return None
-    return _old_ending(row["kind"], str(row["decision"] or ""))
-
-
-def _old_ending(kind: str | None, decision: str) -> Ending:
-    """A row written before the ``ending`` column: a kind means a failure; else the decision's words."""
+    # A row written before the ``ending`` column: a kind means a failure; else the decision's words.
+    kind, decision = row["kind"], str(row["decision"] or "")
     if kind:
         return Ending.HANG if kind == "hang" else Ending.FAILED
     if decision.startswith(INTERRUPTED):
@@ -249,7 +246,7 @@ def by_world(attempts: Sequence[Attempt], now: float | None) -> list[dict[str, A
         if end is None:
             continue
         entry = totals.setdefault(a.world_size, {"world_size": a.world_size, "seconds": 0.0, "attempts": 0})
-        entry["seconds"] += max(0.0, float(end) - float(a.started))
+        entry["seconds"] += max(0.0, end - a.started)
         entry["attempts"] += 1
     return list(totals.values())
 

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,10 @@ class FailureRecord:
 
     @classmethod
     def of(cls, attempt: Attempt, cause: Mapping[str, Any] | None) -> FailureRecord:
+        same = {f.name: getattr(attempt, f.name) for f in fields(cls)[2:-2]}  # micro_batch to exit: the attempt's
         return cls(attempt=attempt.number, kind=attempt.kind or (attempt.ending.value if attempt.ending else ""),
-                   micro_batch=attempt.micro_batch, grad_accum=attempt.grad_accum, exit_code=attempt.exit_code,
-                   signal=attempt.signal, evidence=attempt.evidence, decision=attempt.decision,
-                   started=attempt.started, ended=attempt.ended, checkpoint=attempt.checkpoint,
-                   peak_allocated=attempt.peak_allocated, exit=attempt.exit,
-                   cause=None if cause is None else dict(cause),
-                   breakdowns=[b.as_dict() for b in attempt.breakdowns])
+                   cause=None if cause is None else dict(cause), breakdowns=[b.as_dict() for b in attempt.breakdowns],
+                   **same)
 
 
 @dataclass(frozen=True)
