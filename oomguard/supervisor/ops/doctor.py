@@ -319,8 +319,7 @@ def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> i
     stream = out if out is not None else sys.stdout
     try:
         ctx = DoctorContext(args.run_dir, args.host, args.port, min_free_bytes=int(args.min_free_gb * GIB),
-                            rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
-                            node_rank=getattr(args, "node_rank", None), distributed=getattr(args, "distributed", False))
+                            rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank, distributed=args.distributed)
     except DoctorError as error:
         print(f"oomguard doctor: error: {error}", file=sys.stderr)
         return 2

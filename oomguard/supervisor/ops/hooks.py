@@ -76,7 +76,9 @@ class SystemdNotifier:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
                 sock.sendto(payload, self._address)
         except OSError as error:
-            self._warn(error)
+            if not self._warned:  # systemd going away must not flood the log once per tick
+                log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), error)
+                self._warned = True
             return False
         return True
 
@@ -91,11 +93,6 @@ class SystemdNotifier:
 
     def watchdog(self) -> bool:
         return self.send("WATCHDOG=1")
-
-    def _warn(self, error: OSError) -> None:
-        if not self._warned:  # systemd going away must not flood the log once per tick
-            log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), error)
-            self._warned = True
 
 
 class Watchdog:

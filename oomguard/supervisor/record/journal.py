@@ -422,8 +422,10 @@ def rows_to_drop(rows: Iterable[SampleRow], now: float, policy: Retention | None
             keep.add(row.id)
             continue
         buckets.setdefault((row.attempt, width, int(row.t // width)), []).append(row)
-    for members in buckets.values():
-        keep.update(_bucket_keepers(members))
+    for members in buckets.values():  # each bucket's highest host row, and highest GPU row (earliest on ties)
+        keep.add(max(members, key=lambda r: (r.host_bytes or 0, -r.t)).id)
+        if any(r.gpu_bytes is not None for r in members):
+            keep.add(max(members, key=lambda r: (r.gpu_bytes or 0, -r.t)).id)
     return sorted(row.id for row in rows if row.id not in keep)
 
 
@@ -436,13 +438,6 @@ def _attempt_peaks(rows: Sequence[SampleRow]) -> set[int]:
             if value is not None and (current is None or (value, -row.t) > (getattr(current, kind), -current.t)):
                 best[(row.attempt, kind)] = row
     return {row.id for row in best.values()}
-
-
-def _bucket_keepers(members: Sequence[SampleRow]) -> set[int]:
-    keepers = {max(members, key=lambda r: (r.host_bytes or 0, -r.t)).id}
-    if any(r.gpu_bytes is not None for r in members):
-        keepers.add(max(members, key=lambda r: (r.gpu_bytes or 0, -r.t)).id)
-    return keepers
 
 
 # One way to write a small file that must survive ``kill -9`` and never be read half-written.
@@ -567,7 +562,7 @@ class Degradations:
 
 def _describe(error: BaseException | str) -> str:
     if isinstance(error, OSError) and error.strerror:
-        return f"{error.strerror}" + (f" ({error.filename})" if error.filename else "")
+        return error.strerror + (f" ({error.filename})" if error.filename else "")
     return str(error) or type(error).__name__
 
 
@@ -620,14 +615,10 @@ class ResilientJournal(Journal):
             if not ok:
                 return False
             self._pending.pop(0)
-        problem = self.degradations.recovered(COMPONENT)
-        if problem is not None or self.degradations.history:
-            self._journal_history()
+        if self.degradations.recovered(COMPONENT) is not None or self.degradations.history:
+            for problem in self.degradations.drain():
+                self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
         return True
-
-    def _journal_history(self) -> None:
-        for problem in self.degradations.drain():
-            self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
 
     def _guard(self, write: Callable[[], T], default: T, keep: bool = True) -> T:
         """A write now; else, for a fact that must reach the journal (``keep``), in order once it can

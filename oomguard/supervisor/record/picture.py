@@ -172,7 +172,6 @@ class Supervisor:
     """The process that writes the journal: is it still there?"""
 
     pid: int | None
-    started: float | None
     alive: bool
 
 
@@ -260,7 +259,7 @@ def read_picture(journal: Journal) -> RunPicture:
     return RunPicture(
         run_dir=meta.get("run_dir"), state=meta.get("state", "starting"), reason=meta.get("reason", ""),
         command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
-        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), supervisor_alive(meta)),
+        supervisor=Supervisor(meta.get("supervisor_pid"), supervisor_alive(meta)),
         attempts=attempts, checkpoints=tuple(Checkpoint(**{**c, "bad": bool(c["bad"])}) for c in journal.checkpoints()),
         breakdowns=tuple(b for found in breakdowns.values() for b in found),
         progress=meta.get("progress"), resume_points=journal.event_data("resume_point"),

@@ -162,19 +162,14 @@ def _pid_text(doc: dict[str, Any]) -> str:
     pid = doc.get("worker_pid")
     if not pid:
         return "-"
-    name = _process_name(pid)
+    try:  # the process's name as ps shows it, where it can be read (status on the same machine)
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        name = ""
     text = f"{pid}" + (f" ({name})" if name else "")
     if ranks := doc.get("rank_pids"):
         text += "; ranks " + ", ".join(f"{rank}: {p}" for rank, p in ranks.items())
     return text
-
-
-def _process_name(pid: int) -> str | None:
-    """The process's name as ps shows it, where it can be read (status on the same machine)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _liveness(meta: Mapping[str, Any], alive: bool) -> dict[str, Any] | None:
@@ -398,7 +393,8 @@ def _cells(row: dict[str, Any], now: float, cwd: Path) -> tuple[str, ...]:
     warned = len(row["warnings"])
     state = row["state"] + (f", {warned} warning{'s' if warned > 1 else ''}" if warned else "")
     return (name, state, str(row["attempt"]), batch, _failures(row), _checkpoint(row),
-            _progress(row, now), _supervisor(row), row["dashboard"] or "-", _why(row))
+            _progress(row, now), f"alive (pid {row['supervisor_pid']})" if row["supervisor"] == ALIVE
+            else row["supervisor"] or "-", row["dashboard"] or "-", _why(row))
 
 
 def _shown_path(path: Path, cwd: Path) -> str:
@@ -437,12 +433,6 @@ def ago(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size:.0f} {unit} ago"
     return f"{seconds:.0f} s ago"
-
-
-def _supervisor(row: dict[str, Any]) -> str:
-    if row["supervisor"] == ALIVE:
-        return f"alive (pid {row['supervisor_pid']})"
-    return row["supervisor"] or "-"
 
 
 def _why(row: dict[str, Any]) -> str:
