@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from oomguard.supervisor.lifecycle import UsageError
 
@@ -567,12 +567,23 @@ def _describe(error: BaseException | str) -> str:
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 PROBE_EVERY = 2.0  # seconds between tries to write while the journal is degraded
 RETRIES = 2  # extra tries of an important write before it is queued
 RETRY_DELAY = 0.05
 MAX_PENDING = 10_000  # important writes kept while degraded; the oldest are dropped past this
 COMPONENT = "journal"
 _FAILURES = (sqlite3.Error, OSError)
+
+
+def _guarded(write: Callable[Concatenate[Journal, P], T], default: T, keep: bool = True
+             ) -> Callable[Concatenate[ResilientJournal, P], T]:
+    """A ``ResilientJournal`` method: ``write`` (the ``Journal``'s) through ``_guard``."""
+
+    def guarded(self: ResilientJournal, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._guard(functools.partial(write, self, *args, **kwargs), default, keep)
+
+    return guarded
 
 
 class ResilientJournal(Journal):
@@ -655,39 +666,16 @@ class ResilientJournal(Journal):
     def pending(self) -> int:
         return len(self._pending)
 
-    # --- the writes ---------------------------------------------------------------------------
+    # --- the writes: Journal's own, through the guard ----------------------------------------
 
-    def set_meta(self, **values: Any) -> None:
-        self._guard(functools.partial(super().set_meta, **values), None)
-
-    def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
-        return self._guard(functools.partial(super().event, name, attempt, **data), 0)
-
-    def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
-        self._guard(functools.partial(super().transition, old, new, reason, attempt), None)
-
-    def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
-                      command: list[str], log_path: str) -> None:
-        self._guard(functools.partial(super().start_attempt, attempt, pid, plan, checkpoint, command, log_path),
-                    None)
-
-    def end_attempt(self, attempt: int, **fields: Any) -> None:
-        self._guard(functools.partial(super().end_attempt, attempt, **fields), None)
-
-    def mark_bad(self, path: str, reason: str) -> None:
-        self._guard(functools.partial(super().mark_bad, path, reason), None)
-
-    def clear_bad(self, path: str, mtime: float) -> None:
-        self._guard(functools.partial(super().clear_bad, path, mtime), None)
-
-    def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
-                      step: int | None, progress: dict[str, Any] | None) -> None:
-        self._guard(functools.partial(super().record_sample, attempt, data, t, rss, gpu, step, progress), None,
-                    keep=False)
-
-    def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
-        # Not kept: the loop asks again on every scan, so a checkpoint is recorded once writes work.
-        return self._guard(functools.partial(super().checkpoint_seen, path, step, mtime, attempt), False, keep=False)
-
-    def thin_samples(self, now: float | None = None) -> int:
-        return self._guard(functools.partial(super().thin_samples, now), 0, keep=False)
+    set_meta = _guarded(Journal.set_meta, None)
+    event = _guarded(Journal.event, 0)
+    transition = _guarded(Journal.transition, None)
+    start_attempt = _guarded(Journal.start_attempt, None)
+    end_attempt = _guarded(Journal.end_attempt, None)
+    mark_bad = _guarded(Journal.mark_bad, None)
+    clear_bad = _guarded(Journal.clear_bad, None)
+    record_sample = _guarded(Journal.record_sample, None, keep=False)
+    # Not kept: the loop asks again on every scan, so a checkpoint is recorded once writes work.
+    checkpoint_seen = _guarded(Journal.checkpoint_seen, False, keep=False)
+    thin_samples = _guarded(Journal.thin_samples, 0, keep=False)
