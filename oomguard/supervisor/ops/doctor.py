@@ -250,12 +250,7 @@ def check_shadowing(ctx: DoctorContext) -> list[Check]:
 
 
 def check_port(ctx: DoctorContext) -> list[Check]:
-    family = socket.AF_INET6 if ":" in ctx.host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            sock.bind((ctx.host, ctx.port))
-    except OSError as error:
+    if (error := _bind_error(ctx.host, ctx.port)) is not None:
         return [Check("port", FAIL, f"dashboard address {ctx.host}:{ctx.port} unavailable: {error.strerror}",
                       f"pass --port with a free port, or find the owner: ss -ltnp 'sport = :{ctx.port}'")]
     return [Check("port", OK, f"dashboard address {ctx.host}:{ctx.port} is free")]
@@ -396,7 +391,7 @@ def rendezvous_lines(endpoint: str, node_rank: int | None, timeout: float = 3.0)
         return [("fail", f"rendezvous host {host!r} does not resolve ({exc})", "use node 0's name or address")]
     ports = (port, port + 1)
     if node_rank == 0:
-        busy = [p for p in ports if not _free(p)]
+        busy = [p for p in ports if _bind_error("0.0.0.0", p) is not None]
         if busy:
             return [("fail", f"node 0 cannot listen on port(s) {busy} (rendezvous, oomguard's store)",
                      f"pick another --rdzv-endpoint port; find the owner: ss -ltnp 'sport = :{busy[0]}'")]
@@ -415,14 +410,15 @@ def rendezvous_lines(endpoint: str, node_rank: int | None, timeout: float = 3.0)
     return lines
 
 
-def _free(port: int) -> bool:
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why ``host:port`` cannot be listened on, or None."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind((host, port))
+    except OSError as error:
+        return error
+    return None
 
 
 def _connect(host: str, port: int, timeout: float) -> str:

@@ -114,17 +114,14 @@ def parse(data: Mapping[str, Any], attempt: int | None = None) -> MemoryBreakdow
         optimizers=tuple(str(o) for o in data.get("optimizers") or () if isinstance(o, str)),
         total=_size(data.get("total")), limit=_size(data.get("limit")),
         limit_kind=str(data["limit_kind"]) if data.get("limit_kind") else None,
-        processes=None if not isinstance(procs, list) else tuple(_processes(procs)),
+        processes=None if not isinstance(procs, list) else tuple(
+            Process(int(r["pid"]), str(r.get("role") or "other"), str(r.get("name") or "?"), rss)
+            for r in procs if isinstance(r, Mapping) and _size(r.get("pid")) is not None
+            and (rss := _size(r.get("rss"))) is not None),
         baseline=_size(data.get("baseline")) or None, snapshot=str(data["snapshot"]) if data.get("snapshot") else None,
         stacks=tuple(Stack(str(s.get("where")), s["bytes"], s["allocations"]) for s in data.get("stacks") or ()
                      if isinstance(s, Mapping) and _size(s.get("bytes")) is not None
                      and _size(s.get("allocations")) is not None))
-
-
-def _processes(rows: Sequence[Any]) -> list[Process]:
-    return [Process(int(r["pid"]), str(r.get("role") or "other"), str(r.get("name") or "?"), rss)
-            for r in rows if isinstance(r, Mapping) and _size(r.get("pid")) is not None
-            and (rss := _size(r.get("rss"))) is not None]
 
 
 def from_events(events: Sequence[Mapping[str, Any]]) -> list[MemoryBreakdown]:
@@ -255,15 +252,13 @@ def representative(values: Sequence[MemoryBreakdown], attempt: int) -> MemoryBre
 
 @dataclass(frozen=True)
 class Comparison:
-    failed: int
-    other: int
-    text: str
-    per_sample: int | None
-    no_room: bool
+    """As the ``memory_comparison`` event holds it (``asdict``)."""
 
-    def data(self) -> dict[str, Any]:
-        return {"failed_attempt": self.failed, "other_attempt": self.other, "text": self.text,
-                "per_sample_bytes": self.per_sample, "no_room": self.no_room}
+    failed_attempt: int
+    other_attempt: int
+    text: str
+    per_sample_bytes: int | None
+    no_room: bool
 
 
 def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
@@ -355,7 +350,7 @@ def memory_breakdown(watch: BreakdownWatch, kind: str | None, attempt: int, micr
     comparison = compare(this, other, fallback_args) if this is not None else None
     if comparison is None:
         return
-    event(COMPARISON, **comparison.data())
+    event(COMPARISON, **asdict(comparison))
     say(f"memory: {comparison.text}")
 
 
