@@ -297,15 +297,16 @@ def exit_code(results: list[Check]) -> int:
 
 def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("doctor", help="check this machine before a long run")
-    parser.add_argument("--run-dir", type=Path, default=Path("."), help="where the run and checkpoints go")
-    parser.add_argument("--host", default=DEFAULT_HOST, help="dashboard address to check")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
-    parser.add_argument("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
-    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    parser.add_argument("--distributed", action="store_true", help="check NCCL/Gloo for runs of several ranks")
-    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                        help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
-    parser.add_argument("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
+    add = parser.add_argument
+    add("--run-dir", type=Path, default=Path("."), help="where the run and checkpoints go")
+    add("--host", default=DEFAULT_HOST, help="dashboard address to check")
+    add("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
+    add("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
+    add("--json", action="store_true", help="print the checks as JSON")
+    add("--distributed", action="store_true", help="check NCCL/Gloo for runs of several ranks")
+    add("--rdzv-endpoint", metavar="HOST:PORT",
+        help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
+    add("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
     parser.set_defaults(func=lambda args, command: run_doctor_command(args))
 
 

@@ -200,7 +200,7 @@ class _Notifications:
         elif self.filled.heard(name, data):
             return
         elif name == "state":
-            _tell_end(self.sender, self.sup, data, self.last_cause)
+            self._tell_end(data)
         elif name in WARNING_EVENTS and name not in self.told:
             self.told.add(name)
             self.sender.send(notify.warning(self.run, data["message"], attempt=self.sup.attempt))
@@ -221,22 +221,22 @@ class _Notifications:
                                               data["micro_batch"], data["grad_accum"], cause.get("summary"), memory,
                                               evidence=data["evidence"], attempt=self.sup.attempt, **figures))
 
+    def _tell_end(self, data: dict[str, Any]) -> None:
+        """The run's end: gave up (with the cause of the failure it gave up after), or succeeded."""
+        given = self.last_cause
+        if data["to"] == "failed":
+            reason = data["reason"]
+            if given and given["summary"] not in reason:
+                reason += f"\ncause: {given['summary']}"
+            self.sender.send(notify.gave_up(self.run, reason, attempt=self.sup.attempt,
+                                            **({"cause": given} if given else {})))
+        elif data["to"] == "succeeded":
+            self.sender.send(notify.succeeded(self.run, summary(self.sup), attempt=self.sup.attempt))
+
     def _leak(self, data: dict[str, Any], figures: dict[str, Any]) -> None:
         if "leak" not in self.told:
             self.told.add("leak")
             self.sender.send(notify.leak(self.run, data["reason"], attempt=self.sup.attempt, **figures))
-
-
-def _tell_end(sender: notify.Notifier, sup: Supervisor, data: dict[str, Any], given: dict[str, Any] | None) -> None:
-    """The run's end: gave up (with the cause of the failure it gave up after), or succeeded."""
-    run = sup.run_dir.name
-    if data["to"] == "failed":
-        reason = data["reason"]
-        if given and given["summary"] not in reason:
-            reason += f"\ncause: {given['summary']}"
-        sender.send(notify.gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
-    elif data["to"] == "succeeded":
-        sender.send(notify.succeeded(run, summary(sup), attempt=sup.attempt))
 
 
 def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Callable[[], None]:
@@ -488,7 +488,7 @@ class StatusLine:
 
     def print_worker_line(self, line: str) -> None:
         """One line of the worker's output, shown unchanged above the status line."""
-        line = line[:-1] if line.endswith("\n") else line
+        line = line.removesuffix("\n")
         if self._live is None:
             self._stream.write(line + "\n")
             self._stream.flush()

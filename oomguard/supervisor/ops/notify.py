@@ -161,14 +161,15 @@ def parse_target(spec: str) -> Target:
     head, sep, rest = spec.partition("=")
     if sep and head in LEGACY_FORMATS and "://" not in head:
         return _legacy(head, rest)
-    scheme = urlsplit(spec).scheme.lower()
+    parts = urlsplit(spec)
+    scheme = parts.scheme.lower()
     if not scheme or "://" not in spec:
         raise NotifyConfigError(f"{spec!r} is not a URL", "give a service URL such as tgram://BOT_TOKEN/CHAT_ID, "
                                 "discord://ID/TOKEN or a plain https:// webhook")
     if _claimed(spec):
         return Target(spec, apprise=True)
     if scheme in ("http", "https"):
-        if not urlsplit(spec).hostname:
+        if not parts.hostname:
             raise NotifyConfigError(f"{spec!r} has no host", "e.g. https://example.org/hook")
         return Target(spec, apprise=False)  # no service claims it: a generic webhook
     raise NotifyConfigError(f"{_no_secrets(spec)!r} is not a URL Apprise can use (unknown service or missing "

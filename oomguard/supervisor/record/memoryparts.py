@@ -273,7 +273,7 @@ def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
     per_sample, text = a1 // m1, f"activations {least}{format_size(a1)} at micro-batch {m1}"
     m2 = other.micro_batch if other else None
     a2 = other.part("activations") if other else None
-    if other is not None and m2 is not None and a2 is not None and m2 != m1:
+    if m2 is not None and a2 is not None and m2 != m1:
         text += f", {format_size(a2)} at {m2}"
         if (a1 - a2) * (m1 - m2) > 0:
             per_sample = (a1 - a2) // (m1 - m2)

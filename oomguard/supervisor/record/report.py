@@ -79,14 +79,13 @@ class RunHistory:
 def read_history(journal: Journal) -> RunHistory:
     run = picture.read_picture(journal)
     events, steps, last_t = _scan(journal)
-    by_attempt = [e for e in events if e.attempt is not None]
     return RunHistory(
         picture=run, events=tuple(events), steps=steps, last_activity=last_t, writes=_writes(journal, run.checkpoints),
-        decisions={e.attempt: e.data for e in by_attempt if e.kind == "decision" and e.attempt},
+        decisions={e.attempt: e.data for e in events if e.kind == "decision" and e.attempt},
         # a checkpoint file rewritten in place (nanoGPT's ckpt.pt) has a newer step in the table by now
-        resume_steps={e.attempt: e.data["step"] for e in by_attempt
+        resume_steps={e.attempt: e.data["step"] for e in events
                       if e.kind == "resume_point" and isinstance(e.data.get("step"), int) and e.attempt},
-        not_resumed={e.attempt: e.data for e in by_attempt if e.kind == "not_resumed" and e.attempt})
+        not_resumed={e.attempt: e.data for e in events if e.kind == "not_resumed" and e.attempt})
 
 
 def _scan(journal: Journal) -> tuple[list[Event], dict[int, int], dict[int, float]]:
