@@ -282,11 +282,6 @@ def run_checks(ctx: DoctorContext) -> list[Check]:
     return results
 
 
-def format_check(check: Check) -> str:
-    line = f"[{check.status:^4}] {check.name:<12} {check.detail}"
-    return f"{line} -- fix: {check.fix}" if check.fix else line
-
-
 def exit_code(results: list[Check]) -> int:
     return 1 if any(check.status == FAIL for check in results) else 0
 
@@ -320,7 +315,8 @@ def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> i
         print(f"oomguard doctor: error: {error}", file=sys.stderr)
         return 2
     results = run_checks(ctx)
-    text = "\n".join(map(format_check, results))
+    text = "\n".join(f"[{c.status:^4}] {c.name:<12} {c.detail}" + (f" -- fix: {c.fix}" if c.fix else "")
+                     for c in results)
     print(json.dumps([asdict(check) for check in results], indent=2) if args.json else text, file=stream)
     return exit_code(results)
 

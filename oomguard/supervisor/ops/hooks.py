@@ -458,17 +458,17 @@ class StatusLine:
     def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None, plain_interval_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._stream = stream if stream is not None else sys.stdout
-        self.is_terminal = self._stream.isatty() if terminal is None else terminal
+        terminal = self._stream.isatty() if terminal is None else terminal
         self._plain_interval_s = plain_interval_s
         self._clock = clock
         self._eta = EtaEstimator(clock)
         self._snapshot: dict[str, Any] = {}
         self._eta_s: float | None = None
         self._last_plain: tuple[tuple[Any, ...], float] | None = None
-        self._console = Console(file=self._stream, force_terminal=self.is_terminal, no_color=not self.is_terminal,
+        self._console = Console(file=self._stream, force_terminal=terminal, no_color=not terminal,
                                 highlight=False, emoji=False, markup=False)
         self._live: Live | None = None
-        if self.is_terminal:
+        if terminal:
             self._live = Live(self._render(), console=self._console, auto_refresh=False, transient=False)
             self._live.start()
 

@@ -280,7 +280,7 @@ class Journal:
     def samples(self, start: float | None = None, end: float | None = None,
                 max_points: int = 2000) -> list[dict[str, Any]]:
         rows = self._query("SELECT t, attempt, data FROM samples WHERE t >= ? AND t <= ? ORDER BY t",
-                           (start if start is not None else 0.0, end if end is not None else 1e18))
+                           (start or 0.0, end if end is not None else 1e18))
         step = max(1, len(rows) // max(1, max_points))
         return [{"t": r["t"], "attempt": r["attempt"], **json.loads(r["data"])} for r in rows[::step]]
 

@@ -214,6 +214,11 @@ class RunPicture:
         return tuple(c for c in self.checkpoints if not c.bad)
 
 
+def plain(data: Data | None) -> dict[str, Any] | None:
+    """Journal data as a dict of its own (what the documents carry), or None."""
+    return None if data is None else dict(data)
+
+
 def supervisor_alive(meta: Data) -> bool:
     """Is the supervisor that wrote this journal still running? (pid and start time must match, so a
     reused pid is not mistaken for it)."""
@@ -256,9 +261,10 @@ def read_picture(journal: Journal) -> RunPicture:
     breakdowns = _breakdowns(journal)
     attempts = tuple(Attempt.of(row, breakdowns.get(row["attempt"], ())) for row in journal.attempts())
     latest = journal.latest_samples(1)
+    command = (meta.get("config") or {}).get("command")
     return RunPicture(
         run_dir=meta.get("run_dir"), state=meta.get("state", "starting"), reason=meta.get("reason", ""),
-        command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
+        command=None if command is None else tuple(command), attempt=meta.get("attempt", 0), plan=_plan(meta),
         supervisor=Supervisor(meta.get("supervisor_pid"), supervisor_alive(meta)),
         attempts=attempts, checkpoints=tuple(Checkpoint(**{**c, "bad": bool(c["bad"])}) for c in journal.checkpoints()),
         breakdowns=tuple(b for found in breakdowns.values() for b in found),
@@ -267,11 +273,6 @@ def read_picture(journal: Journal) -> RunPicture:
         own_failures=tuple({"attempt": n, **data} for n, data in journal.event_data("own_failure").items()),
         latest_sample=latest[-1] if latest else None, started=meta.get("started"), updated=meta.get("updated"),
         meta=meta)
-
-
-def _command(meta: Data) -> tuple[str, ...] | None:
-    command = (meta.get("config") or {}).get("command")
-    return None if command is None else tuple(command)
 
 
 def _plan(meta: Data) -> Plan:

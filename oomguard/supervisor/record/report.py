@@ -242,7 +242,7 @@ def _attempt_facts(attempt: Attempt, history: RunHistory) -> dict[str, Any]:
         "evidence": attempt.evidence or ("" if attempt.kind else "no exit recorded: the run was "
                                          "stopped or its supervisor ended during this attempt"),
         "decision": _decision_record(attempt, history),
-        "cause": _data(history.picture.causes.get(attempt.number)),
+        "cause": picture.plain(history.picture.causes.get(attempt.number)),
     }
 
 
@@ -251,10 +251,10 @@ def _decision_record(attempt: Attempt, history: RunHistory) -> dict[str, Any] | 
     decision = history.decisions.get(attempt.number)
     if decision is None and not attempt.decision:
         return None
-    decision = decision or {}
-    reason = decision.get("reason")
-    return {"action": decision.get("action"), "reason": attempt.decision if reason is None else reason,
-            "micro_batch": decision.get("micro_batch"), "grad_accum": decision.get("grad_accum")}
+    record = {k: (decision or {}).get(k) for k in ("action", "reason", "micro_batch", "grad_accum")}
+    if record["reason"] is None:
+        record["reason"] = attempt.decision
+    return record
 
 
 # --- the report as data ---
@@ -344,7 +344,8 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "checkpoints": _checkpoint_summary(run.checkpoints),
         "progress": run.meta.get("progress"),
         "peaks": picture.attempt_peaks(run.attempts),
-        "planned_restarts": [{"attempt": a.number, "reason": a.decision, "cause": _data(run.causes.get(a.number))}
+        "planned_restarts": [{"attempt": a.number, "reason": a.decision,
+                              "cause": picture.plain(run.causes.get(a.number))}
                              for a in run.attempts if a.ending is Ending.PLANNED_RESTART
                              and a.stop_reason != StopReason.RESTART.value],
         "stops": [{"attempt": a.number, "at": a.ended, "reason": a.decision}
@@ -364,10 +365,6 @@ def _steps_lost(redone: list[dict[str, Any]]) -> dict[str, Any]:
             "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
                                                     if f["steps_lost"] is not None),
             "steps_lost_unknown": len(unknown)}
-
-
-def _data(data: Any) -> dict[str, Any] | None:
-    return None if data is None else dict(data)
 
 
 def read_report(run_dir: Path) -> dict[str, Any]:

@@ -26,7 +26,15 @@ from typing import Any
 from oomguard.supervisor.lifecycle import UsageError, exit_text
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import JOURNAL_NAME, Journal, open_existing
-from oomguard.supervisor.record.picture import TERMINAL, Attempt, RunPicture, attempt_peaks, by_world, read_picture
+from oomguard.supervisor.record.picture import (
+    TERMINAL,
+    Attempt,
+    RunPicture,
+    attempt_peaks,
+    by_world,
+    plain,
+    read_picture,
+)
 from oomguard.supervisor.record.picture import supervisor_alive as supervisor_alive  # status's, for web/client.py
 from oomguard.supervisor.record.report import peak_text, progress_text, worlds_text
 from oomguard.supervisor.units import format_size
@@ -57,7 +65,7 @@ class FailureRecord:
     def of(cls, attempt: Attempt, cause: Mapping[str, Any] | None) -> FailureRecord:
         same = {f.name: getattr(attempt, f.name) for f in fields(cls)[2:-2]}  # micro_batch to exit: the attempt's
         return cls(attempt=attempt.number, kind=attempt.kind or (attempt.ending.value if attempt.ending else ""),
-                   cause=None if cause is None else dict(cause), breakdowns=[b.as_dict() for b in attempt.breakdowns],
+                   cause=plain(cause), breakdowns=[b.as_dict() for b in attempt.breakdowns],
                    **same)
 
 
@@ -126,9 +134,9 @@ def status_of(run: RunPicture) -> StatusDoc:
         worker_pid=meta.get("worker_pid") if alive else None,
         rank_pids=dict(meta.get("rank_pids") or {}) if alive else {},
         checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
-        progress=current_progress(dict(run.progress) if run.progress is not None else None, row, run.resume_points),
+        progress=current_progress(plain(run.progress), row, run.resume_points),
         peaks=attempt_peaks(run.attempts),
-        memory=None if run.latest_sample is None else dict(run.latest_sample),
+        memory=plain(run.latest_sample),
         started=run.started, updated=run.updated,
         failures=[FailureRecord.of(a, run.causes.get(a.number)) for a in run.failures],
         forecast=meta.get("forecast") if alive else None, liveness=_liveness(meta, alive),
