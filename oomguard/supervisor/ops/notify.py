@@ -280,7 +280,7 @@ class _Said(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.thread:
-            self.lines.append(record.getMessage().splitlines()[0] if record.getMessage() else "")
+            self.lines.append((record.getMessage().splitlines() or [""])[0])
 
 
 @contextmanager

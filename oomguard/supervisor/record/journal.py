@@ -66,11 +66,11 @@ def journal_path(run_dir: Path) -> Path:
 
 def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
-    missing = UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
     try:
         return Journal(run_dir, readonly=True)
     except FileNotFoundError:  # none, or one being created this instant
-        raise missing from None
+        raise UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run"
+                         ) from None
 
 
 class Journal:
@@ -88,18 +88,15 @@ class Journal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
-            self._add_columns()
+            # A journal written before a column existed gets it (NULL for its old rows): a run directory
+            # outlives upgrades of oomguard.
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(attempts)")}
+            for column, kind in _ADDED_COLUMNS:
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
+            self._db.commit()
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
-
-    def _add_columns(self) -> None:
-        """A journal written before a column existed gets it (NULL for its old rows): a run directory
-        outlives upgrades of oomguard."""
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(attempts)")}
-        for column, kind in _ADDED_COLUMNS:
-            if column not in have:
-                self._db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
-        self._db.commit()
 
     def close(self) -> None:
         with self._lock:

@@ -167,10 +167,8 @@ class ResumePoint:
         return {"path": self.path, "step": self.step, **missed}
 
 
-def _resume_point(nxt: Attempt | None, history: RunHistory) -> ResumePoint | None:
-    """The checkpoint ``nxt`` started from, as it was when it started; None when there is no next attempt."""
-    if nxt is None:
-        return None
+def _resume_point(nxt: Attempt, history: RunHistory) -> ResumePoint:
+    """The checkpoint ``nxt`` started from, as it was when it started."""
     if not nxt.checkpoint:
         return ResumePoint(None, 0, None, False)
     known = next((c for c in history.picture.checkpoints if c.path == nxt.checkpoint), None)
@@ -185,9 +183,9 @@ def _resume_point(nxt: Attempt | None, history: RunHistory) -> ResumePoint | Non
 def _next_resume(nxt: Attempt | None, history: RunHistory) -> ResumePoint | None:
     """``_resume_point`` of the next attempt, with the step it knew when it started (a file rewritten
     in place holds a later one now) and, when it did not load the checkpoint, the first step it showed."""
+    if nxt is None:
+        return None
     resume = _resume_point(nxt, history)
-    if resume is None or nxt is None:
-        return resume
     if resume.path and nxt.number in history.resume_steps:
         resume = replace(resume, step=history.resume_steps[nxt.number])
     missed = history.not_resumed.get(nxt.number)
