@@ -209,10 +209,6 @@ class RunPicture:
     def failures(self) -> tuple[Attempt, ...]:
         return tuple(a for a in self.attempts if a.failed)
 
-    @property
-    def good_checkpoints(self) -> tuple[Checkpoint, ...]:
-        return tuple(c for c in self.checkpoints if not c.bad)
-
 
 def plain(data: Data | None) -> dict[str, Any] | None:
     """Journal data as a dict of its own (what the documents carry), or None."""

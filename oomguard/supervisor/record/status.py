@@ -122,7 +122,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
 def status_of(run: RunPicture) -> StatusDoc:
     """The picture of the run as status, the API and the pages give it."""
     alive, meta, plan, current = run.supervisor.alive, run.meta, run.plan, run.current
-    good = run.good_checkpoints
+    good = [c for c in run.checkpoints if not c.bad]
     row = {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint} if current else {}
     return StatusDoc(
         state=run.state, reason=run.reason, supervisor_alive=alive, supervisor_pid=run.supervisor.pid,
