@@ -385,7 +385,13 @@ def status_parts(snapshot: Mapping[str, Any], eta_s: float | None, times: str = 
         parts.append((f"attempt {snapshot['attempt']}", ""))
     parts += [(text, style) for text, style in ((_batch_text(snapshot, times), "cyan"), (_memory_text(snapshot), ""))
               if text]
-    parts += _progress_parts(snapshot, eta_s)
+    step, total, rate = snapshot.get("step"), snapshot.get("total_steps"), snapshot.get("samples_per_s")
+    if step is not None:
+        parts.append((f"step {step}" + (f"/{total}" if total else ""), ""))
+    if rate is not None:
+        parts.append((f"{float(rate):.1f} samples/s", ""))
+    if eta_s is not None:
+        parts.append((f"ETA {format_duration(eta_s)}", "bold"))
     if snapshot.get("forecast"):
         parts.append((str(snapshot["forecast"]), "yellow"))
     return parts
@@ -411,19 +417,6 @@ def _memory_text(snapshot: Mapping[str, Any]) -> str:
     if host is not None:
         texts.append(f"host {format_size(host)}")
     return "  ".join(texts)
-
-
-def _progress_parts(snapshot: Mapping[str, Any], eta_s: float | None) -> list[tuple[str, str]]:
-    parts: list[tuple[str, str]] = []
-    step, total = snapshot.get("step"), snapshot.get("total_steps")
-    if step is not None:
-        parts.append((f"step {step}" + (f"/{total}" if total else ""), ""))
-    rate = snapshot.get("samples_per_s")
-    if rate is not None:
-        parts.append((f"{float(rate):.1f} samples/s", ""))
-    if eta_s is not None:
-        parts.append((f"ETA {format_duration(eta_s)}", "bold"))
-    return parts
 
 
 class EtaEstimator:

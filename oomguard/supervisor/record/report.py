@@ -222,25 +222,19 @@ def _figures(attempt: Attempt, nxt: Attempt | None, history: RunHistory) -> dict
     redone_from = None if resume is None else resume.step if resume.first_step is None else resume.first_step - 1
     steps_lost = None if redone_from is None or last_step is None else max(0, last_step - redone_from)
     return {
-        **_attempt_facts(attempt, history), "ended": end,
-        "last_step": last_step, "last_step_source": source,
-        "resumed_from": None if resume is None else resume.as_dict(),
-        "steps_lost": steps_lost,
-        "lost_s": _lost_seconds(start, end, resume, written),
-        "gap_s": max(0.0, nxt.started - end) if nxt else 0.0,
-    }
-
-
-def _attempt_facts(attempt: Attempt, history: RunHistory) -> dict[str, Any]:
-    return {
-        "attempt": attempt.number, "kind": attempt.kind or INTERRUPTED, "started": attempt.started,
+        "attempt": n, "kind": attempt.kind or INTERRUPTED, "started": start,
         "micro_batch": attempt.micro_batch, "grad_accum": attempt.grad_accum,
         "peak_allocated": attempt.peak_allocated, "exit_code": attempt.exit_code, "signal": attempt.signal,
         "exit": attempt.exit,
         "evidence": attempt.evidence or ("" if attempt.kind else "no exit recorded: the run was "
                                          "stopped or its supervisor ended during this attempt"),
         "decision": _decision_record(attempt, history),
-        "cause": picture.plain(history.picture.causes.get(attempt.number)),
+        "cause": picture.plain(history.picture.causes.get(n)), "ended": end,
+        "last_step": last_step, "last_step_source": source,
+        "resumed_from": None if resume is None else resume.as_dict(),
+        "steps_lost": steps_lost,
+        "lost_s": _lost_seconds(start, end, resume, written),
+        "gap_s": max(0.0, nxt.started - end) if nxt else 0.0,
     }
 
 
