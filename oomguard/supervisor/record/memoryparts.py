@@ -285,7 +285,10 @@ def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
         other = None
         text += f": {least or 'about '}{format_size(per_sample)} a sample"
     text += _fixed_text(failed, other)
-    room = _room(failed, other)
+    # What the limit leaves for activations once the fixed part (its largest reading: an OOM in the
+    # first step comes before the optimizer's state exists) and the host's baseline are held.
+    fixed = max(x for x in (_fixed(failed), _fixed(other) if other else None, 0) if x is not None)
+    room = None if failed.limit is None or not fixed else failed.limit - fixed - (failed.baseline or 0)
     no_room = room is not None and per_sample > 0 and room < per_sample
     if no_room and room is not None:
         text += _no_room_text(failed, room, per_sample, fallback_args)
@@ -304,15 +307,6 @@ def _fixed_text(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> str:
         return f"; {words} {format_size(max(f1, f2))} at both"
     seen = format_size(f2) if f2 is not None else "not seen"
     return f"; {words} {format_size(f1)} at {failed.micro_batch}, {seen} at {other.micro_batch}"
-
-
-def _room(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> int | None:
-    """What the limit leaves for activations once the fixed part (its largest reading: an OOM in the
-    first step comes before the optimizer's state exists) and the host's baseline are held."""
-    fixed = max(x for x in (_fixed(failed), _fixed(other) if other else None, 0) if x is not None)
-    if failed.limit is None or not fixed:
-        return None
-    return failed.limit - fixed - (failed.baseline or 0)
 
 
 def _no_room_text(failed: MemoryBreakdown, room: int, per_sample: int, fallback_args: Sequence[str]) -> str:

@@ -79,8 +79,14 @@ class RunHistory:
 def read_history(journal: Journal) -> RunHistory:
     run = picture.read_picture(journal)
     events, steps, last_t = _scan(journal)
+    # every checkpoint write as first seen, with the file's bad mark; a journal from before writes were
+    # kept has only each file's newest write
+    bad = {c.path for c in run.checkpoints if c.bad}
+    writes = (journal.checkpoint_writes()
+              or [{"path": c.path, "mtime": c.mtime, "step": c.step} for c in run.checkpoints])
     return RunHistory(
-        picture=run, events=tuple(events), steps=steps, last_activity=last_t, writes=_writes(journal, run.checkpoints),
+        picture=run, events=tuple(events), steps=steps, last_activity=last_t,
+        writes=tuple(Write(w["path"], w["mtime"], w["step"], w["path"] in bad) for w in writes),
         decisions={e.attempt: e.data for e in events if e.kind == "decision" and e.attempt},
         # a checkpoint file rewritten in place (nanoGPT's ckpt.pt) has a newer step in the table by now
         resume_steps={e.attempt: e.data["step"] for e in events
@@ -106,14 +112,6 @@ def _scan(journal: Journal) -> tuple[list[Event], dict[int, int], dict[int, floa
             if event["kind"] != "worker_progress":
                 kept.append(Event(event["t"], event["kind"], attempt, event["data"]))
     return kept, steps, last_t
-
-
-def _writes(journal: Journal, checkpoints: tuple[Checkpoint, ...]) -> tuple[Write, ...]:
-    """Every checkpoint write as first seen, with the file's bad mark; a journal from before writes
-    were kept has only each file's newest write."""
-    bad = {c.path for c in checkpoints if c.bad}
-    writes = journal.checkpoint_writes() or [{"path": c.path, "mtime": c.mtime, "step": c.step} for c in checkpoints]
-    return tuple(Write(w["path"], w["mtime"], w["step"], w["path"] in bad) for w in writes)
 
 
 def failures_of(history: RunHistory) -> list[dict[str, Any]]:
