@@ -250,12 +250,7 @@ def check_shadowing(ctx: DoctorContext) -> list[Check]:
 
 
 def check_port(ctx: DoctorContext) -> list[Check]:
-    family = socket.AF_INET6 if ":" in ctx.host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            sock.bind((ctx.host, ctx.port))
-    except OSError as error:
+    if (error := _bind_error(ctx.host, ctx.port)) is not None:
         return [Check("port", FAIL, f"dashboard address {ctx.host}:{ctx.port} unavailable: {error.strerror}",
                       f"pass --port with a free port, or find the owner: ss -ltnp 'sport = :{ctx.port}'")]
     return [Check("port", OK, f"dashboard address {ctx.host}:{ctx.port} is free")]
@@ -287,11 +282,6 @@ def run_checks(ctx: DoctorContext) -> list[Check]:
     return results
 
 
-def format_check(check: Check) -> str:
-    line = f"[{check.status:^4}] {check.name:<12} {check.detail}"
-    return f"{line} -- fix: {check.fix}" if check.fix else line
-
-
 def exit_code(results: list[Check]) -> int:
     return 1 if any(check.status == FAIL for check in results) else 0
 
@@ -302,15 +292,16 @@ def exit_code(results: list[Check]) -> int:
 
 def add_doctor_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("doctor", help="check this machine before a long run")
-    parser.add_argument("--run-dir", type=Path, default=Path("."), help="where the run and checkpoints go")
-    parser.add_argument("--host", default=DEFAULT_HOST, help="dashboard address to check")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
-    parser.add_argument("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
-    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    parser.add_argument("--distributed", action="store_true", help="check NCCL/Gloo for runs of several ranks")
-    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                        help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
-    parser.add_argument("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
+    add = parser.add_argument
+    add("--run-dir", type=Path, default=Path("."), help="where the run and checkpoints go")
+    add("--host", default=DEFAULT_HOST, help="dashboard address to check")
+    add("--port", type=int, default=DEFAULT_PORT, help="dashboard port to check")
+    add("--min-free-gb", type=float, default=10.0, help="warn below this free disk space")
+    add("--json", action="store_true", help="print the checks as JSON")
+    add("--distributed", action="store_true", help="check NCCL/Gloo for runs of several ranks")
+    add("--rdzv-endpoint", metavar="HOST:PORT",
+        help="multi-node: check node 0's rendezvous and oomguard's store (implies --distributed)")
+    add("--node-rank", type=int, metavar="R", help="multi-node: this node's rank (0 listens)")
     parser.set_defaults(func=lambda args, command: run_doctor_command(args))
 
 
@@ -319,13 +310,13 @@ def run_doctor_command(args: argparse.Namespace, out: TextIO | None = None) -> i
     stream = out if out is not None else sys.stdout
     try:
         ctx = DoctorContext(args.run_dir, args.host, args.port, min_free_bytes=int(args.min_free_gb * GIB),
-                            rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
-                            node_rank=getattr(args, "node_rank", None), distributed=getattr(args, "distributed", False))
+                            rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank, distributed=args.distributed)
     except DoctorError as error:
         print(f"oomguard doctor: error: {error}", file=sys.stderr)
         return 2
     results = run_checks(ctx)
-    text = "\n".join(map(format_check, results))
+    text = "\n".join(f"[{c.status:^4}] {c.name:<12} {c.detail}" + (f" -- fix: {c.fix}" if c.fix else "")
+                     for c in results)
     print(json.dumps([asdict(check) for check in results], indent=2) if args.json else text, file=stream)
     return exit_code(results)
 
@@ -397,7 +388,7 @@ def rendezvous_lines(endpoint: str, node_rank: int | None, timeout: float = 3.0)
         return [("fail", f"rendezvous host {host!r} does not resolve ({exc})", "use node 0's name or address")]
     ports = (port, port + 1)
     if node_rank == 0:
-        busy = [p for p in ports if not _free(p)]
+        busy = [p for p in ports if _bind_error("0.0.0.0", p) is not None]
         if busy:
             return [("fail", f"node 0 cannot listen on port(s) {busy} (rendezvous, oomguard's store)",
                      f"pick another --rdzv-endpoint port; find the owner: ss -ltnp 'sport = :{busy[0]}'")]
@@ -416,14 +407,15 @@ def rendezvous_lines(endpoint: str, node_rank: int | None, timeout: float = 3.0)
     return lines
 
 
-def _free(port: int) -> bool:
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why ``host:port`` cannot be listened on, or None."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind((host, port))
+    except OSError as error:
+        return error
+    return None
 
 
 def _connect(host: str, port: int, timeout: float) -> str:

@@ -55,7 +55,8 @@ class SystemdNotifier:
     """Sends sd_notify messages to one socket address; a no-op when the address is None."""
 
     def __init__(self, address: str | None) -> None:
-        self._address = _socket_address(address) if address else None
+        # "@name" is the abstract namespace: a leading NUL byte on the wire.
+        self._address = (b"\0" + address[1:].encode() if address.startswith("@") else address) if address else None
         self._warned = False
 
     @classmethod
@@ -75,7 +76,9 @@ class SystemdNotifier:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
                 sock.sendto(payload, self._address)
         except OSError as error:
-            self._warn(error)
+            if not self._warned:  # systemd going away must not flood the log once per tick
+                log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), error)
+                self._warned = True
             return False
         return True
 
@@ -90,11 +93,6 @@ class SystemdNotifier:
 
     def watchdog(self) -> bool:
         return self.send("WATCHDOG=1")
-
-    def _warn(self, error: OSError) -> None:
-        if not self._warned:  # systemd going away must not flood the log once per tick
-            log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), error)
-            self._warned = True
 
 
 class Watchdog:
@@ -127,21 +125,16 @@ class Watchdog:
         return self._notifier.watchdog()
 
 
-def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = None) -> float | None:
+def watchdog_interval(env: Mapping[str, str] = os.environ) -> float | None:
     """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off or meant for another PID."""
     owner = env.get("WATCHDOG_PID", "")
-    if owner and owner != str(pid if pid is not None else os.getpid()):
+    if owner and owner != str(os.getpid()):
         return None
     try:
         usec = int(env.get("WATCHDOG_USEC", ""))
     except ValueError:
         return None
     return usec / 2_000_000 if usec > 0 else None
-
-
-def _socket_address(address: str) -> str | bytes:
-    # "@name" is the abstract namespace: a leading NUL byte on the wire.
-    return b"\0" + address[1:].encode() if address.startswith("@") else address
 
 
 def _status_field(text: str | None) -> list[str]:
@@ -207,43 +200,43 @@ class _Notifications:
         elif self.filled.heard(name, data):
             return
         elif name == "state":
-            _tell_end(self.sender, self.sup, data, self.last_cause)
+            self._tell_end(data)
         elif name in WARNING_EVENTS and name not in self.told:
             self.told.add(name)
             self.sender.send(notify.warning(self.run, data["message"], attempt=self.sup.attempt))
-        elif name in ("decision", "planned_restart"):
-            self._decision(name, data)
+        elif name == "planned_restart":
+            self._leak(data, {})
+        elif name == "decision":
+            self._decision(data)
 
-    def _decision(self, name: str, data: dict[str, Any]) -> None:
-        memory = self.filled.take() if name == "decision" else None
-        figures = {"cause": dict(self.cause)} if self.cause and name == "decision" else {}
-        if name == "decision":
-            self.cause = {}  # told with this decision; a later failure has its own
-        sup, run = self.sup, self.run
-        is_leak = data.get("cause") == "leak" or name == "planned_restart"
-        if is_leak and data.get("action", "restart") == "restart":
-            if "leak" not in self.told:
-                self.told.add("leak")
-                self.sender.send(notify.leak(run, data["reason"], attempt=sup.attempt, **figures))
-        elif name == "decision" and data["kind"] in MEMORY_KINDS and data["action"] == "restart":
-            why = figures["cause"].get("summary") if figures else None
-            self.sender.send(notify.recovered(run, data["kind"], sup.plan.batch.micro_batch, data["micro_batch"],
-                                              data["grad_accum"], why, memory, evidence=data["evidence"],
-                                              attempt=sup.attempt, **figures))
-        elif name == "decision" and data["action"] == "give_up" and figures:
-            self.last_cause = figures["cause"]
+    def _decision(self, data: dict[str, Any]) -> None:
+        cause, self.cause = self.cause, {}  # told with this decision; a later failure has its own
+        memory, figures = self.filled.take(), {"cause": cause} if cause else {}
+        if data["action"] == "give_up" and cause:
+            self.last_cause = cause
+        elif data["action"] == "restart" and data.get("cause") == "leak":
+            self._leak(data, figures)
+        elif data["action"] == "restart" and data["kind"] in MEMORY_KINDS:
+            self.sender.send(notify.recovered(self.run, data["kind"], self.sup.plan.batch.micro_batch,
+                                              data["micro_batch"], data["grad_accum"], cause.get("summary"), memory,
+                                              evidence=data["evidence"], attempt=self.sup.attempt, **figures))
 
+    def _tell_end(self, data: dict[str, Any]) -> None:
+        """The run's end: gave up (with the cause of the failure it gave up after), or succeeded."""
+        given = self.last_cause
+        if data["to"] == "failed":
+            reason = data["reason"]
+            if given and given["summary"] not in reason:
+                reason += f"\ncause: {given['summary']}"
+            self.sender.send(notify.gave_up(self.run, reason, attempt=self.sup.attempt,
+                                            **({"cause": given} if given else {})))
+        elif data["to"] == "succeeded":
+            self.sender.send(notify.succeeded(self.run, summary(self.sup), attempt=self.sup.attempt))
 
-def _tell_end(sender: notify.Notifier, sup: Supervisor, data: dict[str, Any], given: dict[str, Any] | None) -> None:
-    """The run's end: gave up (with the cause of the failure it gave up after), or succeeded."""
-    run = sup.run_dir.name
-    if data["to"] == "failed":
-        reason = data["reason"]
-        if given and given["summary"] not in reason:
-            reason += f"\ncause: {given['summary']}"
-        sender.send(notify.gave_up(run, reason, attempt=sup.attempt, **({"cause": given} if given else {})))
-    elif data["to"] == "succeeded":
-        sender.send(notify.succeeded(run, summary(sup), attempt=sup.attempt))
+    def _leak(self, data: dict[str, Any], figures: dict[str, Any]) -> None:
+        if "leak" not in self.told:
+            self.told.add("leak")
+            self.sender.send(notify.leak(self.run, data["reason"], attempt=self.sup.attempt, **figures))
 
 
 def _on_degradation(sup: Supervisor, tell: Callable[[str, str], object]) -> Callable[[], None]:
@@ -392,7 +385,13 @@ def status_parts(snapshot: Mapping[str, Any], eta_s: float | None, times: str = 
         parts.append((f"attempt {snapshot['attempt']}", ""))
     parts += [(text, style) for text, style in ((_batch_text(snapshot, times), "cyan"), (_memory_text(snapshot), ""))
               if text]
-    parts += _progress_parts(snapshot, eta_s)
+    step, total, rate = snapshot.get("step"), snapshot.get("total_steps"), snapshot.get("samples_per_s")
+    if step is not None:
+        parts.append((f"step {step}" + (f"/{total}" if total else ""), ""))
+    if rate is not None:
+        parts.append((f"{float(rate):.1f} samples/s", ""))
+    if eta_s is not None:
+        parts.append((f"ETA {format_duration(eta_s)}", "bold"))
     if snapshot.get("forecast"):
         parts.append((str(snapshot["forecast"]), "yellow"))
     return parts
@@ -418,19 +417,6 @@ def _memory_text(snapshot: Mapping[str, Any]) -> str:
     if host is not None:
         texts.append(f"host {format_size(host)}")
     return "  ".join(texts)
-
-
-def _progress_parts(snapshot: Mapping[str, Any], eta_s: float | None) -> list[tuple[str, str]]:
-    parts: list[tuple[str, str]] = []
-    step, total = snapshot.get("step"), snapshot.get("total_steps")
-    if step is not None:
-        parts.append((f"step {step}" + (f"/{total}" if total else ""), ""))
-    rate = snapshot.get("samples_per_s")
-    if rate is not None:
-        parts.append((f"{float(rate):.1f} samples/s", ""))
-    if eta_s is not None:
-        parts.append((f"ETA {format_duration(eta_s)}", "bold"))
-    return parts
 
 
 class EtaEstimator:
@@ -465,17 +451,17 @@ class StatusLine:
     def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None, plain_interval_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._stream = stream if stream is not None else sys.stdout
-        self.is_terminal = self._stream.isatty() if terminal is None else terminal
+        terminal = self._stream.isatty() if terminal is None else terminal
         self._plain_interval_s = plain_interval_s
         self._clock = clock
         self._eta = EtaEstimator(clock)
         self._snapshot: dict[str, Any] = {}
         self._eta_s: float | None = None
         self._last_plain: tuple[tuple[Any, ...], float] | None = None
-        self._console = Console(file=self._stream, force_terminal=self.is_terminal, no_color=not self.is_terminal,
+        self._console = Console(file=self._stream, force_terminal=terminal, no_color=not terminal,
                                 highlight=False, emoji=False, markup=False)
         self._live: Live | None = None
-        if self.is_terminal:
+        if terminal:
             self._live = Live(self._render(), console=self._console, auto_refresh=False, transient=False)
             self._live.start()
 
@@ -495,7 +481,7 @@ class StatusLine:
 
     def print_worker_line(self, line: str) -> None:
         """One line of the worker's output, shown unchanged above the status line."""
-        line = line[:-1] if line.endswith("\n") else line
+        line = line.removesuffix("\n")
         if self._live is None:
             self._stream.write(line + "\n")
             self._stream.flush()
@@ -519,10 +505,6 @@ class StatusLine:
         elif self._snapshot:
             self._write_plain_status()
 
-    def plain_status(self) -> str:
-        """The current status as one uncoloured line."""
-        return "oomguard: " + " | ".join(text for text, _ in status_parts(self._snapshot, self._eta_s, "x"))
-
     def _render(self) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         for index, (part, style) in enumerate(status_parts(self._snapshot, self._eta_s)):
@@ -537,7 +519,8 @@ class StatusLine:
             self._write_plain_status()
 
     def _write_plain_status(self) -> None:
-        key = tuple(self._snapshot.get(name) for name in _KEY_FIELDS)
-        self._last_plain = (key, self._clock())
-        self._stream.write(self.plain_status() + "\n")
+        """The current status as one uncoloured line."""
+        self._last_plain = (tuple(self._snapshot.get(name) for name in _KEY_FIELDS), self._clock())
+        self._stream.write("oomguard: " + " | ".join(text for text, _ in status_parts(self._snapshot, self._eta_s, "x"))
+                           + "\n")
         self._stream.flush()

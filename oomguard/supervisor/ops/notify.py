@@ -137,11 +137,6 @@ def degraded(run: str, component: str, problem: str, **details: Any) -> Notifica
                         f"{component}: {problem}; the worker keeps running", details)
 
 
-def sample_notification() -> Notification:
-    return Notification("test", "notify-test", "oomguard: test notification",
-                        "If you can read this, oomguard's notifications reach you here.")
-
-
 # --- where it goes --------------------------------------------------------------------------
 
 
@@ -166,14 +161,15 @@ def parse_target(spec: str) -> Target:
     head, sep, rest = spec.partition("=")
     if sep and head in LEGACY_FORMATS and "://" not in head:
         return _legacy(head, rest)
-    scheme = urlsplit(spec).scheme.lower()
+    parts = urlsplit(spec)
+    scheme = parts.scheme.lower()
     if not scheme or "://" not in spec:
         raise NotifyConfigError(f"{spec!r} is not a URL", "give a service URL such as tgram://BOT_TOKEN/CHAT_ID, "
                                 "discord://ID/TOKEN or a plain https:// webhook")
     if _claimed(spec):
         return Target(spec, apprise=True)
     if scheme in ("http", "https"):
-        if not urlsplit(spec).hostname:
+        if not parts.hostname:
             raise NotifyConfigError(f"{spec!r} has no host", "e.g. https://example.org/hook")
         return Target(spec, apprise=False)  # no service claims it: a generic webhook
     raise NotifyConfigError(f"{_no_secrets(spec)!r} is not a URL Apprise can use (unknown service or missing "
@@ -224,7 +220,7 @@ def _plugin(url: str) -> NotifyBase:
 
 def _claimed(url: str) -> bool:
     try:
-        with _apprise_log() as _:
+        with _apprise_log():
             _plugin(url)
     except NotifyConfigError:
         return False
@@ -284,7 +280,7 @@ class _Said(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.thread:
-            self.lines.append(record.getMessage().splitlines()[0] if record.getMessage() else "")
+            self.lines.append((record.getMessage().splitlines() or [""])[0])
 
 
 @contextmanager
@@ -385,7 +381,11 @@ class Notifier:
         """Queue ``note`` for every target; False when none took it (disabled, filtered, queues full)."""
         if not self.lanes or note.event not in self.config.events or self._stop.is_set():
             return False
-        self._ensure_started()
+        with self._lock:
+            if not self._started:
+                for lane in self.lanes:
+                    lane.thread.start()
+                self._started = True
         taken = False
         for lane in self.lanes:
             try:
@@ -412,13 +412,6 @@ class Notifier:
             lane.thread.join(1.0)
         return all(not lane.thread.is_alive() and lane.queue.empty() for lane in self.lanes)
 
-    def _ensure_started(self) -> None:
-        with self._lock:
-            if not self._started:
-                for lane in self.lanes:
-                    lane.thread.start()
-                self._started = True
-
 
 def notify_config(specs: Sequence[str], **settings: Any) -> NotifyConfig:
     return NotifyConfig(targets=tuple(parse_target(s) for s in specs), **settings)
@@ -429,10 +422,12 @@ def notify_config(specs: Sequence[str], **settings: Any) -> NotifyConfig:
 
 def _cmd_notify_test(args: argparse.Namespace, command: Sequence[str]) -> int:
     targets = [parse_target(spec) for spec in args.urls]  # all checked before anything is sent
+    note = Notification("test", "notify-test", "oomguard: test notification",
+                        "If you can read this, oomguard's notifications reach you here.")
     failures = 0
     for target in targets:
         started = time.monotonic()
-        why = deliver(target, sample_notification(), args.timeout)
+        why = deliver(target, note, args.timeout)
         took = f"{time.monotonic() - started:.2f} s"
         if why is None:
             print(f"sent to {target.shown} ({took})")

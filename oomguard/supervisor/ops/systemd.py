@@ -106,7 +106,7 @@ def quote_word(word: str) -> str:
     escaped = _escape_specifiers(word).replace("$", "$$")
     if _SAFE_WORD.fullmatch(word):
         return escaped
-    return '"' + "".join(_c_escape(ch) for ch in escaped) + '"'
+    return _c_quoted(escaped)
 
 
 def quote_env(key: str, value: str) -> str:
@@ -114,7 +114,7 @@ def quote_env(key: str, value: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         raise ServiceError(f"environment variable name {key!r} is not valid in a unit")
     text = _escape_specifiers(f"{key}={value}")
-    return '"' + "".join(_c_escape(ch) for ch in text) + '"'
+    return _c_quoted(text)
 
 
 def exec_line(argv: Sequence[str]) -> str:
@@ -206,8 +206,9 @@ def _escape_specifiers(text: str) -> str:
     return text.replace("%", "%%")
 
 
-def _c_escape(ch: str) -> str:
-    return _C_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
+def _c_quoted(text: str) -> str:
+    return '"' + "".join(_C_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
+                         for ch in text) + '"'
 
 
 def _one_line(text: str) -> str:

@@ -226,16 +226,13 @@ class FitStore:
 
 def _write(db: sqlite3.Connection, record: FitRecord) -> None:
     db.execute("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?, ?)", (record.fingerprint, record.description,
-               record.micro_batch, record.failed_micro, _encode(record.points), record.updated_wall))
+               record.micro_batch, record.failed_micro,
+               json.dumps([[p.micro_batch, p.peak_bytes, p.succeeded] for p in record.points]), record.updated_wall))
     if record.models:
         models = json.dumps([[m.digest, m.params, m.tensors] for m in record.models])
         db.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (record.fingerprint, models))
     else:  # measured with no model seen: no row, rather than one an older model's would outlive
         db.execute("DELETE FROM models WHERE fingerprint = ?", (record.fingerprint,))
-
-
-def _encode(points: Sequence[Point]) -> str:
-    return json.dumps([[p.micro_batch, p.peak_bytes, p.succeeded] for p in points])
 
 
 def _decode(row: tuple[str, str, int | None, int | None, str, float, str | None]) -> FitRecord:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from oomguard.supervisor.lifecycle import UsageError
 
@@ -66,11 +66,11 @@ def journal_path(run_dir: Path) -> Path:
 
 def open_existing(run_dir: Path) -> Journal:
     """A read-only journal of an existing run, or the one-line error that names --run-dir."""
-    missing = UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run")
     try:
         return Journal(run_dir, readonly=True)
     except FileNotFoundError:  # none, or one being created this instant
-        raise missing from None
+        raise UsageError("--run-dir", f"no oomguard run in {run_dir}", "pass the --run-dir given to oomguard run"
+                         ) from None
 
 
 class Journal:
@@ -88,18 +88,15 @@ class Journal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
-            self._add_columns()
+            # A journal written before a column existed gets it (NULL for its old rows): a run directory
+            # outlives upgrades of oomguard.
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(attempts)")}
+            for column, kind in _ADDED_COLUMNS:
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
+            self._db.commit()
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
-
-    def _add_columns(self) -> None:
-        """A journal written before a column existed gets it (NULL for its old rows): a run directory
-        outlives upgrades of oomguard."""
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(attempts)")}
-        for column, kind in _ADDED_COLUMNS:
-            if column not in have:
-                self._db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
-        self._db.commit()
 
     def close(self) -> None:
         with self._lock:
@@ -120,23 +117,17 @@ class Journal:
 
     def set_meta(self, **values: Any) -> None:
         with self._write() as db:
-            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                           [(k, json.dumps(v)) for k, v in values.items()])
+            _put_meta(db, values)
 
     def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
         with self._write() as db:
-            cur = db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, ?, ?, ?)",
-                             (time.time(), name, attempt, json.dumps(data, default=str)))
-            return int(cur.lastrowid or 0)
+            return _add_event(db, name, attempt, data)
 
     def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
         """Record a state change; the caller (the loop's one transition point) has checked it."""
         with self._write() as db:
-            db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, 'state', ?, ?)",
-                       (time.time(), attempt, json.dumps({"from": old, "to": new, "reason": reason})))
-            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                           [("state", json.dumps(new)), ("reason", json.dumps(reason)),
-                            ("updated", json.dumps(time.time()))])
+            _add_event(db, "state", attempt, {"from": old, "to": new, "reason": reason})
+            _put_meta(db, {"state": new, "reason": reason, "updated": time.time()})
 
     def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
                       command: list[str], log_path: str) -> None:
@@ -170,8 +161,7 @@ class Journal:
                        "peak_gpu = max(coalesce(peak_gpu, 0), coalesce(?, 0)), "
                        "last_step = coalesce(?, last_step) WHERE attempt = ?", (rss, gpu, step, attempt))
             if progress is not None:  # tagged with its attempt: status tells it from an earlier attempt's
-                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('progress', ?)",
-                           (json.dumps({**progress, "attempt": attempt}),))
+                _put_meta(db, {"progress": {**progress, "attempt": attempt}})
 
     def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
         """Record a checkpoint; True when it is new to the journal, or rewritten at a later step (a
@@ -219,7 +209,7 @@ class Journal:
         return {row["key"]: json.loads(row["value"]) for row in self._query("SELECT key, value FROM meta")}
 
     def bad_checkpoints(self) -> set[str]:
-        return {row["path"] for row in self._query("SELECT path FROM checkpoints WHERE bad = 1")}
+        return set(self.bad_marks())
 
     def bad_marks(self) -> dict[str, float]:
         """Each checkpoint marked bad, with the mtime of the write that was marked."""
@@ -242,8 +232,7 @@ class Journal:
 
     def last_event_id(self) -> int:
         """The id of the newest event (0 when there is none): where a reader starts following."""
-        rows = self._query("SELECT max(id) FROM events")
-        return int(rows[0][0] or 0) if rows else 0
+        return int(self._query("SELECT max(id) FROM events")[0][0] or 0)
 
     def event_data(self, kind: str) -> dict[int, dict[str, Any]]:
         """The data of the newest event of ``kind`` for each attempt."""
@@ -266,9 +255,8 @@ class Journal:
     def last_activity(self, attempt: int) -> float | None:
         """When an attempt was last heard of (its newest event or memory sample): when it ended, for
         an attempt whose supervisor ended before it could say so."""
-        rows = self._query("SELECT max(t) FROM (SELECT t FROM events WHERE attempt = ? "
-                           "UNION ALL SELECT t FROM samples WHERE attempt = ?)", (attempt, attempt))
-        return rows[0][0] if rows and rows[0][0] is not None else None
+        return self._query("SELECT max(t) FROM (SELECT t FROM events WHERE attempt = ? "
+                           "UNION ALL SELECT t FROM samples WHERE attempt = ?)", (attempt, attempt))[0][0]
 
     def checkpoints(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._query(
@@ -289,9 +277,20 @@ class Journal:
     def samples(self, start: float | None = None, end: float | None = None,
                 max_points: int = 2000) -> list[dict[str, Any]]:
         rows = self._query("SELECT t, attempt, data FROM samples WHERE t >= ? AND t <= ? ORDER BY t",
-                           (start if start is not None else 0.0, end if end is not None else 1e18))
+                           (start or 0.0, end if end is not None else 1e18))
         step = max(1, len(rows) // max(1, max_points))
         return [{"t": r["t"], "attempt": r["attempt"], **json.loads(r["data"])} for r in rows[::step]]
+
+
+def _put_meta(db: sqlite3.Connection, values: dict[str, Any]) -> None:
+    db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                   [(k, json.dumps(v)) for k, v in values.items()])
+
+
+def _add_event(db: sqlite3.Connection, name: str, attempt: int | None, data: dict[str, Any]) -> int:
+    cur = db.execute("INSERT INTO events (t, kind, attempt, data) VALUES (?, ?, ?, ?)",
+                     (time.time(), name, attempt, json.dumps(data, default=str)))
+    return int(cur.lastrowid or 0)
 
 
 # A journal that cannot be read: found out at open, said in one line, never overwritten.
@@ -420,8 +419,10 @@ def rows_to_drop(rows: Iterable[SampleRow], now: float, policy: Retention | None
             keep.add(row.id)
             continue
         buckets.setdefault((row.attempt, width, int(row.t // width)), []).append(row)
-    for members in buckets.values():
-        keep.update(_bucket_keepers(members))
+    for members in buckets.values():  # each bucket's highest host row, and highest GPU row (earliest on ties)
+        keep.add(max(members, key=lambda r: (r.host_bytes or 0, -r.t)).id)
+        if any(r.gpu_bytes is not None for r in members):
+            keep.add(max(members, key=lambda r: (r.gpu_bytes or 0, -r.t)).id)
     return sorted(row.id for row in rows if row.id not in keep)
 
 
@@ -434,13 +435,6 @@ def _attempt_peaks(rows: Sequence[SampleRow]) -> set[int]:
             if value is not None and (current is None or (value, -row.t) > (getattr(current, kind), -current.t)):
                 best[(row.attempt, kind)] = row
     return {row.id for row in best.values()}
-
-
-def _bucket_keepers(members: Sequence[SampleRow]) -> set[int]:
-    keepers = {max(members, key=lambda r: (r.host_bytes or 0, -r.t)).id}
-    if any(r.gpu_bytes is not None for r in members):
-        keepers.add(max(members, key=lambda r: (r.gpu_bytes or 0, -r.t)).id)
-    return keepers
 
 
 # One way to write a small file that must survive ``kill -9`` and never be read half-written.
@@ -565,17 +559,28 @@ class Degradations:
 
 def _describe(error: BaseException | str) -> str:
     if isinstance(error, OSError) and error.strerror:
-        return f"{error.strerror}" + (f" ({error.filename})" if error.filename else "")
+        return error.strerror + (f" ({error.filename})" if error.filename else "")
     return str(error) or type(error).__name__
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 PROBE_EVERY = 2.0  # seconds between tries to write while the journal is degraded
 RETRIES = 2  # extra tries of an important write before it is queued
 RETRY_DELAY = 0.05
 MAX_PENDING = 10_000  # important writes kept while degraded; the oldest are dropped past this
 COMPONENT = "journal"
 _FAILURES = (sqlite3.Error, OSError)
+
+
+def _guarded(write: Callable[Concatenate[Journal, P], T], default: T, keep: bool = True
+             ) -> Callable[Concatenate[ResilientJournal, P], T]:
+    """A ``ResilientJournal`` method: ``write`` (the ``Journal``'s) through ``_guard``."""
+
+    def guarded(self: ResilientJournal, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._guard(functools.partial(write, self, *args, **kwargs), default, keep)
+
+    return guarded
 
 
 class ResilientJournal(Journal):
@@ -618,14 +623,10 @@ class ResilientJournal(Journal):
             if not ok:
                 return False
             self._pending.pop(0)
-        problem = self.degradations.recovered(COMPONENT)
-        if problem is not None or self.degradations.history:
-            self._journal_history()
+        if self.degradations.recovered(COMPONENT) is not None or self.degradations.history:
+            for problem in self.degradations.drain():
+                self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
         return True
-
-    def _journal_history(self) -> None:
-        for problem in self.degradations.drain():
-            self._try(functools.partial(super().event, "degraded", None, **problem.as_dict(), until=time.time()), 0)
 
     def _guard(self, write: Callable[[], T], default: T, keep: bool = True) -> T:
         """A write now; else, for a fact that must reach the journal (``keep``), in order once it can
@@ -662,39 +663,16 @@ class ResilientJournal(Journal):
     def pending(self) -> int:
         return len(self._pending)
 
-    # --- the writes ---------------------------------------------------------------------------
+    # --- the writes: Journal's own, through the guard ----------------------------------------
 
-    def set_meta(self, **values: Any) -> None:
-        self._guard(functools.partial(super().set_meta, **values), None)
-
-    def event(self, name: str, attempt: int | None = None, /, **data: Any) -> int:
-        return self._guard(functools.partial(super().event, name, attempt, **data), 0)
-
-    def transition(self, old: str, new: str, reason: str, attempt: int | None) -> None:
-        self._guard(functools.partial(super().transition, old, new, reason, attempt), None)
-
-    def start_attempt(self, attempt: int, pid: int, plan: dict[str, Any], checkpoint: str | None,
-                      command: list[str], log_path: str) -> None:
-        self._guard(functools.partial(super().start_attempt, attempt, pid, plan, checkpoint, command, log_path),
-                    None)
-
-    def end_attempt(self, attempt: int, **fields: Any) -> None:
-        self._guard(functools.partial(super().end_attempt, attempt, **fields), None)
-
-    def mark_bad(self, path: str, reason: str) -> None:
-        self._guard(functools.partial(super().mark_bad, path, reason), None)
-
-    def clear_bad(self, path: str, mtime: float) -> None:
-        self._guard(functools.partial(super().clear_bad, path, mtime), None)
-
-    def record_sample(self, attempt: int, data: dict[str, Any], t: float, rss: int | None, gpu: int | None,
-                      step: int | None, progress: dict[str, Any] | None) -> None:
-        self._guard(functools.partial(super().record_sample, attempt, data, t, rss, gpu, step, progress), None,
-                    keep=False)
-
-    def checkpoint_seen(self, path: str, step: int | None, mtime: float, attempt: int | None) -> bool:
-        # Not kept: the loop asks again on every scan, so a checkpoint is recorded once writes work.
-        return self._guard(functools.partial(super().checkpoint_seen, path, step, mtime, attempt), False, keep=False)
-
-    def thin_samples(self, now: float | None = None) -> int:
-        return self._guard(functools.partial(super().thin_samples, now), 0, keep=False)
+    set_meta = _guarded(Journal.set_meta, None)
+    event = _guarded(Journal.event, 0)
+    transition = _guarded(Journal.transition, None)
+    start_attempt = _guarded(Journal.start_attempt, None)
+    end_attempt = _guarded(Journal.end_attempt, None)
+    mark_bad = _guarded(Journal.mark_bad, None)
+    clear_bad = _guarded(Journal.clear_bad, None)
+    record_sample = _guarded(Journal.record_sample, None, keep=False)
+    # Not kept: the loop asks again on every scan, so a checkpoint is recorded once writes work.
+    checkpoint_seen = _guarded(Journal.checkpoint_seen, False, keep=False)
+    thin_samples = _guarded(Journal.thin_samples, 0, keep=False)

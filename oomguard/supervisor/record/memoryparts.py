@@ -114,17 +114,14 @@ def parse(data: Mapping[str, Any], attempt: int | None = None) -> MemoryBreakdow
         optimizers=tuple(str(o) for o in data.get("optimizers") or () if isinstance(o, str)),
         total=_size(data.get("total")), limit=_size(data.get("limit")),
         limit_kind=str(data["limit_kind"]) if data.get("limit_kind") else None,
-        processes=None if not isinstance(procs, list) else tuple(_processes(procs)),
+        processes=None if not isinstance(procs, list) else tuple(
+            Process(int(r["pid"]), str(r.get("role") or "other"), str(r.get("name") or "?"), rss)
+            for r in procs if isinstance(r, Mapping) and _size(r.get("pid")) is not None
+            and (rss := _size(r.get("rss"))) is not None),
         baseline=_size(data.get("baseline")) or None, snapshot=str(data["snapshot"]) if data.get("snapshot") else None,
         stacks=tuple(Stack(str(s.get("where")), s["bytes"], s["allocations"]) for s in data.get("stacks") or ()
                      if isinstance(s, Mapping) and _size(s.get("bytes")) is not None
                      and _size(s.get("allocations")) is not None))
-
-
-def _processes(rows: Sequence[Any]) -> list[Process]:
-    return [Process(int(r["pid"]), str(r.get("role") or "other"), str(r.get("name") or "?"), rss)
-            for r in rows if isinstance(r, Mapping) and _size(r.get("pid")) is not None
-            and (rss := _size(r.get("rss"))) is not None]
 
 
 def from_events(events: Sequence[Mapping[str, Any]]) -> list[MemoryBreakdown]:
@@ -162,9 +159,9 @@ def limit_text(value: MemoryBreakdown) -> str:
 
 def by_role(processes: Sequence[Process]) -> dict[str, int]:
     """The reading summed per kind of process (trainer, data-loader worker, other)."""
-    found: dict[str, int] = {}
+    found: Counter[str] = Counter()
     for p in processes:
-        found[p.role] = found.get(p.role, 0) + p.rss
+        found[p.role] += p.rss
     return found
 
 
@@ -255,15 +252,13 @@ def representative(values: Sequence[MemoryBreakdown], attempt: int) -> MemoryBre
 
 @dataclass(frozen=True)
 class Comparison:
-    failed: int
-    other: int
-    text: str
-    per_sample: int | None
-    no_room: bool
+    """As the ``memory_comparison`` event holds it (``asdict``)."""
 
-    def data(self) -> dict[str, Any]:
-        return {"failed_attempt": self.failed, "other_attempt": self.other, "text": self.text,
-                "per_sample_bytes": self.per_sample, "no_room": self.no_room}
+    failed_attempt: int
+    other_attempt: int
+    text: str
+    per_sample_bytes: int | None
+    no_room: bool
 
 
 def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
@@ -278,7 +273,7 @@ def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
     per_sample, text = a1 // m1, f"activations {least}{format_size(a1)} at micro-batch {m1}"
     m2 = other.micro_batch if other else None
     a2 = other.part("activations") if other else None
-    if other is not None and m2 is not None and a2 is not None and m2 != m1:
+    if m2 is not None and a2 is not None and m2 != m1:
         text += f", {format_size(a2)} at {m2}"
         if (a1 - a2) * (m1 - m2) > 0:
             per_sample = (a1 - a2) // (m1 - m2)
@@ -290,7 +285,10 @@ def compare(failed: MemoryBreakdown, other: MemoryBreakdown | None,
         other = None
         text += f": {least or 'about '}{format_size(per_sample)} a sample"
     text += _fixed_text(failed, other)
-    room = _room(failed, other)
+    # What the limit leaves for activations once the fixed part (its largest reading: an OOM in the
+    # first step comes before the optimizer's state exists) and the host's baseline are held.
+    fixed = max(x for x in (_fixed(failed), _fixed(other) if other else None, 0) if x is not None)
+    room = None if failed.limit is None or not fixed else failed.limit - fixed - (failed.baseline or 0)
     no_room = room is not None and per_sample > 0 and room < per_sample
     if no_room and room is not None:
         text += _no_room_text(failed, room, per_sample, fallback_args)
@@ -309,15 +307,6 @@ def _fixed_text(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> str:
         return f"; {words} {format_size(max(f1, f2))} at both"
     seen = format_size(f2) if f2 is not None else "not seen"
     return f"; {words} {format_size(f1)} at {failed.micro_batch}, {seen} at {other.micro_batch}"
-
-
-def _room(failed: MemoryBreakdown, other: MemoryBreakdown | None) -> int | None:
-    """What the limit leaves for activations once the fixed part (its largest reading: an OOM in the
-    first step comes before the optimizer's state exists) and the host's baseline are held."""
-    fixed = max(x for x in (_fixed(failed), _fixed(other) if other else None, 0) if x is not None)
-    if failed.limit is None or not fixed:
-        return None
-    return failed.limit - fixed - (failed.baseline or 0)
 
 
 def _no_room_text(failed: MemoryBreakdown, room: int, per_sample: int, fallback_args: Sequence[str]) -> str:
@@ -355,7 +344,7 @@ def memory_breakdown(watch: BreakdownWatch, kind: str | None, attempt: int, micr
     comparison = compare(this, other, fallback_args) if this is not None else None
     if comparison is None:
         return
-    event(COMPARISON, **comparison.data())
+    event(COMPARISON, **asdict(comparison))
     say(f"memory: {comparison.text}")
 
 

@@ -67,11 +67,8 @@ def ending_of(row: Mapping[str, Any]) -> Ending | None:
         return Ending(row["ending"])
     if row["ended"] is None:
         return None
-    return _old_ending(row["kind"], str(row["decision"] or ""))
-
-
-def _old_ending(kind: str | None, decision: str) -> Ending:
-    """A row written before the ``ending`` column: a kind means a failure; else the decision's words."""
+    # A row written before the ``ending`` column: a kind means a failure; else the decision's words.
+    kind, decision = row["kind"], str(row["decision"] or "")
     if kind:
         return Ending.HANG if kind == "hang" else Ending.FAILED
     if decision.startswith(INTERRUPTED):
@@ -175,7 +172,6 @@ class Supervisor:
     """The process that writes the journal: is it still there?"""
 
     pid: int | None
-    started: float | None
     alive: bool
 
 
@@ -213,9 +209,10 @@ class RunPicture:
     def failures(self) -> tuple[Attempt, ...]:
         return tuple(a for a in self.attempts if a.failed)
 
-    @property
-    def good_checkpoints(self) -> tuple[Checkpoint, ...]:
-        return tuple(c for c in self.checkpoints if not c.bad)
+
+def plain(data: Data | None) -> dict[str, Any] | None:
+    """Journal data as a dict of its own (what the documents carry), or None."""
+    return None if data is None else dict(data)
 
 
 def supervisor_alive(meta: Data) -> bool:
@@ -249,7 +246,7 @@ def by_world(attempts: Sequence[Attempt], now: float | None) -> list[dict[str, A
         if end is None:
             continue
         entry = totals.setdefault(a.world_size, {"world_size": a.world_size, "seconds": 0.0, "attempts": 0})
-        entry["seconds"] += max(0.0, float(end) - float(a.started))
+        entry["seconds"] += max(0.0, end - a.started)
         entry["attempts"] += 1
     return list(totals.values())
 
@@ -260,10 +257,11 @@ def read_picture(journal: Journal) -> RunPicture:
     breakdowns = _breakdowns(journal)
     attempts = tuple(Attempt.of(row, breakdowns.get(row["attempt"], ())) for row in journal.attempts())
     latest = journal.latest_samples(1)
+    command = (meta.get("config") or {}).get("command")
     return RunPicture(
         run_dir=meta.get("run_dir"), state=meta.get("state", "starting"), reason=meta.get("reason", ""),
-        command=_command(meta), attempt=meta.get("attempt", 0), plan=_plan(meta),
-        supervisor=Supervisor(meta.get("supervisor_pid"), meta.get("supervisor_started"), supervisor_alive(meta)),
+        command=None if command is None else tuple(command), attempt=meta.get("attempt", 0), plan=_plan(meta),
+        supervisor=Supervisor(meta.get("supervisor_pid"), supervisor_alive(meta)),
         attempts=attempts, checkpoints=tuple(Checkpoint(**{**c, "bad": bool(c["bad"])}) for c in journal.checkpoints()),
         breakdowns=tuple(b for found in breakdowns.values() for b in found),
         progress=meta.get("progress"), resume_points=journal.event_data("resume_point"),
@@ -271,11 +269,6 @@ def read_picture(journal: Journal) -> RunPicture:
         own_failures=tuple({"attempt": n, **data} for n, data in journal.event_data("own_failure").items()),
         latest_sample=latest[-1] if latest else None, started=meta.get("started"), updated=meta.get("updated"),
         meta=meta)
-
-
-def _command(meta: Data) -> tuple[str, ...] | None:
-    command = (meta.get("config") or {}).get("command")
-    return None if command is None else tuple(command)
 
 
 def _plan(meta: Data) -> Plan:

@@ -79,14 +79,19 @@ class RunHistory:
 def read_history(journal: Journal) -> RunHistory:
     run = picture.read_picture(journal)
     events, steps, last_t = _scan(journal)
-    by_attempt = [e for e in events if e.attempt is not None]
+    # every checkpoint write as first seen, with the file's bad mark; a journal from before writes were
+    # kept has only each file's newest write
+    bad = {c.path for c in run.checkpoints if c.bad}
+    writes = (journal.checkpoint_writes()
+              or [{"path": c.path, "mtime": c.mtime, "step": c.step} for c in run.checkpoints])
     return RunHistory(
-        picture=run, events=tuple(events), steps=steps, last_activity=last_t, writes=_writes(journal, run.checkpoints),
-        decisions={e.attempt: e.data for e in by_attempt if e.kind == "decision" and e.attempt},
+        picture=run, events=tuple(events), steps=steps, last_activity=last_t,
+        writes=tuple(Write(w["path"], w["mtime"], w["step"], w["path"] in bad) for w in writes),
+        decisions={e.attempt: e.data for e in events if e.kind == "decision" and e.attempt},
         # a checkpoint file rewritten in place (nanoGPT's ckpt.pt) has a newer step in the table by now
-        resume_steps={e.attempt: e.data["step"] for e in by_attempt
+        resume_steps={e.attempt: e.data["step"] for e in events
                       if e.kind == "resume_point" and isinstance(e.data.get("step"), int) and e.attempt},
-        not_resumed={e.attempt: e.data for e in by_attempt if e.kind == "not_resumed" and e.attempt})
+        not_resumed={e.attempt: e.data for e in events if e.kind == "not_resumed" and e.attempt})
 
 
 def _scan(journal: Journal) -> tuple[list[Event], dict[int, int], dict[int, float]]:
@@ -107,14 +112,6 @@ def _scan(journal: Journal) -> tuple[list[Event], dict[int, int], dict[int, floa
             if event["kind"] != "worker_progress":
                 kept.append(Event(event["t"], event["kind"], attempt, event["data"]))
     return kept, steps, last_t
-
-
-def _writes(journal: Journal, checkpoints: tuple[Checkpoint, ...]) -> tuple[Write, ...]:
-    """Every checkpoint write as first seen, with the file's bad mark; a journal from before writes
-    were kept has only each file's newest write."""
-    bad = {c.path for c in checkpoints if c.bad}
-    writes = journal.checkpoint_writes() or [{"path": c.path, "mtime": c.mtime, "step": c.step} for c in checkpoints]
-    return tuple(Write(w["path"], w["mtime"], w["step"], w["path"] in bad) for w in writes)
 
 
 def failures_of(history: RunHistory) -> list[dict[str, Any]]:
@@ -168,10 +165,8 @@ class ResumePoint:
         return {"path": self.path, "step": self.step, **missed}
 
 
-def _resume_point(nxt: Attempt | None, history: RunHistory) -> ResumePoint | None:
-    """The checkpoint ``nxt`` started from, as it was when it started; None when there is no next attempt."""
-    if nxt is None:
-        return None
+def _resume_point(nxt: Attempt, history: RunHistory) -> ResumePoint:
+    """The checkpoint ``nxt`` started from, as it was when it started."""
     if not nxt.checkpoint:
         return ResumePoint(None, 0, None, False)
     known = next((c for c in history.picture.checkpoints if c.path == nxt.checkpoint), None)
@@ -186,9 +181,9 @@ def _resume_point(nxt: Attempt | None, history: RunHistory) -> ResumePoint | Non
 def _next_resume(nxt: Attempt | None, history: RunHistory) -> ResumePoint | None:
     """``_resume_point`` of the next attempt, with the step it knew when it started (a file rewritten
     in place holds a later one now) and, when it did not load the checkpoint, the first step it showed."""
+    if nxt is None:
+        return None
     resume = _resume_point(nxt, history)
-    if resume is None or nxt is None:
-        return resume
     if resume.path and nxt.number in history.resume_steps:
         resume = replace(resume, step=history.resume_steps[nxt.number])
     missed = history.not_resumed.get(nxt.number)
@@ -225,7 +220,14 @@ def _figures(attempt: Attempt, nxt: Attempt | None, history: RunHistory) -> dict
     redone_from = None if resume is None else resume.step if resume.first_step is None else resume.first_step - 1
     steps_lost = None if redone_from is None or last_step is None else max(0, last_step - redone_from)
     return {
-        **_attempt_facts(attempt, history), "ended": end,
+        "attempt": n, "kind": attempt.kind or INTERRUPTED, "started": start,
+        "micro_batch": attempt.micro_batch, "grad_accum": attempt.grad_accum,
+        "peak_allocated": attempt.peak_allocated, "exit_code": attempt.exit_code, "signal": attempt.signal,
+        "exit": attempt.exit,
+        "evidence": attempt.evidence or ("" if attempt.kind else "no exit recorded: the run was "
+                                         "stopped or its supervisor ended during this attempt"),
+        "decision": _decision_record(attempt, history),
+        "cause": picture.plain(history.picture.causes.get(n)), "ended": end,
         "last_step": last_step, "last_step_source": source,
         "resumed_from": None if resume is None else resume.as_dict(),
         "steps_lost": steps_lost,
@@ -234,28 +236,15 @@ def _figures(attempt: Attempt, nxt: Attempt | None, history: RunHistory) -> dict
     }
 
 
-def _attempt_facts(attempt: Attempt, history: RunHistory) -> dict[str, Any]:
-    return {
-        "attempt": attempt.number, "kind": attempt.kind or INTERRUPTED, "started": attempt.started,
-        "micro_batch": attempt.micro_batch, "grad_accum": attempt.grad_accum,
-        "peak_allocated": attempt.peak_allocated, "exit_code": attempt.exit_code, "signal": attempt.signal,
-        "exit": attempt.exit,
-        "evidence": attempt.evidence or ("" if attempt.kind else "no exit recorded: the run was "
-                                         "stopped or its supervisor ended during this attempt"),
-        "decision": _decision_record(attempt, history),
-        "cause": _data(history.picture.causes.get(attempt.number)),
-    }
-
-
 def _decision_record(attempt: Attempt, history: RunHistory) -> dict[str, Any] | None:
     """The decision event's figures; the words written on the attempt's row where it has none."""
     decision = history.decisions.get(attempt.number)
     if decision is None and not attempt.decision:
         return None
-    decision = decision or {}
-    reason = decision.get("reason")
-    return {"action": decision.get("action"), "reason": attempt.decision if reason is None else reason,
-            "micro_batch": decision.get("micro_batch"), "grad_accum": decision.get("grad_accum")}
+    record = {k: (decision or {}).get(k) for k in ("action", "reason", "micro_batch", "grad_accum")}
+    if record["reason"] is None:
+        record["reason"] = attempt.decision
+    return record
 
 
 # --- the report as data ---
@@ -345,7 +334,8 @@ def build_report(journal: Journal) -> dict[str, Any]:
         "checkpoints": _checkpoint_summary(run.checkpoints),
         "progress": run.meta.get("progress"),
         "peaks": picture.attempt_peaks(run.attempts),
-        "planned_restarts": [{"attempt": a.number, "reason": a.decision, "cause": _data(run.causes.get(a.number))}
+        "planned_restarts": [{"attempt": a.number, "reason": a.decision,
+                              "cause": picture.plain(run.causes.get(a.number))}
                              for a in run.attempts if a.ending is Ending.PLANNED_RESTART
                              and a.stop_reason != StopReason.RESTART.value],
         "stops": [{"attempt": a.number, "at": a.ended, "reason": a.decision}
@@ -365,10 +355,6 @@ def _steps_lost(redone: list[dict[str, Any]]) -> dict[str, Any]:
             "steps_lost_exact": not unknown and all(f["last_step_source"] != "checkpoint" for f in redone
                                                     if f["steps_lost"] is not None),
             "steps_lost_unknown": len(unknown)}
-
-
-def _data(data: Any) -> dict[str, Any] | None:
-    return None if data is None else dict(data)
 
 
 def read_report(run_dir: Path) -> dict[str, Any]:

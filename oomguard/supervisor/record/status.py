@@ -19,14 +19,22 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from oomguard.supervisor.lifecycle import UsageError, exit_text
 from oomguard.supervisor.record import memoryparts
 from oomguard.supervisor.record.journal import JOURNAL_NAME, Journal, open_existing
-from oomguard.supervisor.record.picture import TERMINAL, Attempt, RunPicture, attempt_peaks, by_world, read_picture
+from oomguard.supervisor.record.picture import (
+    TERMINAL,
+    Attempt,
+    RunPicture,
+    attempt_peaks,
+    by_world,
+    plain,
+    read_picture,
+)
 from oomguard.supervisor.record.picture import supervisor_alive as supervisor_alive  # status's, for web/client.py
 from oomguard.supervisor.record.report import peak_text, progress_text, worlds_text
 from oomguard.supervisor.units import format_size
@@ -55,13 +63,10 @@ class FailureRecord:
 
     @classmethod
     def of(cls, attempt: Attempt, cause: Mapping[str, Any] | None) -> FailureRecord:
+        same = {f.name: getattr(attempt, f.name) for f in fields(cls)[2:-2]}  # micro_batch to exit: the attempt's
         return cls(attempt=attempt.number, kind=attempt.kind or (attempt.ending.value if attempt.ending else ""),
-                   micro_batch=attempt.micro_batch, grad_accum=attempt.grad_accum, exit_code=attempt.exit_code,
-                   signal=attempt.signal, evidence=attempt.evidence, decision=attempt.decision,
-                   started=attempt.started, ended=attempt.ended, checkpoint=attempt.checkpoint,
-                   peak_allocated=attempt.peak_allocated, exit=attempt.exit,
-                   cause=None if cause is None else dict(cause),
-                   breakdowns=[b.as_dict() for b in attempt.breakdowns])
+                   cause=plain(cause), breakdowns=[b.as_dict() for b in attempt.breakdowns],
+                   **same)
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ def status_document(journal: Journal) -> dict[str, Any]:
 def status_of(run: RunPicture) -> StatusDoc:
     """The picture of the run as status, the API and the pages give it."""
     alive, meta, plan, current = run.supervisor.alive, run.meta, run.plan, run.current
-    good = run.good_checkpoints
+    good = [c for c in run.checkpoints if not c.bad]
     row = {"attempt": current.number, "started": current.started, "checkpoint": current.checkpoint} if current else {}
     return StatusDoc(
         state=run.state, reason=run.reason, supervisor_alive=alive, supervisor_pid=run.supervisor.pid,
@@ -129,9 +134,9 @@ def status_of(run: RunPicture) -> StatusDoc:
         worker_pid=meta.get("worker_pid") if alive else None,
         rank_pids=dict(meta.get("rank_pids") or {}) if alive else {},
         checkpoint=current.checkpoint if current else None, newest_checkpoint=good[0].row() if good else None,
-        progress=current_progress(dict(run.progress) if run.progress is not None else None, row, run.resume_points),
+        progress=current_progress(plain(run.progress), row, run.resume_points),
         peaks=attempt_peaks(run.attempts),
-        memory=None if run.latest_sample is None else dict(run.latest_sample),
+        memory=plain(run.latest_sample),
         started=run.started, updated=run.updated,
         failures=[FailureRecord.of(a, run.causes.get(a.number)) for a in run.failures],
         forecast=meta.get("forecast") if alive else None, liveness=_liveness(meta, alive),
@@ -165,19 +170,14 @@ def _pid_text(doc: dict[str, Any]) -> str:
     pid = doc.get("worker_pid")
     if not pid:
         return "-"
-    name = _process_name(pid)
+    try:  # the process's name as ps shows it, where it can be read (status on the same machine)
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        name = ""
     text = f"{pid}" + (f" ({name})" if name else "")
     if ranks := doc.get("rank_pids"):
         text += "; ranks " + ", ".join(f"{rank}: {p}" for rank, p in ranks.items())
     return text
-
-
-def _process_name(pid: int) -> str | None:
-    """The process's name as ps shows it, where it can be read (status on the same machine)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _liveness(meta: Mapping[str, Any], alive: bool) -> dict[str, Any] | None:
@@ -401,7 +401,8 @@ def _cells(row: dict[str, Any], now: float, cwd: Path) -> tuple[str, ...]:
     warned = len(row["warnings"])
     state = row["state"] + (f", {warned} warning{'s' if warned > 1 else ''}" if warned else "")
     return (name, state, str(row["attempt"]), batch, _failures(row), _checkpoint(row),
-            _progress(row, now), _supervisor(row), row["dashboard"] or "-", _why(row))
+            _progress(row, now), f"alive (pid {row['supervisor_pid']})" if row["supervisor"] == ALIVE
+            else row["supervisor"] or "-", row["dashboard"] or "-", _why(row))
 
 
 def _shown_path(path: Path, cwd: Path) -> str:
@@ -440,12 +441,6 @@ def ago(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size:.0f} {unit} ago"
     return f"{seconds:.0f} s ago"
-
-
-def _supervisor(row: dict[str, Any]) -> str:
-    if row["supervisor"] == ALIVE:
-        return f"alive (pid {row['supervisor_pid']})"
-    return row["supervisor"] or "-"
 
 
 def _why(row: dict[str, Any]) -> str:

@@ -153,13 +153,13 @@ def test_the_failed_attempt_beside_the_one_that_fit_reads_like_the_issue() -> No
     assert found is not None and not found.no_room
     assert found.text == ("activations 13.8 GiB at micro-batch 32, 6.9 GiB at 16: about 441.6 MiB a sample; "
                           "weights, gradients and AdamW state 2.0 GiB at both")
-    assert found.per_sample == int((int(13.8 * GIB) - int(6.9 * GIB)) // 16)
+    assert found.per_sample_bytes == int((int(13.8 * GIB) - int(6.9 * GIB)) // 16)
 
 
 def test_no_room_for_one_sample_is_said_with_the_figures_and_what_would_change_them() -> None:
     failed = event(2, 2, "oom", 3 * GIB, limit=3 * GIB)
     found = memoryparts.compare(failed, event(1, 4, "oom", 6 * GIB, limit=3 * GIB), ["--grad-checkpointing"])
-    assert found is not None and found.no_room and found.per_sample == int(1.5 * GIB)
+    assert found is not None and found.no_room and found.per_sample_bytes == int(1.5 * GIB)
     assert "The fixed part alone leaves no room for one sample: under the 3.0 GiB limit" in found.text
     assert "AdamW state leave 1.0 GiB, less than one sample's activations (about 1.5 GiB)" in found.text
     assert "(--grad-checkpointing, --fallback-args)" in found.text
