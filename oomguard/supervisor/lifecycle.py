@@ -128,8 +128,10 @@ class UsageError(ValueError):
     def __init__(self, option: str, problem: str, fix: str = "") -> None:
         self.option = option
         self.problem = problem
+        self.fix = fix
         text = f"{option}: {problem}" if option else problem
         super().__init__(f"{text}; {fix}" if fix else text)
+
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # run/runparts.py's ControlFlags
 STOPPED = tuple(128 + sig for sig in STOP_SIGNALS)  # the loop's _stopped returns 128 + the signal
