@@ -4,6 +4,7 @@ and sees the same samples in every optimizer step."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -112,6 +113,18 @@ def test_kill9_anywhere_then_resume_is_bitwise_identical(zygote: Zygote, tmp_pat
     assert leftovers == [], f"temp or trash directories left behind: {leftovers}"
 
 
+def trained_at(path: Path, micro: int, timeout: float = 60.0) -> None:
+    """Wait until the worker reports a step at ``micro`` (the kill must land after the resize took)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        lines = text[: text.rfind("\n") + 1].splitlines()  # the worker may be writing the last line now
+        if any(e["type"] == "progress" and e["micro_batch"] == micro for e in map(json.loads, filter(None, lines))):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no step at micro-batch {micro} within {timeout:.0f} s")
+
+
 def test_resume_at_another_micro_batch_is_within_tolerance(zygote: Zygote, tmp_path: Path) -> None:
     extra = ["--dropout", "0"]  # dropout masks follow the micro-batch split; the math must not
     ref_w, ref_samples = reference(zygote, tmp_path / "ref", extra)
@@ -123,7 +136,8 @@ def test_resume_at_another_micro_batch_is_within_tolerance(zygote: Zygote, tmp_p
     for micro in ("16", "4", "32", "2"):  # every restart at another size, as the supervisor would
         env = {"OOMGUARD_MICRO_BATCH": micro, "OOMGUARD_EVENTS": str(out / "events.jsonl")}
         pid = zygote.spawn(argv, out / "log.txt", env)
-        time.sleep(rnd.uniform(0.15, 0.3))
+        trained_at(out / "events.jsonl", int(micro))  # under load a fixed sleep killed some before a step
+        time.sleep(rnd.uniform(0.0, 0.1))
         os.kill(pid, signal.SIGKILL)
         assert zygote.wait(pid) == -signal.SIGKILL
     env = {"OOMGUARD_MICRO_BATCH": "1", "OOMGUARD_EVENTS": str(out / "events.jsonl")}
